@@ -1,0 +1,253 @@
+/*
+ * KokkosMoE: Mixture-of-Experts routing for Kokkos. SPDX-License-Identifier: Apache-2.0
+ */
+#ifndef KOKKOSMOE_ROUTER_HPP
+#define KOKKOSMOE_ROUTER_HPP
+
+/// \file KokkosMoE_Router.hpp
+/// \brief Fused top-k MoE router: forward (routing map, dense indices or compact output) and backward.
+///
+/// The contract is docs/router-spec.md (TransformerEngine's fused router, with KokkosMoE's tie-breaking and
+/// non-finite rules). Every function takes the execution space instance first, then a RouterConfig, then input
+/// Views, then preallocated output Views. All tensors are rank 2, row-major, contiguous. Calls validate on the host,
+/// enqueue on \p exec and return without fencing; nothing is allocated per call. On Kokkos::Cuda the hand-tuned
+/// CUDA kernels run (config.implementation = Auto); Implementation::Portable forces the generic Kokkos kernels.
+
+#include <KokkosMoE_Error.hpp>
+#include <KokkosMoE_RouterConfig.hpp>
+#include <impl/KokkosMoE_Router_Spec.hpp>
+#include <impl/KokkosMoE_Router_Validate.hpp>
+#include <kokkos_ext/KokkosMoE_Float16.hpp>
+
+#include <Kokkos_Core.hpp>
+
+namespace KokkosMoE {
+
+
+/// \brief Top-k routing with a routing map (Bytemap or BitmapU8, per config.map_format).
+///
+/// \param exec          execution space instance that runs the kernels
+/// \param config        topk, score function, pre-softmax, grouping, scaling, map format
+/// \param logits        [T, E] float, fp16_t or bf16_t
+/// \param expert_bias   [E] float/fp16_t/bf16_t, or an empty View for none (Sigmoid/SqrtSoftplus only)
+/// \param probs         [T, E] output, logits' type, non-zero only at the selected experts
+/// \param routing_map   [T, E] uint8 (Bytemap) or [T, ceil(E/8)] uint8 (BitmapU8, LSB-first, zero padding)
+/// \param intermediate  [T, E] float output, saved for the backward pass (router-spec §5.1, §8)
+/// \throws KokkosMoE::InvalidArgument if a shape, type or attribute violates router-spec §4
+/// \throws KokkosMoE::NonFiniteInput if config.check_finite and the logits hold a non-finite value
+template <class ExecSpace, class LogitsView, class BiasView, class ProbsView, class MapView, class InterView>
+void topk_router(const ExecSpace& exec, const RouterConfig& config, const LogitsView& logits,
+                 const BiasView& expert_bias, const ProbsView& probs, const MapView& routing_map,
+                 const InterView& intermediate) {
+  constexpr const char* fn = "topk_router";
+  Impl::TopkForwardArgs a = Impl::lower_topk_forward<ExecSpace>(fn, config, logits, expert_bias);
+  Impl::static_check_view<ExecSpace, ProbsView, 2>();
+  Impl::static_check_view<ExecSpace, MapView, 2>();
+  Impl::static_check_view<ExecSpace, InterView, 2>();
+  static_assert(std::is_same_v<typename ProbsView::value_type, typename LogitsView::non_const_value_type>,
+                "KokkosMoE::topk_router: probs must have the logits' element type");
+  static_assert(std::is_same_v<typename MapView::value_type, std::uint8_t>,
+                "KokkosMoE::topk_router: routing_map must be uint8_t");
+  static_assert(std::is_same_v<typename InterView::value_type, float>,
+                "KokkosMoE::topk_router: intermediate must be float");
+  Impl::check_map_format(fn, config.map_format);
+  const auto T = a.num_tokens, E = static_cast<std::int64_t>(a.num_experts);
+  Impl::check_shape2(fn, "probs", probs, T, E);
+  const bool bitmap = config.map_format == RoutingMapFormat::BitmapU8;
+  Impl::check_shape2(fn, "routing_map", routing_map, T, bitmap ? Impl::bitmap_row_bytes(E) : E);
+  Impl::check_shape2(fn, "intermediate", intermediate, T, E);
+  const Impl::Span in[] = {Impl::span_of("logits", logits), Impl::span_of("expert_bias", expert_bias)};
+  const Impl::Span out[] = {Impl::span_of("probs", probs), Impl::span_of("routing_map", routing_map),
+                            Impl::span_of("intermediate", intermediate)};
+  Impl::check_no_alias(fn, in, out);
+  a.output = bitmap ? Impl::RoutingOutput::BitmapU8 : Impl::RoutingOutput::Bytemap;
+  a.probs = probs.data();
+  a.routing_map = routing_map.data();
+  a.intermediate = intermediate.data();
+  Impl::run_topk_forward(exec, a, logits);
+}
+
+/// \brief topk_router without an expert bias.
+template <class ExecSpace, class LogitsView, class ProbsView, class MapView, class InterView>
+void topk_router(const ExecSpace& exec, const RouterConfig& config, const LogitsView& logits, const ProbsView& probs,
+                 const MapView& routing_map, const InterView& intermediate) {
+  topk_router(exec, config, logits, Impl::no_bias<LogitsView>(), probs, routing_map, intermediate);
+}
+
+/// \brief Top-k routing with dense indices [T, k] (int16_t, int32_t or int64_t) in selection order
+/// (slot 0 = best expert) instead of a routing map. config.map_format is ignored.
+/// \throws KokkosMoE::InvalidArgument as topk_router; int16_t indices require E <= 32767
+template <class ExecSpace, class LogitsView, class BiasView, class ProbsView, class IndicesView, class InterView>
+void topk_router_indices(const ExecSpace& exec, const RouterConfig& config, const LogitsView& logits,
+                         const BiasView& expert_bias, const ProbsView& probs, const IndicesView& indices,
+                         const InterView& intermediate) {
+  constexpr const char* fn = "topk_router_indices";
+  Impl::TopkForwardArgs a = Impl::lower_topk_forward<ExecSpace>(fn, config, logits, expert_bias);
+  Impl::static_check_view<ExecSpace, ProbsView, 2>();
+  Impl::static_check_view<ExecSpace, IndicesView, 2>();
+  Impl::static_check_view<ExecSpace, InterView, 2>();
+  using Index = typename IndicesView::value_type;
+  static_assert(std::is_same_v<typename ProbsView::value_type, typename LogitsView::non_const_value_type>,
+                "KokkosMoE::topk_router_indices: probs must have the logits' element type");
+  static_assert(Impl::is_index_type<Index>::value,
+                "KokkosMoE::topk_router_indices: indices must be int16_t, int32_t or int64_t");
+  static_assert(std::is_same_v<typename InterView::value_type, float>,
+                "KokkosMoE::topk_router_indices: intermediate must be float");
+  const auto T = a.num_tokens, E = static_cast<std::int64_t>(a.num_experts);
+  if (std::is_same_v<Index, std::int16_t> && E > 32767)
+    Impl::fail(fn, "indices", Rule::IndexTypeRange,
+               "int16_t indices require num_experts <= 32767 (num_experts = " + std::to_string(E) + ")");
+  Impl::check_shape2(fn, "probs", probs, T, E);
+  Impl::check_shape2(fn, "indices", indices, T, config.topk);
+  Impl::check_shape2(fn, "intermediate", intermediate, T, E);
+  const Impl::Span in[] = {Impl::span_of("logits", logits), Impl::span_of("expert_bias", expert_bias)};
+  const Impl::Span out[] = {Impl::span_of("probs", probs), Impl::span_of("indices", indices),
+                            Impl::span_of("intermediate", intermediate)};
+  Impl::check_no_alias(fn, in, out);
+  a.output = Impl::RoutingOutput::Indices;
+  a.probs = probs.data();
+  a.indices_type = Impl::dtype_of<Index>();
+  a.indices = indices.data();
+  a.intermediate = intermediate.data();
+  Impl::run_topk_forward(exec, a, logits);
+}
+
+/// \brief Compact forward for inference (router-spec §5.5): ids [T, k] int32 in selection order and
+/// weights [T, k] float (= scaling_factor * v[i] in FP32). No probs, map or intermediate is written.
+template <class ExecSpace, class LogitsView, class BiasView, class IdsView, class WeightsView>
+void topk_router_compact(const ExecSpace& exec, const RouterConfig& config, const LogitsView& logits,
+                         const BiasView& expert_bias, const IdsView& ids, const WeightsView& weights) {
+  constexpr const char* fn = "topk_router_compact";
+  Impl::TopkForwardArgs a = Impl::lower_topk_forward<ExecSpace>(fn, config, logits, expert_bias);
+  Impl::static_check_view<ExecSpace, IdsView, 2>();
+  Impl::static_check_view<ExecSpace, WeightsView, 2>();
+  static_assert(std::is_same_v<typename IdsView::value_type, std::int32_t>,
+                "KokkosMoE::topk_router_compact: ids must be int32_t");
+  static_assert(std::is_same_v<typename WeightsView::value_type, float>,
+                "KokkosMoE::topk_router_compact: weights must be float");
+  Impl::check_shape2(fn, "ids", ids, a.num_tokens, config.topk);
+  Impl::check_shape2(fn, "weights", weights, a.num_tokens, config.topk);
+  const Impl::Span in[] = {Impl::span_of("logits", logits), Impl::span_of("expert_bias", expert_bias)};
+  const Impl::Span out[] = {Impl::span_of("ids", ids), Impl::span_of("weights", weights)};
+  Impl::check_no_alias(fn, in, out);
+  a.output = Impl::RoutingOutput::Compact;
+  a.ids = ids.data();
+  a.weights = weights.data();
+  Impl::run_topk_forward(exec, a, logits);
+}
+
+/// \brief Backward of topk_router (router-spec §9) from the saved routing map (config.map_format) and
+/// intermediate. grad_logits has grad_probs' type. Bytemap and BitmapU8 give bit-identical gradients.
+/// Uses config.topk, score_function, use_pre_softmax and scaling_factor (grouping and bias play no part).
+template <class ExecSpace, class MapView, class InterView, class GradProbsView, class GradLogitsView>
+void topk_router_backward(const ExecSpace& exec, const RouterConfig& config, const MapView& routing_map,
+                          const InterView& intermediate, const GradProbsView& grad_probs,
+                          const GradLogitsView& grad_logits) {
+  constexpr const char* fn = "topk_router_backward";
+  Impl::static_check_view<ExecSpace, MapView, 2>();
+  static_assert(std::is_same_v<typename MapView::non_const_value_type, std::uint8_t>,
+                "KokkosMoE::topk_router_backward: routing_map must be uint8_t");
+  Impl::TopkBackwardArgs a =
+      Impl::lower_topk_backward<ExecSpace>(fn, config, intermediate, grad_probs, grad_logits);
+  Impl::check_map_format(fn, config.map_format);
+  const bool bitmap = config.map_format == RoutingMapFormat::BitmapU8;
+  const auto E = static_cast<std::int64_t>(a.num_experts);
+  Impl::check_shape2(fn, "routing_map", routing_map, a.num_tokens, bitmap ? Impl::bitmap_row_bytes(E) : E);
+  const Impl::Span in[] = {Impl::span_of("routing_map", routing_map), Impl::span_of("intermediate", intermediate),
+                           Impl::span_of("grad_probs", grad_probs)};
+  const Impl::Span out[] = {Impl::span_of("grad_logits", grad_logits)};
+  Impl::check_no_alias(fn, in, out);
+  a.output = bitmap ? Impl::RoutingOutput::BitmapU8 : Impl::RoutingOutput::Bytemap;
+  a.routing_map = routing_map.data();
+  Impl::run_topk_backward(exec, a);
+}
+
+/// \brief Backward of topk_router_indices: sums run over the k slots (within tolerance of the map path).
+template <class ExecSpace, class IndicesView, class InterView, class GradProbsView, class GradLogitsView>
+void topk_router_indices_backward(const ExecSpace& exec, const RouterConfig& config, const IndicesView& indices,
+                                  const InterView& intermediate, const GradProbsView& grad_probs,
+                                  const GradLogitsView& grad_logits) {
+  constexpr const char* fn = "topk_router_indices_backward";
+  Impl::static_check_view<ExecSpace, IndicesView, 2>();
+  using Index = typename IndicesView::non_const_value_type;
+  static_assert(Impl::is_index_type<Index>::value,
+                "KokkosMoE::topk_router_indices_backward: indices must be int16_t, int32_t or int64_t");
+  Impl::TopkBackwardArgs a =
+      Impl::lower_topk_backward<ExecSpace>(fn, config, intermediate, grad_probs, grad_logits);
+  if (std::is_same_v<Index, std::int16_t> && a.num_experts > 32767)
+    Impl::fail(fn, "indices", Rule::IndexTypeRange,
+               "int16_t indices require num_experts <= 32767 (num_experts = " + std::to_string(a.num_experts) + ")");
+  Impl::check_shape2(fn, "indices", indices, a.num_tokens, config.topk);
+  const Impl::Span in[] = {Impl::span_of("indices", indices), Impl::span_of("intermediate", intermediate),
+                           Impl::span_of("grad_probs", grad_probs)};
+  const Impl::Span out[] = {Impl::span_of("grad_logits", grad_logits)};
+  Impl::check_no_alias(fn, in, out);
+  a.output = Impl::RoutingOutput::Indices;
+  a.indices_type = Impl::dtype_of<Index>();
+  a.indices = indices.data();
+  Impl::run_topk_backward(exec, a);
+}
+
+/// \brief Backward of topk_router_compact (router-spec §5.5): recomputes the activations from the logits.
+/// \param logits        [T, E] the forward's logits, unchanged
+/// \param ids           [T, k] int32 from the compact forward
+/// \param grad_weights  [T, k] float or the logits' type
+/// \param grad_logits   [T, E] output in the logits' type; non-routed entries +0.0 (Softmax pre excepted)
+template <class ExecSpace, class LogitsView, class IdsView, class GradWeightsView, class GradLogitsView>
+void topk_router_compact_backward(const ExecSpace& exec, const RouterConfig& config, const LogitsView& logits,
+                                  const IdsView& ids, const GradWeightsView& grad_weights,
+                                  const GradLogitsView& grad_logits) {
+  constexpr const char* fn = "topk_router_compact_backward";
+  Impl::static_check_view<ExecSpace, LogitsView, 2>();
+  Impl::static_check_view<ExecSpace, IdsView, 2>();
+  Impl::static_check_view<ExecSpace, GradWeightsView, 2>();
+  Impl::static_check_view<ExecSpace, GradLogitsView, 2>();
+  using Scalar = typename LogitsView::non_const_value_type;
+  using GW = typename GradWeightsView::non_const_value_type;
+  static_assert(Impl::is_router_float<Scalar>::value, "KokkosMoE: logits must be float, fp16_t or bf16_t");
+  static_assert(std::is_same_v<typename IdsView::non_const_value_type, std::int32_t>,
+                "KokkosMoE::topk_router_compact_backward: ids must be int32_t");
+  static_assert(std::is_same_v<GW, float> || std::is_same_v<GW, Scalar>,
+                "KokkosMoE::topk_router_compact_backward: grad_weights must be float or the logits' type");
+  static_assert(std::is_same_v<typename GradLogitsView::value_type, Scalar>,
+                "KokkosMoE::topk_router_compact_backward: grad_logits must have the logits' type");
+  const std::int64_t T = logits.extent(0), E = logits.extent(1);
+  Impl::check_counts(fn, T, E);
+  Impl::check_contiguous(fn, "logits", logits);
+  Impl::check_router_config(fn, config, E, false);
+  Impl::check_shape2(fn, "ids", ids, T, config.topk);
+  Impl::check_shape2(fn, "grad_weights", grad_weights, T, config.topk);
+  Impl::check_shape2(fn, "grad_logits", grad_logits, T, E);
+  const Impl::Span in[] = {Impl::span_of("logits", logits), Impl::span_of("ids", ids),
+                           Impl::span_of("grad_weights", grad_weights)};
+  const Impl::Span out[] = {Impl::span_of("grad_logits", grad_logits)};
+  Impl::check_no_alias(fn, in, out);
+  Impl::TopkBackwardArgs a;
+  a.num_tokens = T;
+  a.num_experts = static_cast<int>(E);
+  a.config = config;
+  a.output = Impl::RoutingOutput::Compact;
+  a.logits_type = Impl::dtype_of<Scalar>();
+  a.logits = logits.data();
+  a.ids = ids.data();
+  a.grad_weights_type = Impl::dtype_of<GW>();
+  a.grad_weights = grad_weights.data();
+  a.grad_type = a.logits_type;
+  a.grad_logits = grad_logits.data();
+  Impl::run_topk_backward(exec, a);
+}
+
+/// \brief Debug check (router-spec §7.1): scans a [T, E] float/fp16_t/bf16_t View and throws
+/// KokkosMoE::NonFiniteInput naming the first non-finite element in row-major order. Fences \p exec.
+template <class ExecSpace, class View>
+void check_finite(const ExecSpace& exec, const View& values, const char* parameter = "logits") {
+  Impl::static_check_view<ExecSpace, View, 2>();
+  using Scalar = typename View::non_const_value_type;
+  static_assert(Impl::is_router_float<Scalar>::value, "KokkosMoE::check_finite: float, fp16_t or bf16_t only");
+  Impl::check_contiguous("check_finite", parameter, values);
+  Impl::run_check_finite(exec, "check_finite", parameter, values.data(), values.extent(0), values.extent(1));
+}
+
+}  // namespace KokkosMoE
+
+#endif

@@ -1,0 +1,57 @@
+/*
+ * KokkosMoE: Mixture-of-Experts routing for Kokkos. SPDX-License-Identifier: Apache-2.0
+ */
+#ifndef KOKKOSMOE_ROUTERCONFIG_HPP
+#define KOKKOSMOE_ROUTERCONFIG_HPP
+
+/// \file KokkosMoE_RouterConfig.hpp
+/// \brief Value-type configuration of the router operations (docs/router-spec.md §2, §3, §10, §11).
+///
+/// Plain C++ (no Kokkos, no CUDA): the structs are copied into deferred callables and native kernels.
+
+namespace KokkosMoE {
+
+/// Score function; numeric values equal TransformerEngine's.
+enum class ScoreFunction : int { Sigmoid = 0, Softmax = 1, SqrtSoftplus = 2 };
+
+/// Routing-map format; numeric values equal TransformerEngine's (BYTEMAP / BITMAP_U8).
+enum class RoutingMapFormat : int { Bytemap = 0, BitmapU8 = 1 };
+
+/// Which implementation runs. `Auto` picks the vendor specialization for the execution space when one exists
+/// (Kokkos::Cuda) and the portable Kokkos implementation otherwise; `Portable` forces the portable one.
+enum class Implementation : int { Auto = 0, Portable = 1 };
+
+/// \brief Attributes of topk_router and its variants (router-spec §3).
+struct RouterConfig {
+  int topk = 1;                                              ///< 1 <= topk <= E
+  ScoreFunction score_function = ScoreFunction::Softmax;     ///<
+  bool use_pre_softmax = false;                              ///< Softmax only
+  int num_groups = 0;                                        ///< G, used when group_topk > 0
+  int group_topk = 0;                                        ///< gk; grouping is on iff > 0
+  float scaling_factor = 1.0f;                               ///< finite
+  RoutingMapFormat map_format = RoutingMapFormat::Bytemap;   ///< for the routing-map entry points
+  Implementation implementation = Implementation::Auto;      ///<
+  bool check_finite = false;  ///< debug: scan the logits first and throw NonFiniteInput (fences; not for hot paths)
+
+  bool grouped() const noexcept { return group_topk > 0; }
+};
+
+/// \brief Attributes of aux_scores (router-spec §10): no bias, grouping, pre-softmax or scaling.
+struct AuxScoresConfig {
+  int topk = 1;
+  ScoreFunction score_function = ScoreFunction::Softmax;
+  RoutingMapFormat map_format = RoutingMapFormat::Bytemap;
+  Implementation implementation = Implementation::Auto;
+};
+
+/// \brief Attributes of aux_loss (router-spec §11).
+struct AuxLossConfig {
+  int num_experts = 1;  ///< E; the probs' column count C must be a positive multiple of E
+  int topk = 1;         ///< 1 <= topk <= E
+  float coeff = 0.0f;   ///< finite
+  Implementation implementation = Implementation::Auto;
+};
+
+}  // namespace KokkosMoE
+
+#endif

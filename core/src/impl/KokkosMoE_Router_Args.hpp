@@ -1,0 +1,147 @@
+/*
+ * KokkosMoE: Mixture-of-Experts routing for Kokkos. SPDX-License-Identifier: Apache-2.0
+ */
+#ifndef KOKKOSMOE_ROUTER_ARGS_HPP
+#define KOKKOSMOE_ROUTER_ARGS_HPP
+
+// Canonical, type-erased operands of the router operations. The public entry points validate their Views and
+// lower them to these raw-pointer structs; every implementation (the portable Kokkos kernels and the native CUDA
+// kernels) consumes them. One canonical form keeps template instantiations few (the kokkos-kernels pattern) and
+// gives the native .cu kernels an interface that needs neither Kokkos nor the View types.
+//
+// Everything here is validated already: implementations never re-check (router-spec §4). All tensors are
+// row-major and contiguous; row offsets are 64-bit.
+
+#include <KokkosMoE_RouterConfig.hpp>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace KokkosMoE {
+namespace Impl {
+
+/// Element type of a type-erased operand.
+enum class DType : std::uint8_t { F32 = 0, F16 = 1, BF16 = 2, I16 = 3, I32 = 4, I64 = 5, U8 = 6 };
+
+/// The routing output of a forward call (router-spec §5.4, §5.5).
+enum class RoutingOutput : std::uint8_t { Bytemap = 0, BitmapU8 = 1, Indices = 2, Compact = 3 };
+
+constexpr float kEps = 1e-20f;  ///< router-spec §1
+
+/// Bytes of one BitmapU8 row.
+constexpr std::int64_t bitmap_row_bytes(std::int64_t num_experts) { return (num_experts + 7) / 8; }
+
+/// topk_router forward (all output kinds). Pointers not used by `output` are null.
+struct TopkForwardArgs {
+  std::int64_t num_tokens = 0;  ///< T (may be 0)
+  int num_experts = 0;          ///< E >= 1
+  RouterConfig config;          ///< validated; grouping is on iff config.group_topk > 0
+  RoutingOutput output = RoutingOutput::Bytemap;
+
+  DType logits_type = DType::F32;
+  const void* logits = nullptr;  ///< [T, E] logits_type
+  DType bias_type = DType::F32;
+  const void* bias = nullptr;  ///< [E] F32/F16/BF16, or null
+
+  void* probs = nullptr;                 ///< [T, E] logits_type (Bytemap, BitmapU8, Indices)
+  std::uint8_t* routing_map = nullptr;   ///< [T, E] (Bytemap) or [T, ceil(E/8)] (BitmapU8)
+  DType indices_type = DType::I32;       ///< I16/I32/I64 (Indices)
+  void* indices = nullptr;               ///< [T, k] (Indices)
+  float* intermediate = nullptr;         ///< [T, E] (Bytemap, BitmapU8, Indices)
+  std::int32_t* ids = nullptr;           ///< [T, k] (Compact)
+  float* weights = nullptr;              ///< [T, k] (Compact)
+};
+
+/// topk_router backward. For Bytemap/BitmapU8/Indices: routing output + intermediate + grad_probs -> grad_logits
+/// (grad_logits has grad_probs' type). For Compact: logits + ids + grad_weights -> grad_logits (logits' type).
+struct TopkBackwardArgs {
+  std::int64_t num_tokens = 0;
+  int num_experts = 0;
+  RouterConfig config;
+  RoutingOutput output = RoutingOutput::Bytemap;
+
+  const std::uint8_t* routing_map = nullptr;  ///< Bytemap [T, E] / BitmapU8 [T, ceil(E/8)]
+  DType indices_type = DType::I32;
+  const void* indices = nullptr;      ///< [T, k] (Indices)
+  const float* intermediate = nullptr;  ///< [T, E] (not Compact)
+  DType grad_type = DType::F32;         ///< type of grad_probs and grad_logits (not Compact)
+  const void* grad_probs = nullptr;     ///< [T, E]
+
+  DType logits_type = DType::F32;  ///< Compact: type of logits and grad_logits
+  const void* logits = nullptr;    ///< [T, E] (Compact)
+  const std::int32_t* ids = nullptr;  ///< [T, k] (Compact)
+  DType grad_weights_type = DType::F32;  ///< F32 or logits_type (Compact)
+  const void* grad_weights = nullptr;    ///< [T, k] (Compact)
+
+  void* grad_logits = nullptr;  ///< [T, E]
+};
+
+/// aux_scores forward (router-spec §10): scores [T, E] F32, routing map, intermediate [T, E] F32.
+struct AuxScoresArgs {
+  std::int64_t num_tokens = 0;
+  int num_experts = 0;
+  int topk = 1;
+  ScoreFunction score_function = ScoreFunction::Softmax;
+  RoutingOutput output = RoutingOutput::Bytemap;  ///< Bytemap or BitmapU8
+  DType logits_type = DType::F32;
+  const void* logits = nullptr;
+  float* scores = nullptr;
+  std::uint8_t* routing_map = nullptr;
+  float* intermediate = nullptr;
+};
+
+/// aux_scores backward: intermediate [T, E] F32 + grad_scores [T, E] F32 -> grad_logits [T, E] (grad_logits_type).
+struct AuxScoresBackwardArgs {
+  std::int64_t num_tokens = 0;
+  int num_experts = 0;
+  ScoreFunction score_function = ScoreFunction::Softmax;
+  const float* intermediate = nullptr;
+  const float* grad_scores = nullptr;
+  DType grad_logits_type = DType::F32;
+  void* grad_logits = nullptr;
+};
+
+/// Rows per chunk of the deterministic two-stage column reduction of aux_loss. Fixed (never derived from the
+/// thread count or the device), so the summation order, and therefore the result bits, are fixed per backend.
+constexpr std::int64_t kAuxLossRowChunk = 256;
+
+/// Floats of workspace aux_loss needs for probs [rows, cols], on every backend.
+constexpr std::size_t aux_loss_workspace_floats(std::int64_t rows, std::int64_t cols) {
+  return static_cast<std::size_t>(((rows + kAuxLossRowChunk - 1) / kAuxLossRowChunk) * cols + 2 * cols + 64);
+}
+
+/// aux_loss forward (router-spec §11).
+struct AuxLossArgs {
+  std::int64_t rows = 0;  ///< R (may be 0)
+  std::int64_t cols = 0;  ///< C = m * E
+  int num_experts = 1;
+  int topk = 1;
+  float coeff = 0.0f;
+  DType probs_type = DType::F32;
+  const void* probs = nullptr;  ///< [R, C]
+  DType tpe_type = DType::I32;  ///< I16/I32/I64/BF16/F32
+  const void* tokens_per_expert = nullptr;           ///< [C]
+  std::int64_t total_num_tokens = 0;                 ///< host-side total (used when the device pointer is null)
+  const std::int64_t* total_num_tokens_device = nullptr;  ///< rank-0 device scalar, read on the device
+  void* loss = nullptr;       ///< rank-0, probs_type
+  float* const_buf = nullptr;  ///< [2]: {Const, FP32 loss value before the cast}
+  float* workspace = nullptr;  ///< aux_loss_workspace_floats(R, C) floats
+};
+
+/// aux_loss backward: grad_probs[r, c] = const_buf[0] * tpe[c] * grad_loss.
+struct AuxLossBackwardArgs {
+  std::int64_t rows = 0;
+  std::int64_t cols = 0;
+  const float* const_buf = nullptr;
+  DType tpe_type = DType::I32;
+  const void* tokens_per_expert = nullptr;
+  DType grad_loss_type = DType::F32;
+  const void* grad_loss = nullptr;  ///< rank-0
+  DType grad_probs_type = DType::F32;
+  void* grad_probs = nullptr;  ///< [R, C]
+};
+
+}  // namespace Impl
+}  // namespace KokkosMoE
+
+#endif
