@@ -82,7 +82,7 @@ std::optional<PciAddress> PciAddress::parse(std::string_view text) {
   std::uint32_t d = 0, b = 0, v = 0, f = 0;
   if (!dom.empty() && !parse_hex(dom, d)) return std::nullopt;
   if (bus.size() != 2 || !parse_hex(bus, b)) return std::nullopt;
-  if (dev.size() != 2 || !parse_hex(dev, v) || v > 0x1f) return std::nullopt;
+  if (dev.size() != 2 || !parse_hex(dev, v)) return std::nullopt;  // lenient: the sentinel has device ff
   if (fn.size() != 1 || !parse_hex(fn, f) || f > 7) return std::nullopt;
   PciAddress a;
   a.domain = d;

@@ -527,6 +527,9 @@ NvlinkTopology topology_from_live(const HostScan& scan, const NvmlSnapshot& nvml
       }
       const bool derived = p.direct_links > 0 || p.switch_links > 0;
       p.nvlink_p2p = status.value_or(derived);
+      if (status && *status && !derived)
+        add_warning(t, gpu_name(t, int(i)) + " and " + gpu_name(t, int(j)) +
+                           ": NVML reports P2P over NVLink, but no NVLink between them was found");
       if (status && !*status && derived)
         add_warning(t, gpu_name(t, int(i)) + " and " + gpu_name(t, int(j)) +
                            " have NVLinks but NVML reports no P2P over NVLink (fabric partition?)");

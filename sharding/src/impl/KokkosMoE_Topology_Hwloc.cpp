@@ -231,12 +231,22 @@ HostScan HwlocTree::scan() const {
       continue;
     }
     if (!is_gpu(o)) continue;
+    if (const char* why = info(o, InfoName::kGpuExcluded)) {
+      s.warnings.push_back("GPU " + pci_of(o).str() + " excluded by the capture: " + why);
+      continue;
+    }
     ScannedGpu g;
     g.pci = pci_of(o);
     g.device_id = o->attr->pcidev.device_id;
     merge_infos(o, g.infos);
-    for (hwloc_obj_t c = o->io_first_child; c; c = c->next_sibling)
-      if (c->type == HWLOC_OBJ_OS_DEVICE) merge_infos(c, g.infos);
+    for (hwloc_obj_t c = o->io_first_child; c; c = c->next_sibling) {
+      if (c->type != HWLOC_OBJ_OS_DEVICE) continue;
+      merge_infos(c, g.infos);
+      // hwloc's NVML component names its devices nvml<NVML index>.
+      if (c->name && std::strncmp(c->name, "nvml", 4) == 0 && c->name[4] != '\0' && std::strlen(c->name) < 12 &&
+          std::strspn(c->name + 4, "0123456789") == std::strlen(c->name + 4))
+        g.infos.emplace(InfoName::kNvmlIndex, c->name + 4);
+    }
     if (auto it = g.infos.find("GPUModel"); it != g.infos.end())
       g.model = it->second;
     else if (auto it2 = g.infos.find("PCIDevice"); it2 != g.infos.end())
@@ -343,6 +353,11 @@ std::string HwlocTree::export_capture(const NvlinkTopology& t, const SwitchLinkT
     add_root(InfoName::kNvlinkVersion, std::to_string(best->first));
   }
 
+  // GPUs hwloc sees that the model left out (e.g. not visible to NVML) are marked, so the fixture reproduces the model.
+  for (hwloc_obj_t o = hwloc_get_next_pcidev(topo, nullptr); o; o = hwloc_get_next_pcidev(topo, o))
+    if (is_gpu(o) && !t.find_gpu(pci_of(o)) && !info(o, InfoName::kGpuExcluded))
+      hwloc_obj_add_info(o, InfoName::kGpuExcluded,
+                         t.nvlink_known ? "visible to hwloc but not to NVML" : "not in the captured model");
   std::vector<hwloc_obj_t> gpu_obj(n, nullptr);
   for (std::size_t i = 0; i < n; ++i) {
     const GpuInfo& g = t.gpus[i];
@@ -454,7 +469,9 @@ std::string HwlocTree::export_capture(const NvlinkTopology& t, const SwitchLinkT
           fail(std::string("hwloc_distances_add_commit(") + name + ") failed: " + errno_text(errno));
       };
       add_matrix(kNvlinkMatrixName, values, HWLOC_DISTANCES_KIND_FROM_USER | HWLOC_DISTANCES_KIND_MEANS_BANDWIDTH);
-      if (p2p_differs) add_matrix(kP2pMatrixName, p2p, HWLOC_DISTANCES_KIND_FROM_USER);
+      // hwloc wants a "means" kind; the P2P matrix holds 1 (reachable over NVLink) or 0.
+      if (p2p_differs)
+        add_matrix(kP2pMatrixName, p2p, HWLOC_DISTANCES_KIND_FROM_USER | HWLOC_DISTANCES_KIND_MEANS_BANDWIDTH);
 #else
       add_root("KokkosMoECaptureWarning", "hwloc older than 2.5 cannot add distances: no NVLinkBandwidth matrix");
 #endif

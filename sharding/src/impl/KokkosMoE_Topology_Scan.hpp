@@ -27,6 +27,8 @@ inline constexpr const char* kDriverVersion = "NVIDIADriverVersion";
 inline constexpr const char* kNvmlStatus = "KokkosMoENVMLStatus";
 inline constexpr const char* kCaptureTool = "KokkosMoECapture";
 inline constexpr const char* kLinkRateUnknown = "KokkosMoELinkRateUnknown";  // matrix values are link counts
+// On a GPU's PCIDev: hwloc saw it, the live model did not include it (not visible to NVML); loaders skip it.
+inline constexpr const char* kGpuExcluded = "KokkosMoEGpuExcluded";
 // per GPU (on the GPU's PCIDev object)
 inline constexpr const char* kGpuModel = "GPUModel";
 inline constexpr const char* kGpuUuid = "NVIDIAUUID";
