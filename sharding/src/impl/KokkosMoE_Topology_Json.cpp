@@ -141,7 +141,8 @@ std::string topology_to_json(const NvlinkTopology& t, int indent) {
   j["islands"] = t.islands;
   j["cliques"] = t.cliques;
   j["warnings"] = t.warnings;
-  return j.dump(indent) + "\n";
+  // Models built by this library hold valid UTF-8 (finalize_topology); replace, never throw, for hand-made ones.
+  return j.dump(indent, ' ', false, json::error_handler_t::replace) + "\n";
 }
 
 NvlinkTopology topology_from_json(std::string_view text) {
