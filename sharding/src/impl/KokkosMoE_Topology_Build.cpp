@@ -335,7 +335,8 @@ NvlinkTopology topology_from_scan(const HostScan& scan) {
   for (std::size_t i = 0; i < n; ++i)
     if (rate[i] == 0 &&
         (sw_mbps[i] || cpu_mbps[i] ||
-         std::any_of(gg.begin() + i * n, gg.begin() + (i + 1) * n, [](std::uint64_t v) { return v != 0; })))
+         std::any_of(gg.begin() + static_cast<std::ptrdiff_t>(i * n),
+                     gg.begin() + static_cast<std::ptrdiff_t>((i + 1) * n), [](std::uint64_t v) { return v != 0; })))
       rate_unknown = true;
   if (rate_unknown)
     add_warning(t,

@@ -222,7 +222,7 @@ NvlinkTopology topology_from_json(std::string_view text) {
         }
         id.cluster_uuid[b] = static_cast<std::uint8_t>(v);
       }
-      id.clique_id = static_cast<std::uint32_t>(get_int(f, "clique_id", path + ".fabric", 0, 0xffffffffll));
+      id.clique_id = static_cast<std::uint32_t>(get_int(f, "clique_id", path + ".fabric", 0, 0xffffffffLL));
       g.fabric = id;
     }
     t.gpus.push_back(std::move(g));

@@ -21,6 +21,7 @@ namespace {
 
 constexpr std::size_t kMaxDepth = 256;
 constexpr std::uint64_t kMaxMatrixObjects = 65536;
+constexpr std::uint64_t kMaxOsIndex = 1u << 20;  // PUs / NUMA nodes: far beyond any machine
 
 struct Attr {
   std::string_view name;
@@ -377,8 +378,8 @@ class Scanner {
     // Sets: hwloc writes cpuset with complete_cpuset and nodeset with complete_nodeset. hwloc 2.9 dereferences a
     // missing complete_cpuset (segfault, found by the fuzz target), so a half pair is refused here.
     const bool io = iequals(*type, "Bridge") || iequals(*type, "PCIDev") || iequals(*type, "OSDev");
-    for (const char* set : {"cpuset", "complete_cpuset", "allowed_cpuset", "nodeset", "complete_nodeset",
-                            "allowed_nodeset"}) {
+    for (const char* set :
+         {"cpuset", "complete_cpuset", "allowed_cpuset", "nodeset", "complete_nodeset", "allowed_nodeset"}) {
       const std::string* v = get(attrs, set);
       if (!v) continue;
       if (io || iequals(*type, "Misc")) fail_at(pos, element, std::string(set) + " on a " + *type + " object");
@@ -387,12 +388,22 @@ class Scanner {
     for (auto [a, b] : {std::pair{"cpuset", "complete_cpuset"}, std::pair{"nodeset", "complete_nodeset"}})
       if ((get(attrs, a) != nullptr) != (get(attrs, b) != nullptr))
         fail_at(pos, element, std::string(get(attrs, a) ? a : b) + " without " + (get(attrs, a) ? b : a));
+    // hwloc v2 knows host (0) and PCI (1) upstream sides and PCI (1) downstream sides only.
+    if (const std::string* bt = get(attrs, "bridge_type"))
+      if (*bt != "0-1" && *bt != "1-1") fail_at(pos, element, "bridge_type=\"" + *bt + "\" is not 0-1 or 1-1");
     ObjectRecord rec;
     rec.type = *type;
     rec.line = line_of(pos);
     if (const std::string* os = get(attrs, "os_index")) {
       rec.os_index = parse_uint(*os);
       if (!rec.os_index) fail_at(pos, element, "os_index=\"" + *os + "\" is not a number");
+    }
+    // PUs and NUMA nodes are bitmap indexes: hwloc writes their os_index always, and a missing one becomes
+    // 0xffffffff, which hwloc 2.9 then sets in a bitmap (seconds of work and 512 MB; found by the fuzz target).
+    if (iequals(*type, "PU") || iequals(*type, "NUMANode")) {
+      if (!rec.os_index) fail_at(pos, element, "a " + *type + " needs an os_index");
+      if (*rec.os_index > kMaxOsIndex)
+        fail_at(pos, element, "os_index " + std::to_string(*rec.os_index) + " is implausibly large");
     }
     if (const std::string* gp = get(attrs, "gp_index")) {
       const auto g = parse_uint(*gp);
