@@ -148,6 +148,12 @@ class TopologyError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+/// \brief A failure reported by a device runtime (a kernel launch the CUDA runtime rejected, ...).
+class DeviceError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
 /// \brief A failure reported by the communication layer (NCCL, CUDA runtime).
 class CommError : public std::runtime_error {
  public:
