@@ -13,39 +13,48 @@
 
 #include <KokkosMoE_Error.hpp>
 #include <KokkosMoE_RouterConfig.hpp>
-#include <impl/KokkosMoE_Router_Spec.hpp>
-#include <impl/KokkosMoE_Router_Validate.hpp>
-#include <kokkos_ext/KokkosMoE_Float16.hpp>
 
 #include <Kokkos_Core.hpp>
+#include <kokkos_ext/KokkosMoE_Float16.hpp>
+
+#include <impl/KokkosMoE_Router_Spec.hpp>
+#include <impl/KokkosMoE_Router_Validate.hpp>
 
 namespace KokkosMoE {
 
 namespace Impl {
 template <class T>
-struct is_tpe_type : std::bool_constant<std::is_same_v<T, std::int16_t> || std::is_same_v<T, std::int32_t> ||
-                                        std::is_same_v<T, std::int64_t> || std::is_same_v<T, bf16_t> ||
-                                        std::is_same_v<T, float>> {};
+struct is_tpe_type
+    : std::bool_constant<std::is_same_v<T, std::int16_t> || std::is_same_v<T, std::int32_t> ||
+                         std::is_same_v<T, std::int64_t> || std::is_same_v<T, bf16_t> || std::is_same_v<T, float>> {};
 
 template <class ExecSpace>
 void dispatch(const ExecSpace& exec, Implementation impl, const AuxScoresArgs& a) {
-  if (impl == Implementation::Portable) PortableRouter<ExecSpace>::aux_scores_forward(exec, a);
-  else RouterImpl<ExecSpace>::aux_scores_forward(exec, a);
+  if (impl == Implementation::Portable)
+    PortableRouter<ExecSpace>::aux_scores_forward(exec, a);
+  else
+    RouterImpl<ExecSpace>::aux_scores_forward(exec, a);
 }
 template <class ExecSpace>
 void dispatch(const ExecSpace& exec, Implementation impl, const AuxScoresBackwardArgs& a) {
-  if (impl == Implementation::Portable) PortableRouter<ExecSpace>::aux_scores_backward(exec, a);
-  else RouterImpl<ExecSpace>::aux_scores_backward(exec, a);
+  if (impl == Implementation::Portable)
+    PortableRouter<ExecSpace>::aux_scores_backward(exec, a);
+  else
+    RouterImpl<ExecSpace>::aux_scores_backward(exec, a);
 }
 template <class ExecSpace>
 void dispatch(const ExecSpace& exec, Implementation impl, const AuxLossArgs& a) {
-  if (impl == Implementation::Portable) PortableRouter<ExecSpace>::aux_loss_forward(exec, a);
-  else RouterImpl<ExecSpace>::aux_loss_forward(exec, a);
+  if (impl == Implementation::Portable)
+    PortableRouter<ExecSpace>::aux_loss_forward(exec, a);
+  else
+    RouterImpl<ExecSpace>::aux_loss_forward(exec, a);
 }
 template <class ExecSpace>
 void dispatch(const ExecSpace& exec, Implementation impl, const AuxLossBackwardArgs& a) {
-  if (impl == Implementation::Portable) PortableRouter<ExecSpace>::aux_loss_backward(exec, a);
-  else RouterImpl<ExecSpace>::aux_loss_backward(exec, a);
+  if (impl == Implementation::Portable)
+    PortableRouter<ExecSpace>::aux_loss_backward(exec, a);
+  else
+    RouterImpl<ExecSpace>::aux_loss_backward(exec, a);
 }
 
 template <class ExecSpace, class ProbsView, class TpeView, class LossView, class ConstView, class WorkView>
@@ -85,8 +94,8 @@ AuxLossArgs lower_aux_loss(const char* fn, const AuxLossConfig& config, const Pr
   const std::size_t need = aux_loss_workspace_floats(R, C);
   if (workspace.extent(0) < need)
     fail(fn, "workspace", Rule::WorkspaceTooSmall,
-         "workspace has " + std::to_string(workspace.extent(0)) + " floats; aux_loss_workspace_size() = " +
-             std::to_string(need));
+         "workspace has " + std::to_string(workspace.extent(0)) +
+             " floats; aux_loss_workspace_size() = " + std::to_string(need));
   const Span in[] = {span_of("probs", probs), span_of("tokens_per_expert", tokens_per_expert)};
   const Span out[] = {span_of("loss", loss), span_of("const_buf", const_buf), span_of("workspace", workspace)};
   check_no_alias(fn, in, out);
@@ -126,8 +135,7 @@ void aux_scores(const ExecSpace& exec, const AuxScoresConfig& config, const Logi
   static_assert(std::is_same_v<typename ScoresView::value_type, float>, "KokkosMoE::aux_scores: scores is float");
   static_assert(std::is_same_v<typename MapView::value_type, std::uint8_t>,
                 "KokkosMoE::aux_scores: routing_map is uint8_t");
-  static_assert(std::is_same_v<typename InterView::value_type, float>,
-                "KokkosMoE::aux_scores: intermediate is float");
+  static_assert(std::is_same_v<typename InterView::value_type, float>, "KokkosMoE::aux_scores: intermediate is float");
   const std::int64_t T = logits.extent(0), E = logits.extent(1);
   Impl::check_counts(fn, T, E);
   Impl::check_contiguous(fn, "logits", logits);
@@ -216,8 +224,8 @@ void aux_loss(const ExecSpace& exec, const AuxLossConfig& config, const ProbsVie
               const TpeView& tokens_per_expert, std::int64_t total_num_tokens, const LossView& loss,
               const ConstView& const_buf, const WorkView& workspace) {
   constexpr const char* fn = "aux_loss";
-  Impl::AuxLossArgs a = Impl::lower_aux_loss<ExecSpace>(fn, config, probs, tokens_per_expert, loss, const_buf,
-                                                        workspace);
+  Impl::AuxLossArgs a =
+      Impl::lower_aux_loss<ExecSpace>(fn, config, probs, tokens_per_expert, loss, const_buf, workspace);
   if (total_num_tokens < 1)
     Impl::fail(fn, "total_num_tokens", Rule::TotalTokensPositive,
                "total_num_tokens (" + std::to_string(total_num_tokens) + ") must be >= 1");
@@ -229,7 +237,7 @@ void aux_loss(const ExecSpace& exec, const AuxLossConfig& config, const ProbsVie
 /// a captured CUDA graph stays correct when the total changes between replays. The value cannot be checked on
 /// the host; a total < 1 makes Const non-finite.
 template <class ExecSpace, class ProbsView, class TpeView, class TotalView, class LossView, class ConstView,
-          class WorkView>
+          class WorkView, std::enable_if_t<Kokkos::is_view<TotalView>::value, int> = 0>
 void aux_loss(const ExecSpace& exec, const AuxLossConfig& config, const ProbsView& probs,
               const TpeView& tokens_per_expert, const TotalView& total_num_tokens, const LossView& loss,
               const ConstView& const_buf, const WorkView& workspace) {
@@ -237,8 +245,8 @@ void aux_loss(const ExecSpace& exec, const AuxLossConfig& config, const ProbsVie
   Impl::static_check_view<ExecSpace, TotalView, 0>();
   static_assert(std::is_same_v<typename TotalView::non_const_value_type, std::int64_t>,
                 "KokkosMoE::aux_loss: the device total must be a rank-0 int64_t View");
-  Impl::AuxLossArgs a = Impl::lower_aux_loss<ExecSpace>(fn, config, probs, tokens_per_expert, loss, const_buf,
-                                                        workspace);
+  Impl::AuxLossArgs a =
+      Impl::lower_aux_loss<ExecSpace>(fn, config, probs, tokens_per_expert, loss, const_buf, workspace);
   a.total_num_tokens_device = total_num_tokens.data();
   Impl::dispatch(exec, config.implementation, a);
 }

@@ -17,65 +17,92 @@ namespace KokkosMoE {
 ///
 /// The numeric values are part of the API: new rules are appended, existing ones never renumbered.
 enum class Rule : int {
-  ShapeMismatch = 1,            ///< an extent does not match the contract (router-spec §4.1)
-  NotContiguous = 2,            ///< a View is not contiguous row-major
-  NumExpertsPositive = 3,       ///< E >= 1
-  TopkRange = 4,                ///< 1 <= topk <= E
-  TokenCountRange = 5,          ///< T < 2^31
-  ExpertCountRange = 6,         ///< E < 2^31
+  ShapeMismatch = 1,       ///< an extent does not match the contract (router-spec §4.1)
+  NotContiguous = 2,       ///< a View is not contiguous row-major
+  NumExpertsPositive = 3,  ///< E >= 1
+  TopkRange = 4,           ///< 1 <= topk <= E
+  TokenCountRange = 5,     ///< T < 2^31
+  ExpertCountRange = 6,    ///< E < 2^31
   PreSoftmaxRequiresSoftmax = 7,
   BiasRequiresSigmoidOrSqrtSoftplus = 8,
-  GroupCountPositive = 9,       ///< grouping on: num_groups > 0
-  GroupTopkRange = 10,          ///< grouping on: group_topk <= num_groups
-  GroupDivisibility = 11,       ///< grouping on: E % num_groups == 0
-  TopkGroupDivisibility = 12,   ///< grouping on: topk % group_topk == 0
-  TopkPerGroupRange = 13,       ///< grouping on: topk / group_topk <= E / num_groups
+  GroupCountPositive = 9,      ///< grouping on: num_groups > 0
+  GroupTopkRange = 10,         ///< grouping on: group_topk <= num_groups
+  GroupDivisibility = 11,      ///< grouping on: E % num_groups == 0
+  TopkGroupDivisibility = 12,  ///< grouping on: topk % group_topk == 0
+  TopkPerGroupRange = 13,      ///< grouping on: topk / group_topk <= E / num_groups
   ScalingFactorFinite = 14,
-  IndexTypeRange = 15,          ///< int16 indices need E <= 32767
-  Aliasing = 16,                ///< outputs must not alias inputs or each other
-  ScoreFunctionValue = 17,      ///< not one of the ScoreFunction enumerators
-  MapFormatValue = 18,          ///< not one of the RoutingMapFormat enumerators
-  TotalTokensPositive = 19,     ///< aux loss: total_num_tokens >= 1 (host-side total)
-  AuxColumnsMultiple = 20,      ///< aux loss: C is a positive multiple of num_experts
-  WorkspaceTooSmall = 21,       ///< a caller-provided workspace is smaller than the size query returns
-  CoeffFinite = 22,             ///< aux loss: coeff must be finite
-  ConfigValue = 23,             ///< another configuration value out of its documented range
-  TopologyMalformed = 100,      ///< sharding: malformed topology input
-  PlanInfeasible = 101,         ///< sharding: a planning request that cannot be satisfied
-  ShardingRule = 102,           ///< sharding: an input sharding the partition rules reject
-  GpuIndexRange = 103,          ///< sharding: a GPU index outside [0, number of GPUs)
+  IndexTypeRange = 15,       ///< int16 indices need E <= 32767
+  Aliasing = 16,             ///< outputs must not alias inputs or each other
+  ScoreFunctionValue = 17,   ///< not one of the ScoreFunction enumerators
+  MapFormatValue = 18,       ///< not one of the RoutingMapFormat enumerators
+  TotalTokensPositive = 19,  ///< aux loss: total_num_tokens >= 1 (host-side total)
+  AuxColumnsMultiple = 20,   ///< aux loss: C is a positive multiple of num_experts
+  WorkspaceTooSmall = 21,    ///< a caller-provided workspace is smaller than the size query returns
+  CoeffFinite = 22,          ///< aux loss: coeff must be finite
+  ConfigValue = 23,          ///< another configuration value out of its documented range
+  TopologyMalformed = 100,   ///< sharding: malformed topology input
+  PlanInfeasible = 101,      ///< sharding: a planning request that cannot be satisfied
+  ShardingRule = 102,        ///< sharding: an input sharding the partition rules reject
+  GpuIndexRange = 103,       ///< sharding: a GPU index outside [0, number of GPUs)
 };
 
 /// \brief The stable, snake_case name of a rule (e.g. "topk_range").
 inline const char* rule_name(Rule r) noexcept {
   switch (r) {
-    case Rule::ShapeMismatch: return "shape_mismatch";
-    case Rule::NotContiguous: return "not_contiguous";
-    case Rule::NumExpertsPositive: return "num_experts_positive";
-    case Rule::TopkRange: return "topk_range";
-    case Rule::TokenCountRange: return "token_count_range";
-    case Rule::ExpertCountRange: return "expert_count_range";
-    case Rule::PreSoftmaxRequiresSoftmax: return "pre_softmax_requires_softmax";
-    case Rule::BiasRequiresSigmoidOrSqrtSoftplus: return "bias_requires_sigmoid_or_sqrtsoftplus";
-    case Rule::GroupCountPositive: return "group_count_positive";
-    case Rule::GroupTopkRange: return "group_topk_range";
-    case Rule::GroupDivisibility: return "group_divisibility";
-    case Rule::TopkGroupDivisibility: return "topk_group_divisibility";
-    case Rule::TopkPerGroupRange: return "topk_per_group_range";
-    case Rule::ScalingFactorFinite: return "scaling_factor_finite";
-    case Rule::IndexTypeRange: return "index_type_range";
-    case Rule::Aliasing: return "aliasing";
-    case Rule::ScoreFunctionValue: return "score_function_value";
-    case Rule::MapFormatValue: return "map_format_value";
-    case Rule::TotalTokensPositive: return "total_tokens_positive";
-    case Rule::AuxColumnsMultiple: return "aux_columns_multiple";
-    case Rule::WorkspaceTooSmall: return "workspace_too_small";
-    case Rule::CoeffFinite: return "coeff_finite";
-    case Rule::ConfigValue: return "config_value";
-    case Rule::TopologyMalformed: return "topology_malformed";
-    case Rule::PlanInfeasible: return "plan_infeasible";
-    case Rule::ShardingRule: return "sharding_rule";
-    case Rule::GpuIndexRange: return "gpu_index_range";
+    case Rule::ShapeMismatch:
+      return "shape_mismatch";
+    case Rule::NotContiguous:
+      return "not_contiguous";
+    case Rule::NumExpertsPositive:
+      return "num_experts_positive";
+    case Rule::TopkRange:
+      return "topk_range";
+    case Rule::TokenCountRange:
+      return "token_count_range";
+    case Rule::ExpertCountRange:
+      return "expert_count_range";
+    case Rule::PreSoftmaxRequiresSoftmax:
+      return "pre_softmax_requires_softmax";
+    case Rule::BiasRequiresSigmoidOrSqrtSoftplus:
+      return "bias_requires_sigmoid_or_sqrtsoftplus";
+    case Rule::GroupCountPositive:
+      return "group_count_positive";
+    case Rule::GroupTopkRange:
+      return "group_topk_range";
+    case Rule::GroupDivisibility:
+      return "group_divisibility";
+    case Rule::TopkGroupDivisibility:
+      return "topk_group_divisibility";
+    case Rule::TopkPerGroupRange:
+      return "topk_per_group_range";
+    case Rule::ScalingFactorFinite:
+      return "scaling_factor_finite";
+    case Rule::IndexTypeRange:
+      return "index_type_range";
+    case Rule::Aliasing:
+      return "aliasing";
+    case Rule::ScoreFunctionValue:
+      return "score_function_value";
+    case Rule::MapFormatValue:
+      return "map_format_value";
+    case Rule::TotalTokensPositive:
+      return "total_tokens_positive";
+    case Rule::AuxColumnsMultiple:
+      return "aux_columns_multiple";
+    case Rule::WorkspaceTooSmall:
+      return "workspace_too_small";
+    case Rule::CoeffFinite:
+      return "coeff_finite";
+    case Rule::ConfigValue:
+      return "config_value";
+    case Rule::TopologyMalformed:
+      return "topology_malformed";
+    case Rule::PlanInfeasible:
+      return "plan_infeasible";
+    case Rule::ShardingRule:
+      return "sharding_rule";
+    case Rule::GpuIndexRange:
+      return "gpu_index_range";
   }
   return "unknown";
 }
@@ -120,6 +147,12 @@ class NonFiniteInput : public std::domain_error {
 
 /// \brief A malformed or unreadable topology description (hwloc XML, fixture, capture).
 class TopologyError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+/// \brief A failure reported by a device runtime (a kernel launch the CUDA runtime rejected, ...).
+class DeviceError : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
 };

@@ -15,14 +15,14 @@
 
 #include <KokkosMoE_Error.hpp>
 #include <KokkosMoE_RouterConfig.hpp>
-#include <impl/KokkosMoE_Router_Spec.hpp>
-#include <impl/KokkosMoE_Router_Validate.hpp>
-#include <kokkos_ext/KokkosMoE_Float16.hpp>
 
 #include <Kokkos_Core.hpp>
+#include <kokkos_ext/KokkosMoE_Float16.hpp>
+
+#include <impl/KokkosMoE_Router_Spec.hpp>
+#include <impl/KokkosMoE_Router_Validate.hpp>
 
 namespace KokkosMoE {
-
 
 /// \brief Top-k routing with a routing map (Bytemap or BitmapU8, per config.map_format).
 ///
@@ -147,8 +147,7 @@ void topk_router_backward(const ExecSpace& exec, const RouterConfig& config, con
   Impl::static_check_view<ExecSpace, MapView, 2>();
   static_assert(std::is_same_v<typename MapView::non_const_value_type, std::uint8_t>,
                 "KokkosMoE::topk_router_backward: routing_map must be uint8_t");
-  Impl::TopkBackwardArgs a =
-      Impl::lower_topk_backward<ExecSpace>(fn, config, intermediate, grad_probs, grad_logits);
+  Impl::TopkBackwardArgs a = Impl::lower_topk_backward<ExecSpace>(fn, config, intermediate, grad_probs, grad_logits);
   Impl::check_map_format(fn, config.map_format);
   const bool bitmap = config.map_format == RoutingMapFormat::BitmapU8;
   const auto E = static_cast<std::int64_t>(a.num_experts);
@@ -172,8 +171,7 @@ void topk_router_indices_backward(const ExecSpace& exec, const RouterConfig& con
   using Index = typename IndicesView::non_const_value_type;
   static_assert(Impl::is_index_type<Index>::value,
                 "KokkosMoE::topk_router_indices_backward: indices must be int16_t, int32_t or int64_t");
-  Impl::TopkBackwardArgs a =
-      Impl::lower_topk_backward<ExecSpace>(fn, config, intermediate, grad_probs, grad_logits);
+  Impl::TopkBackwardArgs a = Impl::lower_topk_backward<ExecSpace>(fn, config, intermediate, grad_probs, grad_logits);
   if (std::is_same_v<Index, std::int16_t> && a.num_experts > 32767)
     Impl::fail(fn, "indices", Rule::IndexTypeRange,
                "int16_t indices require num_experts <= 32767 (num_experts = " + std::to_string(a.num_experts) + ")");

@@ -23,14 +23,14 @@ enum class Implementation : int { Auto = 0, Portable = 1 };
 
 /// \brief Attributes of topk_router and its variants (router-spec §3).
 struct RouterConfig {
-  int topk = 1;                                              ///< 1 <= topk <= E
-  ScoreFunction score_function = ScoreFunction::Softmax;     ///<
-  bool use_pre_softmax = false;                              ///< Softmax only
-  int num_groups = 0;                                        ///< G, used when group_topk > 0
-  int group_topk = 0;                                        ///< gk; grouping is on iff > 0
-  float scaling_factor = 1.0f;                               ///< finite
-  RoutingMapFormat map_format = RoutingMapFormat::Bytemap;   ///< for the routing-map entry points
-  Implementation implementation = Implementation::Auto;      ///<
+  int topk = 1;                                             ///< 1 <= topk <= E
+  ScoreFunction score_function = ScoreFunction::Softmax;    ///<
+  bool use_pre_softmax = false;                             ///< Softmax only
+  int num_groups = 0;                                       ///< G, used when group_topk > 0
+  int group_topk = 0;                                       ///< gk; grouping is on iff > 0
+  float scaling_factor = 1.0f;                              ///< finite
+  RoutingMapFormat map_format = RoutingMapFormat::Bytemap;  ///< for the routing-map entry points
+  Implementation implementation = Implementation::Auto;     ///<
   bool check_finite = false;  ///< debug: scan the logits first and throw NonFiniteInput (fences; not for hot paths)
 
   bool grouped() const noexcept { return group_topk > 0; }

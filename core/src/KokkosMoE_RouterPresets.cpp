@@ -7,8 +7,8 @@
 namespace KokkosMoE {
 namespace {
 
-RouterPreset make(const char* name, const char* model, int E, int hidden, bool bias, int k, ScoreFunction f,
-                  int groups, int group_topk, float scale) {
+RouterPreset make(const char* name, const char* model, int E, int hidden, bool bias, int k, ScoreFunction f, int groups,
+                  int group_topk, float scale) {
   RouterPreset p;
   p.name = name;
   p.model = model;

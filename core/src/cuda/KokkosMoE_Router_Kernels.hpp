@@ -9,9 +9,8 @@
 // synchronization, no allocation (aux_loss uses the caller's workspace), so all of them are capturable in a
 // CUDA graph. Arguments are validated by the public entry points before they get here.
 
-#include <impl/KokkosMoE_Router_Args.hpp>
-
 #include <cuda_runtime_api.h>
+#include <impl/KokkosMoE_Router_Args.hpp>
 
 namespace KokkosMoE {
 namespace Impl {

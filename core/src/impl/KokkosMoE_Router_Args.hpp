@@ -43,13 +43,13 @@ struct TopkForwardArgs {
   DType bias_type = DType::F32;
   const void* bias = nullptr;  ///< [E] F32/F16/BF16, or null
 
-  void* probs = nullptr;                 ///< [T, E] logits_type (Bytemap, BitmapU8, Indices)
-  std::uint8_t* routing_map = nullptr;   ///< [T, E] (Bytemap) or [T, ceil(E/8)] (BitmapU8)
-  DType indices_type = DType::I32;       ///< I16/I32/I64 (Indices)
-  void* indices = nullptr;               ///< [T, k] (Indices)
-  float* intermediate = nullptr;         ///< [T, E] (Bytemap, BitmapU8, Indices)
-  std::int32_t* ids = nullptr;           ///< [T, k] (Compact)
-  float* weights = nullptr;              ///< [T, k] (Compact)
+  void* probs = nullptr;                ///< [T, E] logits_type (Bytemap, BitmapU8, Indices)
+  std::uint8_t* routing_map = nullptr;  ///< [T, E] (Bytemap) or [T, ceil(E/8)] (BitmapU8)
+  DType indices_type = DType::I32;      ///< I16/I32/I64 (Indices)
+  void* indices = nullptr;              ///< [T, k] (Indices)
+  float* intermediate = nullptr;        ///< [T, E] (Bytemap, BitmapU8, Indices)
+  std::int32_t* ids = nullptr;          ///< [T, k] (Compact)
+  float* weights = nullptr;             ///< [T, k] (Compact)
 };
 
 /// topk_router backward. For Bytemap/BitmapU8/Indices: routing output + intermediate + grad_probs -> grad_logits
@@ -62,14 +62,14 @@ struct TopkBackwardArgs {
 
   const std::uint8_t* routing_map = nullptr;  ///< Bytemap [T, E] / BitmapU8 [T, ceil(E/8)]
   DType indices_type = DType::I32;
-  const void* indices = nullptr;      ///< [T, k] (Indices)
+  const void* indices = nullptr;        ///< [T, k] (Indices)
   const float* intermediate = nullptr;  ///< [T, E] (not Compact)
   DType grad_type = DType::F32;         ///< type of grad_probs and grad_logits (not Compact)
   const void* grad_probs = nullptr;     ///< [T, E]
 
-  DType logits_type = DType::F32;  ///< Compact: type of logits and grad_logits
-  const void* logits = nullptr;    ///< [T, E] (Compact)
-  const std::int32_t* ids = nullptr;  ///< [T, k] (Compact)
+  DType logits_type = DType::F32;        ///< Compact: type of logits and grad_logits
+  const void* logits = nullptr;          ///< [T, E] (Compact)
+  const std::int32_t* ids = nullptr;     ///< [T, k] (Compact)
   DType grad_weights_type = DType::F32;  ///< F32 or logits_type (Compact)
   const void* grad_weights = nullptr;    ///< [T, k] (Compact)
 
@@ -118,14 +118,14 @@ struct AuxLossArgs {
   int topk = 1;
   float coeff = 0.0f;
   DType probs_type = DType::F32;
-  const void* probs = nullptr;  ///< [R, C]
-  DType tpe_type = DType::I32;  ///< I16/I32/I64/BF16/F32
-  const void* tokens_per_expert = nullptr;           ///< [C]
-  std::int64_t total_num_tokens = 0;                 ///< host-side total (used when the device pointer is null)
+  const void* probs = nullptr;                            ///< [R, C]
+  DType tpe_type = DType::I32;                            ///< I16/I32/I64/BF16/F32
+  const void* tokens_per_expert = nullptr;                ///< [C]
+  std::int64_t total_num_tokens = 0;                      ///< host-side total (used when the device pointer is null)
   const std::int64_t* total_num_tokens_device = nullptr;  ///< rank-0 device scalar, read on the device
-  void* loss = nullptr;       ///< rank-0, probs_type
-  float* const_buf = nullptr;  ///< [2]: {Const, FP32 loss value before the cast}
-  float* workspace = nullptr;  ///< aux_loss_workspace_floats(R, C) floats
+  void* loss = nullptr;                                   ///< rank-0, probs_type
+  float* const_buf = nullptr;                             ///< [2]: {Const, FP32 loss value before the cast}
+  float* workspace = nullptr;                             ///< aux_loss_workspace_floats(R, C) floats
 };
 
 /// aux_loss backward: grad_probs[r, c] = const_buf[0] * tpe[c] * grad_loss.

@@ -11,11 +11,12 @@
 // `PortableRouter<ExecSpace>` stays callable directly (Implementation::Portable) for tests and benchmarks.
 
 #include <KokkosMoE_RouterConfig.hpp>
+
+#include <Kokkos_Core.hpp>
+
 #include <impl/KokkosMoE_Router_Args.hpp>
 #include <impl/KokkosMoE_Router_Portable.hpp>
 #include <impl/KokkosMoE_Router_Validate.hpp>
-
-#include <Kokkos_Core.hpp>
 
 namespace KokkosMoE {
 namespace Impl {
@@ -127,14 +128,15 @@ void run_check_finite(const ExecSpace& exec, const char* fn, const char* param, 
   }
 }
 template <class ExecSpace, class Scalar>
-void run_check_finite(const ExecSpace& exec, const char* fn, const char* param, const Scalar* data,
-                      std::int64_t rows, std::int64_t cols) {
+void run_check_finite(const ExecSpace& exec, const char* fn, const char* param, const Scalar* data, std::int64_t rows,
+                      std::int64_t cols) {
   run_check_finite(exec, fn, param, static_cast<const void*>(data), dtype_of<Scalar>(), rows, cols);
 }
 
 template <class ExecSpace, class LogitsView>
 void run_topk_forward(const ExecSpace& exec, const TopkForwardArgs& a, const LogitsView& logits) {
-  if (a.config.check_finite) run_check_finite(exec, "topk_router", "logits", logits.data(), a.num_tokens, a.num_experts);
+  if (a.config.check_finite)
+    run_check_finite(exec, "topk_router", "logits", logits.data(), a.num_tokens, a.num_experts);
   if (a.num_tokens == 0) return;
   if (a.config.implementation == Implementation::Portable)
     PortableRouter<ExecSpace>::topk_forward(exec, a);

@@ -9,10 +9,11 @@
 
 #include <KokkosMoE_Error.hpp>
 #include <KokkosMoE_RouterConfig.hpp>
-#include <impl/KokkosMoE_Router_Args.hpp>
-#include <kokkos_ext/KokkosMoE_Float16.hpp>
 
 #include <Kokkos_Core.hpp>
+#include <kokkos_ext/KokkosMoE_Float16.hpp>
+
+#include <impl/KokkosMoE_Router_Args.hpp>
 
 #include <cmath>
 #include <cstdint>
@@ -24,20 +25,26 @@ namespace KokkosMoE {
 namespace Impl {
 
 template <class T>
-struct is_router_float : std::bool_constant<std::is_same_v<T, float> || std::is_same_v<T, fp16_t> ||
-                                            std::is_same_v<T, bf16_t>> {};
+struct is_router_float
+    : std::bool_constant<std::is_same_v<T, float> || std::is_same_v<T, fp16_t> || std::is_same_v<T, bf16_t>> {};
 template <class T>
 struct is_index_type : std::bool_constant<std::is_same_v<T, std::int16_t> || std::is_same_v<T, std::int32_t> ||
                                           std::is_same_v<T, std::int64_t>> {};
 
 template <class T>
 constexpr DType dtype_of() {
-  if constexpr (std::is_same_v<T, float>) return DType::F32;
-  else if constexpr (std::is_same_v<T, fp16_t>) return DType::F16;
-  else if constexpr (std::is_same_v<T, bf16_t>) return DType::BF16;
-  else if constexpr (std::is_same_v<T, std::int16_t>) return DType::I16;
-  else if constexpr (std::is_same_v<T, std::int32_t>) return DType::I32;
-  else if constexpr (std::is_same_v<T, std::int64_t>) return DType::I64;
+  if constexpr (std::is_same_v<T, float>)
+    return DType::F32;
+  else if constexpr (std::is_same_v<T, fp16_t>)
+    return DType::F16;
+  else if constexpr (std::is_same_v<T, bf16_t>)
+    return DType::BF16;
+  else if constexpr (std::is_same_v<T, std::int16_t>)
+    return DType::I16;
+  else if constexpr (std::is_same_v<T, std::int32_t>)
+    return DType::I32;
+  else if constexpr (std::is_same_v<T, std::int64_t>)
+    return DType::I64;
   else {
     static_assert(std::is_same_v<T, std::uint8_t>, "unsupported element type");
     return DType::U8;
@@ -46,13 +53,20 @@ constexpr DType dtype_of() {
 
 inline const char* dtype_name(DType t) {
   switch (t) {
-    case DType::F32: return "float";
-    case DType::F16: return "fp16_t";
-    case DType::BF16: return "bf16_t";
-    case DType::I16: return "int16_t";
-    case DType::I32: return "int32_t";
-    case DType::I64: return "int64_t";
-    case DType::U8: return "uint8_t";
+    case DType::F32:
+      return "float";
+    case DType::F16:
+      return "fp16_t";
+    case DType::BF16:
+      return "bf16_t";
+    case DType::I16:
+      return "int16_t";
+    case DType::I32:
+      return "int32_t";
+    case DType::I64:
+      return "int64_t";
+    case DType::U8:
+      return "uint8_t";
   }
   return "?";
 }

@@ -54,9 +54,9 @@ KOKKOSMOE_HD_INLINE std::uint16_t float_to_half_bits(float f) {
     return static_cast<std::uint16_t>(sign | (absx > 0x7f800000u ? 0x7e00u | ((absx >> 13) & 0x3ffu) : 0x7c00u));
   }
   if (absx >= 0x477ff000u) return static_cast<std::uint16_t>(sign | 0x7c00u);  // rounds to >= 65520: inf
-  if (absx < 0x38800000u) {                                                     // below 2^-14: subnormal or 0
-    if (absx < 0x33000000u) return static_cast<std::uint16_t>(sign);            // below 2^-25: rounds to 0
-    const std::uint32_t e = absx >> 23;                                         // 102..112
+  if (absx < 0x38800000u) {                                                    // below 2^-14: subnormal or 0
+    if (absx < 0x33000000u) return static_cast<std::uint16_t>(sign);           // below 2^-25: rounds to 0
+    const std::uint32_t e = absx >> 23;                                        // 102..112
     const std::uint32_t m = (absx & 0x7fffffu) | 0x800000u;
     const std::uint32_t shift = 126u - e;  // 14..24
     std::uint32_t r = m >> shift;
@@ -98,7 +98,9 @@ KOKKOSMOE_HD_INLINE std::uint16_t float_to_bf16_bits(float f) {
   return static_cast<std::uint16_t>((x + 0x7fffu + lsb) >> 16);
 }
 
-KOKKOSMOE_HD_INLINE float bf16_bits_to_float(std::uint16_t b) { return bits_float(static_cast<std::uint32_t>(b) << 16); }
+KOKKOSMOE_HD_INLINE float bf16_bits_to_float(std::uint16_t b) {
+  return bits_float(static_cast<std::uint32_t>(b) << 16);
+}
 
 }  // namespace Impl
 
