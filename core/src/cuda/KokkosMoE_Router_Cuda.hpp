@@ -11,10 +11,11 @@
 #if defined(KOKKOS_ENABLE_CUDA)
 
 #include <KokkosMoE_Error.hpp>
-#include <cuda/KokkosMoE_Router_Kernels.hpp>
-#include <impl/KokkosMoE_Router_Args.hpp>
 
 #include <Kokkos_Core.hpp>
+
+#include <cuda/KokkosMoE_Router_Kernels.hpp>
+#include <impl/KokkosMoE_Router_Args.hpp>
 
 #include <string>
 
