@@ -43,6 +43,7 @@ enum class Rule : int {
   TopologyMalformed = 100,   ///< sharding: malformed topology input
   PlanInfeasible = 101,      ///< sharding: a planning request that cannot be satisfied
   ShardingRule = 102,        ///< sharding: an input sharding the partition rules reject
+  GpuIndexRange = 103,       ///< sharding: a GPU index outside [0, number of GPUs)
 };
 
 /// \brief The stable, snake_case name of a rule (e.g. "topk_range").
@@ -100,6 +101,8 @@ inline const char* rule_name(Rule r) noexcept {
       return "plan_infeasible";
     case Rule::ShardingRule:
       return "sharding_rule";
+    case Rule::GpuIndexRange:
+      return "gpu_index_range";
   }
   return "unknown";
 }
