@@ -571,7 +571,7 @@ BOOST_AUTO_TEST_CASE(bad_requests_say_what_to_change) {
   check_throws(plan(r), Rule::GroupDivisibility, "num_groups", "multiple of num_groups (8)");
   r = request(hgx8(), deepseek_v3(4096));
   r.layer.topk = 6;
-  check_throws(plan(r), Rule::TopkGroupDivisibility, "topk", "multiple of group_topk (4)");
+  check_throws(plan(r), Rule::TopkGroupDivisibility, "group_topk", "multiple of group_topk (4)");
   r = request(hgx8(), deepseek_v3(4096));
   r.layer.num_experts = 0;
   check_throws(plan(r), Rule::NumExpertsPositive, "num_experts", "must be >= 1");

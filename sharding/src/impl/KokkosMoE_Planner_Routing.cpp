@@ -101,10 +101,10 @@ void validate_layer(const char* fn, const MoeLayerConfig& l) {
       fail("num_groups", Rule::GroupDivisibility,
            "num_experts (" + E + ") must be a multiple of num_groups (" + G + ")");
     if (l.topk % l.group_topk != 0)
-      fail("topk", Rule::TopkGroupDivisibility,
+      fail("group_topk", Rule::TopkGroupDivisibility,
            "topk (" + std::to_string(l.topk) + ") must be a multiple of group_topk (" + gk + ")");
     if (l.topk / l.group_topk > l.num_experts / l.num_groups)
-      fail("topk", Rule::TopkPerGroupRange,
+      fail("group_topk", Rule::TopkPerGroupRange,
            "topk / group_topk (" + std::to_string(l.topk / l.group_topk) + ") must be <= num_experts / num_groups (" +
                std::to_string(l.num_experts / l.num_groups) + ")");
   }
