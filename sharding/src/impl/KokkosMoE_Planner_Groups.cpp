@@ -103,44 +103,7 @@ std::string fmt_bytes(double b) {
 }
 
 std::vector<std::vector<int>> node_cliques(const NvlinkTopology& node) {
-  if (!node.cliques.empty()) return node.cliques;
-  // Bron-Kerbosch with pivoting over the nvlink_p2p graph (the loader normally fills node.cliques already).
-  const int n = node.num_gpus();
-  std::vector<std::vector<int>> out;
-  std::function<void(std::vector<int>, std::vector<int>, std::vector<int>)> bk =
-      [&](std::vector<int> r, std::vector<int> p, std::vector<int> x) {
-        if (p.empty() && x.empty()) {
-          std::sort(r.begin(), r.end());
-          out.push_back(r);
-          return;
-        }
-        auto adj = [&](int a, int b) { return a != b && pair_of(node, a, b).nvlink_p2p; };
-        int pivot = -1, best = -1;
-        for (const auto* set : {&p, &x})
-          for (int u : *set) {
-            int c = 0;
-            for (int v : p) c += adj(u, v) ? 1 : 0;
-            if (c > best) best = c, pivot = u;
-          }
-        const std::vector<int> cand = p;
-        for (int v : cand) {
-          if (pivot >= 0 && adj(pivot, v)) continue;
-          std::vector<int> r2 = r, p2, x2;
-          r2.push_back(v);
-          for (int w : p)
-            if (adj(v, w)) p2.push_back(w);
-          for (int w : x)
-            if (adj(v, w)) x2.push_back(w);
-          bk(r2, p2, x2);
-          p.erase(std::find(p.begin(), p.end(), v));
-          x.push_back(v);
-        }
-      };
-  std::vector<int> all(n);
-  for (int i = 0; i < n; ++i) all[i] = i;
-  bk({}, all, {});
-  std::sort(out.begin(), out.end());
-  return out;
+  return node.cliques.empty() ? nvlink_cliques(node) : node.cliques;  // the loaders fill them; in-memory may not
 }
 
 namespace {

@@ -15,7 +15,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdio>
 #include <map>
 #include <string>
 #include <vector>
@@ -97,29 +96,6 @@ namespace {
 using Impl::fmt;
 using Impl::plan_fail;
 
-const char* source_name(NvlinkTopology::Source s) {
-  switch (s) {
-    case NvlinkTopology::Source::HwlocXml:
-      return "hwloc-xml";
-    case NvlinkTopology::Source::Live:
-      return "live";
-    case NvlinkTopology::Source::NcclXml:
-      return "nccl-xml";
-    case NvlinkTopology::Source::None:
-      return "none";
-  }
-  return "none";
-}
-
-std::string pci_text(const PciAddress& p) {
-  char buf[32];
-  if (p.domain > 0xffff)
-    std::snprintf(buf, sizeof buf, "%08x:%02x:%02x.%x", p.domain, p.bus, p.device, p.function);
-  else
-    std::snprintf(buf, sizeof buf, "%04x:%02x:%02x.%x", p.domain, p.bus, p.device, p.function);
-  return buf;
-}
-
 bool positive_finite(double v) { return std::isfinite(v) && v > 0; }
 
 void validate_request(const PlanRequest& r) {
@@ -129,7 +105,7 @@ void validate_request(const PlanRequest& r) {
     plan_fail("num_nodes", Rule::ConfigValue, "num_nodes (" + std::to_string(c.num_nodes) + ") must be >= 1");
   if (c.node.num_gpus() < 1)
     plan_fail("cluster", Rule::PlanInfeasible,
-              "the node topology has no GPUs (source: " + std::string(source_name(c.node.source)) +
+              "the node topology has no GPUs (source: " + std::string(to_string(c.node.source)) +
                   "); load a fixture with GPUs (kokkosmoe-plan --xml FILE) or plan on a machine that has them");
   Impl::validate_node("make_plan", c.node);
   if (!std::isfinite(c.inter_node_gbps) || c.inter_node_gbps < 0)
@@ -450,8 +426,8 @@ Plan make_plan(const PlanRequest& req) {
   cs.gpus_per_node = n;
   cs.inter_node_gbps = req.cluster.inter_node_gbps;
   cs.gpu_model = node.gpus[0].model;
-  cs.topology_source = source_name(node.source);
-  for (const auto& g : node.gpus) cs.gpu_pci.push_back(pci_text(g.pci));
+  cs.topology_source = to_string(node.source);
+  for (const auto& g : node.gpus) cs.gpu_pci.push_back(g.pci.str());
   cs.node_cliques = cliques;
   plan.mesh = Mesh({{"dp", DP, AxisKind::Data}, {"ep", R, AxisKind::Expert}});
   plan.local_experts = L;
