@@ -171,17 +171,20 @@ class CostEvaluator {
     ph.row_bytes = row_bytes;
     const double unit = static_cast<double>(m_req.layer.tokens_per_rank) * row_bytes;
     double worst = -1;
+    double total_p = 0;
+    for (double p : P) total_p += p;
     for (const Group& g : groups) {
       const int R = static_cast<int>(g.size());
-      double total_p = 0;
-      for (double p : P) total_p += p;
+      // members per node: a rank's NVLink/PCIe peers are the members on its node (O(R * n), not O(R^2))
+      std::map<int, std::vector<int>> by_node;
+      for (int b = 0; b < R; ++b) by_node[g[b].node].push_back(b);
       for (int a = 0; a < R; ++a) {
         const Member s = g[a];
         RankLoad L;
         double on_node_p = 0;
         int on_node = 0;
-        for (int b = 0; b < R; ++b) {
-          if (b == a || g[b].node != s.node) continue;
+        for (int b : by_node[s.node]) {
+          if (b == a) continue;
           ++on_node;
           on_node_p += P[b];
           const double out = unit * (reverse ? P[a] : P[b]), in = unit * (reverse ? P[b] : P[a]);
@@ -199,37 +202,49 @@ class CostEvaluator {
         const int net = static_cast<int>(LinkClass::Network);
         L.out[net] = unit * (reverse ? P[a] * off : off_p);
         L.in[net] = unit * (reverse ? off_p : P[a] * off);
-        // the rank's slowest resource
-        struct Term {
-          double t;
-          std::string what;
-        };
-        const std::string where =
-            "GPU " + std::to_string(s.gpu) + (m_req.cluster.num_nodes > 1 ? " of node " + std::to_string(s.node) : "");
+        // The rank's slowest resource: the time and (lazily, for the phase's worst rank only) what it is.
         const int sw = static_cast<int>(LinkClass::NvlinkSwitch), pc = static_cast<int>(LinkClass::Pcie);
-        std::vector<Term> terms;
-        auto dir = [&](double t, int peer, const char* d) {
-          if (peer < 0) return;
-          const Impl::PairLink& lk = m_link[s.gpu][g[peer].gpu];
-          terms.push_back({t, "NVLink " + where + " <-> GPU " + std::to_string(g[peer].gpu) + " (" + fmt(lk.gbps, 1) +
-                                  " GB/s), " + d});
-        };
-        dir(L.direct_out_time, L.direct_out_peer, "egress");
-        dir(L.direct_in_time, L.direct_in_peer, "ingress");
-        auto shared = [&](double bytes, double gbps, const std::string& what, const char* d) {
-          if (bytes > 0) terms.push_back({bytes / gbps, what + " (" + fmt(gbps, 1) + " GB/s), " + d});
-        };
-        const std::string port = "NVSwitch port of " + where;
-        shared(L.out[sw], m_port[s.gpu], port, "egress");
-        shared(L.in[sw], m_port[s.gpu], port, "ingress");
-        shared(L.out[pc], m_pcie, "PCIe of " + where, "egress");
-        shared(L.in[pc], m_pcie, "PCIe of " + where, "ingress");
-        shared(L.out[net], m_net, "inter-node link of " + where, "egress");
-        shared(L.in[net], m_net, "inter-node link of " + where, "ingress");
+        enum Kind { Direct, Switch, Pcie, Net };
         double t = 0;
-        std::string what;
-        for (const Term& x : terms)
-          if (x.t > t) t = x.t, what = x.what;
+        Kind kind = Direct;
+        int peer = -1;
+        bool egress = true;
+        auto consider = [&](double x, Kind k, int p, bool out) {
+          if (x > t) t = x, kind = k, peer = p, egress = out;
+        };
+        consider(L.direct_out_time, Direct, L.direct_out_peer, true);
+        consider(L.direct_in_time, Direct, L.direct_in_peer, false);
+        consider(L.out[sw] / m_port[s.gpu], Switch, -1, true);
+        consider(L.in[sw] / m_port[s.gpu], Switch, -1, false);
+        consider(L.out[pc] / m_pcie, Pcie, -1, true);
+        consider(L.in[pc] / m_pcie, Pcie, -1, false);
+        if (L.out[net] > 0) consider(L.out[net] / m_net, Net, -1, true);
+        if (L.in[net] > 0) consider(L.in[net] / m_net, Net, -1, false);
+        auto describe = [&]() {
+          const std::string where = "GPU " + std::to_string(s.gpu) +
+                                    (m_req.cluster.num_nodes > 1 ? " of node " + std::to_string(s.node) : "");
+          std::string what;
+          double gbps = 0;
+          switch (kind) {
+            case Direct:
+              gbps = m_link[s.gpu][g[peer].gpu].gbps;
+              what = "NVLink " + where + " <-> GPU " + std::to_string(g[peer].gpu);
+              break;
+            case Switch:
+              gbps = m_port[s.gpu];
+              what = "NVSwitch port of " + where;
+              break;
+            case Pcie:
+              gbps = m_pcie;
+              what = "PCIe of " + where;
+              break;
+            case Net:
+              gbps = m_net;
+              what = "inter-node link of " + where;
+              break;
+          }
+          return what + " (" + fmt(gbps, 1) + " GB/s), " + (egress ? "egress" : "ingress");
+        };
         double sent = 0, recv = 0;
         for (int c = 1; c < 5; ++c) sent += L.out[c], recv += L.in[c];
         ph.bytes_sent = std::max(ph.bytes_sent, sent);
@@ -238,7 +253,7 @@ class CostEvaluator {
         if (t > worst) {
           worst = t;
           ph.time_us = t / 1e9 * 1e6;
-          ph.bottleneck = what;
+          ph.bottleneck = t > 0 ? describe() : std::string();
           ph.bytes_nvlink = L.out[1] + L.out[2];
           ph.bytes_pcie = L.out[pc];
           ph.bytes_network = L.out[net];
@@ -481,24 +496,20 @@ Plan make_plan(const PlanRequest& req) {
       const int nk = Impl::numa_key(node, g[a].gpu);
       if (nk >= 0 && std::find(numa.begin(), numa.end(), std::make_pair(g[a].node, nk)) == numa.end())
         numa.push_back({g[a].node, nk});
-      for (int b = a + 1; b < R; ++b) {
-        double bw;
-        if (g[b].node != g[a].node) {
-          bw = req.cluster.inter_node_gbps;
-          nvl = false;
-        } else {
-          const Impl::PairLink lk = Impl::pair_link(node, g[a].gpu, g[b].gpu, req.cost_model);
-          bw = lk.gbps;
-          nvl = nvl && lk.nvlink;
-        }
-        min_bw = first ? bw : std::min(min_bw, bw);
+      // members are node-major: the pairs on a's node follow it; pairs across nodes all use the network
+      for (int b = a + 1; b < R && g[b].node == g[a].node; ++b) {
+        const Impl::PairLink lk = Impl::pair_link(node, g[a].gpu, g[b].gpu, req.cost_model);
+        nvl = nvl && lk.nvlink;
+        min_bw = first ? lk.gbps : std::min(min_bw, lk.gbps);
         first = false;
       }
     }
-    std::vector<int> seen_nodes;
-    for (const Member& m : g)
-      if (std::find(seen_nodes.begin(), seen_nodes.end(), m.node) == seen_nodes.end()) seen_nodes.push_back(m.node);
-    info.num_nodes = static_cast<int>(seen_nodes.size());
+    info.num_nodes = 1;  // node-major members: count the node changes
+    for (int b = 1; b < R; ++b) info.num_nodes += g[b].node != g[b - 1].node ? 1 : 0;
+    if (info.num_nodes > 1) {
+      nvl = false;
+      min_bw = first ? req.cluster.inter_node_gbps : std::min(min_bw, req.cluster.inter_node_gbps);
+    }
     info.nvlink_clique = nvl;
     info.min_pair_gbps = min_bw;
     info.numa_nodes = static_cast<int>(numa.size());
