@@ -449,6 +449,11 @@ BOOST_AUTO_TEST_CASE(models_bracket_the_router) {
         for (double p : rank_hit_probabilities(l, R)) d += p;
         return d;
       };
+      BOOST_TEST_MESSAGE("destinations per token, R = " << R << (grouped ? " grouped" : " ungrouped") << ": router "
+                                                        << measured << ", GroupQuota "
+                                                        << model(RoutingModel::GroupQuota) << ", GroupUniformExperts "
+                                                        << model(RoutingModel::GroupUniformExperts) << ", Uniform "
+                                                        << expected_destinations_uniform(E, k, R));
       BOOST_TEST_CONTEXT("R = " << R << (grouped ? " grouped" : " uniform") << ", measured " << measured) {
         if (grouped) {
           BOOST_TEST(measured >= model(RoutingModel::GroupUniformExperts) * 0.99);
