@@ -402,14 +402,9 @@ Plan make_plan(const PlanRequest& req) {
     double D = 0;
     for (double p : cd.P) D += p;
     tr.destinations_per_token = D;
-    tr.remote_destinations_per_token = D * (R - 1) / R;  // exact for equal P; see below otherwise
-    if (R > 1) {
-      double rem = 0;  // max over ranks of sum of the others' P
-      for (int a = 0; a < R; ++a) rem = std::max(rem, D - cd.P[a]);
-      tr.remote_destinations_per_token = rem;
-    } else {
-      tr.remote_destinations_per_token = 0;
-    }
+    double remote = 0;  // the largest over ranks of the others' hit probabilities (equal P: D * (R - 1) / R)
+    for (int a = 0; a < R && R > 1; ++a) remote = std::max(remote, D - cd.P[a]);
+    tr.remote_destinations_per_token = remote;
     tr.dispatch = cost.phase(cd.groups, cd.P, bd, false);
     tr.combine = cost.phase(cd.groups, cd.P, bc, true);
     tr.time_us = tr.dispatch.time_us + tr.combine.time_us;
