@@ -52,9 +52,9 @@ void check_index(const char* fn, const NvlinkTopology& t, int i, const char* par
 std::string PciAddress::str() const {
   char buf[32];
   if (domain > 0xffffu)
-    std::snprintf(buf, sizeof buf, "%08x:%02x:%02x.%x", static_cast<unsigned>(domain), bus, device, function);
+    (void)std::snprintf(buf, sizeof buf, "%08x:%02x:%02x.%x", static_cast<unsigned>(domain), bus, device, function);
   else
-    std::snprintf(buf, sizeof buf, "%04x:%02x:%02x.%x", static_cast<unsigned>(domain), bus, device, function);
+    (void)std::snprintf(buf, sizeof buf, "%04x:%02x:%02x.%x", static_cast<unsigned>(domain), bus, device, function);
   return buf;
 }
 

@@ -71,6 +71,17 @@ BOOST_AUTO_TEST_CASE(round_trip_optional_fields) {
   BOOST_TEST(!back.gpus[1].nvml_index.has_value());
 }
 
+BOOST_AUTO_TEST_CASE(invalid_utf8_is_replaced_not_thrown) {
+  // Found by the fuzz target: an info value with bytes that are not UTF-8 made the JSON writer throw.
+  std::string xml = KokkosMoETest::read_fixture("h200_2gpu_vm_hidden_switch");
+  const std::string from = "value=\"NVIDIA H200\"";
+  xml.replace(xml.find(from), from.size(), "value=\"NVIDIA \xcf\xff H200 \xc3\xa9\"");
+  const NvlinkTopology t = KokkosMoE::load_topology_xml(xml);
+  BOOST_TEST(t.gpus[0].model == "NVIDIA ?? H200 \xc3\xa9");  // valid UTF-8 (here: e-acute) is kept
+  const NvlinkTopology back = KokkosMoE::topology_from_json(KokkosMoE::topology_to_json(t));
+  BOOST_TEST((back == t));
+}
+
 BOOST_AUTO_TEST_CASE(json_content) {
   const auto j = nlohmann::json::parse(KokkosMoE::topology_to_json(KokkosMoETest::load("h200_2gpu_vm_hidden_switch")));
   BOOST_TEST(j["format"] == "kokkosmoe-topology");

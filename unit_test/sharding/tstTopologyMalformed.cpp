@@ -118,6 +118,34 @@ BOOST_AUTO_TEST_CASE(duplicate_gp_index) {
   BOOST_TEST(contains(error_of_buffer(xml), "line 3: <object>: gp_index 1 already used on line 2"));
 }
 
+BOOST_AUTO_TEST_CASE(half_cpuset_pair_is_refused_before_hwloc) {
+  // hwloc 2.9 segfaults on an object with a cpuset but no complete_cpuset (found by the fuzz target).
+  std::string xml = KokkosMoETest::read_fixture("pcie_pairs_4gpu");
+  const std::string core = "<object type=\"Core\" os_index=\"3\" cpuset=\"0x00000008\" complete_cpuset=\"0x00000008\"";
+  const auto at = xml.find(core);
+  BOOST_TEST_REQUIRE(at != std::string::npos);
+  xml.replace(at, core.size(), "<object type=\"Core\" os_index=\"3\" cpuset=\"0x00000008\"");
+  BOOST_TEST(contains(error_of_buffer(xml), "<object>: cpuset without complete_cpuset"));
+  std::string bad_set = KokkosMoETest::read_fixture("pcie_pairs_4gpu");
+  bad_set.replace(bad_set.find("cpuset=\"0x00000008\""), 21, "cpuset=\"0x0000000g\"");
+  BOOST_TEST(contains(error_of_buffer(bad_set), "is not an hwloc bitmap"));
+}
+
+BOOST_AUTO_TEST_CASE(pu_without_os_index_is_refused_before_hwloc) {
+  // hwloc 2.9 turns a missing PU os_index into 0xffffffff and sets it in a bitmap (found by the fuzz target).
+  std::string xml = KokkosMoETest::read_fixture("pcie_pairs_4gpu");
+  const std::string pu = "<object type=\"PU\" os_index=\"3\"";
+  xml.replace(xml.find(pu), pu.size(), "<object type=\"PU\"");
+  BOOST_TEST(contains(error_of_buffer(xml), "a PU needs an os_index"));
+}
+
+BOOST_AUTO_TEST_CASE(unknown_bridge_type_is_refused) {
+  // hwloc stores bridge_type="2-1" as an out-of-range enum value (found by the fuzz target, UBSan).
+  std::string xml = KokkosMoETest::read_fixture("pcie_pairs_4gpu");
+  xml.replace(xml.find("bridge_type=\"1-1\""), 17, "bridge_type=\"2-1\"");
+  BOOST_TEST(contains(error_of_buffer(xml), "bridge_type=\"2-1\" is not 0-1 or 1-1"));
+}
+
 BOOST_AUTO_TEST_CASE(missing_file_names_path) {
   try {
     (void)KokkosMoE::load_topology_xml_file("/nonexistent/topo.xml");

@@ -165,7 +165,40 @@ bool HostScan::is_nvswitch(const PciAddress& pci) const {
   return std::binary_search(nvswitches.begin(), nvswitches.end(), pci);
 }
 
+std::string valid_utf8(const std::string& in) {
+  // Strings come from hwloc infos, NVML buffers and files: keep valid UTF-8, replace every other byte by '?', so a
+  // model always serializes to JSON (and back) unchanged.
+  std::string out;
+  out.reserve(in.size());
+  const auto* p = reinterpret_cast<const unsigned char*>(in.data());
+  const std::size_t n = in.size();
+  for (std::size_t k = 0; k < n;) {
+    const unsigned char c = p[k];
+    std::size_t len = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xe ? 3 : (c >> 3) == 0x1e ? 4 : 0;
+    bool ok = len > 0 && k + len <= n;
+    for (std::size_t q = 1; ok && q < len; ++q) ok = (p[k + q] & 0xc0) == 0x80;
+    if (ok && len > 1) {  // reject overlong forms, surrogates and code points past U+10FFFF
+      std::uint32_t cp = c & (0xff >> (len + 1));
+      for (std::size_t q = 1; q < len; ++q) cp = (cp << 6) | (p[k + q] & 0x3f);
+      const std::uint32_t min[] = {0, 0, 0x80, 0x800, 0x10000};
+      ok = cp >= min[len] && cp <= 0x10ffff && (cp < 0xd800 || cp > 0xdfff);
+    }
+    if (ok) {
+      out.append(in, k, len);
+      k += len;
+    } else {
+      out += '?';
+      ++k;
+    }
+  }
+  return out;
+}
+
 void finalize_topology(NvlinkTopology& t) {
+  for (auto* s : {&t.hwloc_version, &t.driver_version, &t.hostname}) *s = valid_utf8(*s);
+  for (auto& g : t.gpus)
+    for (auto* s : {&g.uuid, &g.model, &g.cpuset}) *s = valid_utf8(*s);
+  for (auto& w : t.warnings) w = valid_utf8(w);
   const std::size_t n = t.gpus.size();
   for (std::size_t i = 0; i < n; ++i) t.gpus[i].id = static_cast<int>(i);
   if (t.pairs.size() == n * n)
@@ -302,7 +335,8 @@ NvlinkTopology topology_from_scan(const HostScan& scan) {
   for (std::size_t i = 0; i < n; ++i)
     if (rate[i] == 0 &&
         (sw_mbps[i] || cpu_mbps[i] ||
-         std::any_of(gg.begin() + i * n, gg.begin() + (i + 1) * n, [](std::uint64_t v) { return v != 0; })))
+         std::any_of(gg.begin() + static_cast<std::ptrdiff_t>(i * n),
+                     gg.begin() + static_cast<std::ptrdiff_t>((i + 1) * n), [](std::uint64_t v) { return v != 0; })))
       rate_unknown = true;
   if (rate_unknown)
     add_warning(t,

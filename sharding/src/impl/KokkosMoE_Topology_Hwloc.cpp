@@ -27,19 +27,19 @@ namespace {
 
 std::string errno_text(int e) { return e ? std::string(std::strerror(e)) : std::string("unknown error"); }
 
-bool is_nvidia_gpu_class(const hwloc_obj_t o) {
+bool is_nvidia_gpu_class(hwloc_obj_t o) {
   return o->attr->pcidev.vendor_id == 0x10de && (o->attr->pcidev.class_id >> 8) == 0x03;
 }
 
-bool has_subtype(const hwloc_obj_t o, const char* s) { return o->subtype && std::strcmp(o->subtype, s) == 0; }
+bool has_subtype(hwloc_obj_t o, const char* s) { return o->subtype && std::strcmp(o->subtype, s) == 0; }
 
 // NVSwitches: by subtype (published files store some with class 0000), or an NVIDIA bridge-class 0x0680 function.
-bool is_nvswitch(const hwloc_obj_t o) {
+bool is_nvswitch(hwloc_obj_t o) {
   if (o->type != HWLOC_OBJ_PCI_DEVICE) return false;
   return has_subtype(o, "NVSwitch") || (o->attr->pcidev.vendor_id == 0x10de && o->attr->pcidev.class_id == 0x0680);
 }
 
-bool is_gpu_osdev(const hwloc_obj_t o) {
+bool is_gpu_osdev(hwloc_obj_t o) {
   if (o->type != HWLOC_OBJ_OS_DEVICE) return false;
   if (has_subtype(o, "NVML") || has_subtype(o, "CUDA")) return true;
   return o->name && (std::strncmp(o->name, "nvml", 4) == 0 || std::strncmp(o->name, "cuda", 4) == 0);
@@ -47,7 +47,7 @@ bool is_gpu_osdev(const hwloc_obj_t o) {
 
 // GPUs: NVIDIA display/3D-class PCI functions, or any PCI function carrying an NVML/CUDA OS device (name prefix or
 // subtype, never the OS-device type code: published files disagree on it).
-bool is_gpu(const hwloc_obj_t o) {
+bool is_gpu(hwloc_obj_t o) {
   if (o->type != HWLOC_OBJ_PCI_DEVICE || is_nvswitch(o)) return false;
   if (is_nvidia_gpu_class(o)) return true;
   for (hwloc_obj_t c = o->io_first_child; c; c = c->next_sibling)
@@ -55,7 +55,7 @@ bool is_gpu(const hwloc_obj_t o) {
   return false;
 }
 
-PciAddress pci_of(const hwloc_obj_t o) {
+PciAddress pci_of(hwloc_obj_t o) {
   PciAddress a;
   a.domain = o->attr->pcidev.domain;
   a.bus = o->attr->pcidev.bus;
@@ -64,7 +64,7 @@ PciAddress pci_of(const hwloc_obj_t o) {
   return a;
 }
 
-const char* info(const hwloc_obj_t o, const char* name) { return hwloc_obj_get_info_by_name(o, name); }
+const char* info(hwloc_obj_t o, const char* name) { return hwloc_obj_get_info_by_name(o, name); }
 
 std::string bitmap_list(hwloc_const_bitmap_t b) {
   if (!b || hwloc_bitmap_iszero(b)) return {};
@@ -77,11 +77,19 @@ std::string bitmap_list(hwloc_const_bitmap_t b) {
 
 // --- PCIe levels (topology.md §4.1 step 4; walk parents ourselves, see §11) ------------------------------------
 
-bool is_host_bridge(const hwloc_obj_t o) {
-  return o->type == HWLOC_OBJ_BRIDGE && o->attr->bridge.upstream_type == HWLOC_OBJ_BRIDGE_HOST;
+// The bridge type is read as a plain integer: hwloc stores whatever number a file holds, and an enum object with a
+// value outside its enumerators is undefined behaviour in C++ (found by the fuzz target with bridge_type="2-1").
+unsigned upstream_type(hwloc_obj_t o) {
+  unsigned v = 0;
+  static_assert(sizeof(o->attr->bridge.upstream_type) <= sizeof v, "enum wider than unsigned");
+  std::memcpy(&v, &o->attr->bridge.upstream_type, sizeof(o->attr->bridge.upstream_type));
+  return v;
 }
-bool is_pci_bridge(const hwloc_obj_t o) {
-  return o->type == HWLOC_OBJ_BRIDGE && o->attr->bridge.upstream_type == HWLOC_OBJ_BRIDGE_PCI;
+bool is_host_bridge(hwloc_obj_t o) {
+  return o->type == HWLOC_OBJ_BRIDGE && upstream_type(o) == static_cast<unsigned>(HWLOC_OBJ_BRIDGE_HOST);
+}
+bool is_pci_bridge(hwloc_obj_t o) {
+  return o->type == HWLOC_OBJ_BRIDGE && upstream_type(o) == static_cast<unsigned>(HWLOC_OBJ_BRIDGE_PCI);
 }
 
 // hwloc shows a PCIe switch as an upstream-port bridge whose children are its downstream-port bridges; both
@@ -134,7 +142,7 @@ PcieLevel pcie_level(hwloc_obj_t a, hwloc_obj_t b) {
   return (lca->type == HWLOC_OBJ_PACKAGE || one_numa) ? PcieLevel::Node : PcieLevel::Sys;
 }
 
-void merge_infos(const hwloc_obj_t o, std::map<std::string, std::string>& out) {
+void merge_infos(hwloc_obj_t o, std::map<std::string, std::string>& out) {
   for (unsigned k = 0; k < o->infos_count; ++k)
     if (o->infos[k].name && o->infos[k].value) out.emplace(o->infos[k].name, o->infos[k].value);
 }

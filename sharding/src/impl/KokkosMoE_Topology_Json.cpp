@@ -141,7 +141,8 @@ std::string topology_to_json(const NvlinkTopology& t, int indent) {
   j["islands"] = t.islands;
   j["cliques"] = t.cliques;
   j["warnings"] = t.warnings;
-  return j.dump(indent) + "\n";
+  // Models built by this library hold valid UTF-8 (finalize_topology); replace, never throw, for hand-made ones.
+  return j.dump(indent, ' ', false, json::error_handler_t::replace) + "\n";
 }
 
 NvlinkTopology topology_from_json(std::string_view text) {
@@ -221,7 +222,7 @@ NvlinkTopology topology_from_json(std::string_view text) {
         }
         id.cluster_uuid[b] = static_cast<std::uint8_t>(v);
       }
-      id.clique_id = static_cast<std::uint32_t>(get_int(f, "clique_id", path + ".fabric", 0, 0xffffffffll));
+      id.clique_id = static_cast<std::uint32_t>(get_int(f, "clique_id", path + ".fabric", 0, 0xffffffffLL));
       g.fabric = id;
     }
     t.gpus.push_back(std::move(g));

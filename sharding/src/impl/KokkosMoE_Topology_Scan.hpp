@@ -142,7 +142,9 @@ NvlinkTopology topology_from_scan(const HostScan& scan);
 NvlinkTopology topology_from_live(const HostScan& scan, const NvmlSnapshot& nvml, SwitchLinkTable* switch_links);
 /// Live detection without NVML: GPUs from hwloc's PCI devices, NVLinks unknown, a warning that says why.
 NvlinkTopology topology_from_hwloc_only(const HostScan& scan, const std::string& reason);
-/// Fills islands and cliques from the pairs; sorts and de-duplicates warnings.
+/// `in` with every byte that is not part of valid UTF-8 replaced by '?'.
+std::string valid_utf8(const std::string& in);
+/// Makes every string valid UTF-8, fills ids, the canonical diagonal, islands and cliques; de-duplicates warnings.
 void finalize_topology(NvlinkTopology& topo);
 
 }  // namespace KokkosMoE::Impl

@@ -21,6 +21,7 @@ namespace {
 
 constexpr std::size_t kMaxDepth = 256;
 constexpr std::uint64_t kMaxMatrixObjects = 65536;
+constexpr std::uint64_t kMaxOsIndex = 1u << 20;  // PUs / NUMA nodes: far beyond any machine
 
 struct Attr {
   std::string_view name;
@@ -68,6 +69,26 @@ std::optional<std::uint64_t> parse_uint(std::string_view s) {
     v = v * 10 + d;
   }
   return v;
+}
+
+// hwloc bitmap syntax: "0x" hex words (1-8 digits) separated by commas, optionally led by the infinite "0xf...f".
+bool valid_bitmap(std::string_view s) {
+  if (s.substr(0, 7) == "0xf...f") {
+    s.remove_prefix(7);
+    if (s.empty()) return true;
+    if (s[0] != ',') return false;
+    s.remove_prefix(1);
+  }
+  if (s.empty()) return false;
+  for (;;) {
+    const auto comma = s.find(',');
+    const std::string_view word = s.substr(0, comma);
+    if (word.size() < 3 || word.size() > 10 || word[0] != '0' || word[1] != 'x') return false;
+    for (char c : word.substr(2))
+      if (!std::isxdigit(static_cast<unsigned char>(c))) return false;
+    if (comma == std::string_view::npos) return true;
+    s.remove_prefix(comma + 1);
+  }
 }
 
 bool is_name_start(char c) { return std::isalpha(static_cast<unsigned char>(c)) || c == '_' || c == ':'; }
@@ -266,10 +287,23 @@ class Scanner {
       if (!blank) fail_at(m_pos, "document", "text outside the root element");
     } else if (m_in_array) {
       m_array_text.append(t.data(), t.size());
-    } else if (!blank && (m_stack.back() == "distances2" || m_stack.back() == "distances2hetero")) {
+    } else if (!blank && m_stack.back() != "userdata") {
       fail_at(m_pos, "<" + std::string(m_stack.back()) + ">", "unexpected text");
     }
     m_pos = stop;
+  }
+
+  // The hwloc v2 XML grammar (topology-xml.c): which element may appear inside which. hwloc answers anything else
+  // with an error, on paths that leak memory in 2.9 (found by the fuzz target), so we refuse it first.
+  static bool allowed_child(std::string_view parent, std::string_view tag) {
+    if (parent == "topology")
+      return tag == "object" || tag == "distances2" || tag == "distances2hetero" || tag == "memattr" ||
+             tag == "cpukind" || tag == "support";
+    if (parent == "object") return tag == "object" || tag == "page_type" || tag == "info" || tag == "userdata";
+    if (parent == "distances2" || parent == "distances2hetero") return tag == "indexes" || tag == "u64values";
+    if (parent == "memattr") return tag == "memattr_value";
+    if (parent == "cpukind") return tag == "info";
+    return false;  // info, page_type, userdata, support, indexes, u64values, memattr_value have no children
   }
 
   static const std::string* get(const std::vector<Attr>& attrs, std::string_view n) {
@@ -298,6 +332,8 @@ class Scanner {
                     "\": only 2.x is read (hwloc 3.x writes 3.0 by default; export with `lstopo --of v2xml`)");
     }
     if (m_stack.size() >= kMaxDepth) fail_at(pos, element, "nesting deeper than " + std::to_string(kMaxDepth));
+    if (!m_stack.empty() && !allowed_child(m_stack.back(), tag))
+      fail_at(pos, element, "not an hwloc v2 child of <" + std::string(m_stack.back()) + ">");
     if (tag == "object") object(attrs, pos, element);
     if (tag == "distances2" || tag == "distances2hetero") distances(tag, attrs, pos, element);
     if (tag == "indexes" || tag == "u64values") {
@@ -339,12 +375,35 @@ class Scanner {
     const std::string* type = get(attrs, "type");
     if (!type) fail_at(pos, element, "missing type attribute");
     if (!is_object_type(*type)) fail_at(pos, element, "unknown object type \"" + *type + "\"");
+    // Sets: hwloc writes cpuset with complete_cpuset and nodeset with complete_nodeset. hwloc 2.9 dereferences a
+    // missing complete_cpuset (segfault, found by the fuzz target), so a half pair is refused here.
+    const bool io = iequals(*type, "Bridge") || iequals(*type, "PCIDev") || iequals(*type, "OSDev");
+    for (const char* set :
+         {"cpuset", "complete_cpuset", "allowed_cpuset", "nodeset", "complete_nodeset", "allowed_nodeset"}) {
+      const std::string* v = get(attrs, set);
+      if (!v) continue;
+      if (io || iequals(*type, "Misc")) fail_at(pos, element, std::string(set) + " on a " + *type + " object");
+      if (!valid_bitmap(*v)) fail_at(pos, element, std::string(set) + "=\"" + *v + "\" is not an hwloc bitmap");
+    }
+    for (auto [a, b] : {std::pair{"cpuset", "complete_cpuset"}, std::pair{"nodeset", "complete_nodeset"}})
+      if ((get(attrs, a) != nullptr) != (get(attrs, b) != nullptr))
+        fail_at(pos, element, std::string(get(attrs, a) ? a : b) + " without " + (get(attrs, a) ? b : a));
+    // hwloc v2 knows host (0) and PCI (1) upstream sides and PCI (1) downstream sides only.
+    if (const std::string* bt = get(attrs, "bridge_type"))
+      if (*bt != "0-1" && *bt != "1-1") fail_at(pos, element, "bridge_type=\"" + *bt + "\" is not 0-1 or 1-1");
     ObjectRecord rec;
     rec.type = *type;
     rec.line = line_of(pos);
     if (const std::string* os = get(attrs, "os_index")) {
       rec.os_index = parse_uint(*os);
       if (!rec.os_index) fail_at(pos, element, "os_index=\"" + *os + "\" is not a number");
+    }
+    // PUs and NUMA nodes are bitmap indexes: hwloc writes their os_index always, and a missing one becomes
+    // 0xffffffff, which hwloc 2.9 then sets in a bitmap (seconds of work and 512 MB; found by the fuzz target).
+    if (iequals(*type, "PU") || iequals(*type, "NUMANode")) {
+      if (!rec.os_index) fail_at(pos, element, "a " + *type + " needs an os_index");
+      if (*rec.os_index > kMaxOsIndex)
+        fail_at(pos, element, "os_index " + std::to_string(*rec.os_index) + " is implausibly large");
     }
     if (const std::string* gp = get(attrs, "gp_index")) {
       const auto g = parse_uint(*gp);
