@@ -378,7 +378,7 @@ def main(argv=None):
     import torch  # noqa: E402  (lazy: --dry-run works without torch)
     import warnings
 
-    warnings.filterwarnings("ignore", message=".*[Oo]nline softmax.*")  # an Inductor note, printed per compile
+    warnings.filterwarnings("ignore", message=r"(?is)\s*online softmax")  # an Inductor note, printed per compile
 
     use_cuda = torch.cuda.is_available() and not args.run_cpu
     if not use_cuda and not args.dry_run:
