@@ -16,21 +16,20 @@
 
 #include <Kokkos_Core.hpp>
 
-#include <nlohmann/json.hpp>
+#include "route_report.hpp"
 
 #if defined(KOKKOS_ENABLE_CUDA)
 #include <cuda_runtime_api.h>
 #endif
 
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <iostream>
-#include <numeric>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -55,7 +54,7 @@ struct Args {
   std::uint64_t seed = 42;
   std::string format = "bytemap";
   int repeats = 5;
-  float aux_coeff = 1e-2f;
+  double aux_coeff = 1e-2;
   std::string implementation = "auto";
   bool json = false;
 };
@@ -145,9 +144,9 @@ Args parse_args(int argc, char** argv, bool& help) {
     } else if (opt == "--aux-coeff") {
       char* end = nullptr;
       const double c = std::strtod(value.c_str(), &end);
-      if (value.empty() || *end != '\0' || !std::isfinite(c))
-        throw UsageError("--aux-coeff expects a finite number, got '" + value + "'");
-      a.aux_coeff = static_cast<float>(c);
+      if (value.empty() || *end != '\0' || !std::isfinite(static_cast<float>(c)))
+        throw UsageError("--aux-coeff expects a number finite in FP32, got '" + value + "'");
+      a.aux_coeff = c;
     } else if (opt == "--implementation") {
       if (value != "auto" && value != "portable")
         throw UsageError("--implementation expects auto or portable, got '" + value + "'");
@@ -168,6 +167,10 @@ KOKKOS_INLINE_FUNCTION std::uint64_t mix64(std::uint64_t x) {  // splitmix64: co
   return x ^ (x >> 31);
 }
 
+KOKKOS_INLINE_FUNCTION float uniform01(std::uint64_t stream, std::uint64_t j) {  // 24 random bits in [0, 1)
+  return static_cast<float>(mix64(stream ^ j) >> 40) * (1.0f / 16777216.0f);
+}
+
 /// Every element independently uniform in [lo, hi) (normal = false) or approximately normal with mean lo and
 /// standard deviation hi (normal = true: Irwin-Hall sum of four uniforms, within +-3.46 sigma). Every token's row
 /// differs, so tokens pick different experts.
@@ -179,28 +182,23 @@ void fill_random(const View& v, std::uint64_t seed, float lo, float hi, bool nor
   Kokkos::parallel_for(
       "kokkosmoe-route::fill", Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>(0, v.span()),
       KOKKOS_LAMBDA(const std::int64_t i) {
-        auto u = [&](std::uint64_t j) {
-          return static_cast<float>(mix64(s ^ static_cast<std::uint64_t>(4 * i + j)) >> 40) * (1.0f / 16777216.0f);
-        };
+        const std::uint64_t j = 4 * static_cast<std::uint64_t>(i);
         if (normal) {
-          p[i] = static_cast<T>(lo + hi * 1.7320508f * (u(0) + u(1) + u(2) + u(3) - 2.0f));
+          const float z = uniform01(s, j) + uniform01(s, j + 1) + uniform01(s, j + 2) + uniform01(s, j + 3);
+          p[i] = static_cast<T>(lo + hi * 1.7320508f * (z - 2.0f));
         } else {
-          p[i] = static_cast<T>(lo + (hi - lo) * u(0));
+          p[i] = static_cast<T>(lo + (hi - lo) * uniform01(s, j));
         }
       });
 }
 
 // --- timing -----------------------------------------------------------------------------------------------------
 
-struct Timing {
-  std::string name, what;
-  double bytes_per_token = 0;
-  double median_us = 0, min_us = 0;
-};
+using App::TimingRow;
 
 /// One warm-up, then `repeats` fenced calls; median and minimum in microseconds.
 template <class F>
-void time_op(Timing& t, int repeats, F&& f) {
+void time_op(TimingRow& t, int repeats, F&& f) {
   ExecSpace exec;
   f();
   exec.fence();
@@ -246,22 +244,6 @@ std::string backend_description(int& concurrency) {
   return s;
 }
 
-std::string fmt(const char* f, double v) {
-  char buf[64];
-  std::snprintf(buf, sizeof(buf), f, v);
-  return buf;
-}
-
-std::string si(double v) {  // 1.23 M, 45.6 k, ...
-  const char* units[] = {"", " k", " M", " G", " T"};
-  int u = 0;
-  while (std::fabs(v) >= 1000.0 && u < 4) {
-    v /= 1000.0;
-    ++u;
-  }
-  return fmt(v >= 100 ? "%.0f" : v >= 10 ? "%.1f" : "%.2f", v) + units[u];
-}
-
 // --- the run ----------------------------------------------------------------------------------------------------
 
 template <class Scalar>
@@ -300,7 +282,7 @@ int run(const Args& args, const RouterPreset& preset) {
   AuxLossConfig lcfg;
   lcfg.num_experts = static_cast<int>(E);
   lcfg.topk = k;
-  lcfg.coeff = args.aux_coeff;
+  lcfg.coeff = static_cast<float>(args.aux_coeff);
   lcfg.implementation = cfg.implementation;
   View2<float> scores(Kokkos::view_alloc(std::string("aux_scores"), wi), T, E);
   View2<std::uint8_t> aux_map(Kokkos::view_alloc(std::string("aux_routing_map"), wi), T, E);
@@ -364,13 +346,11 @@ int run(const Args& args, const RouterPreset& preset) {
     h_loss = hl();
     h_const = hc(0);
   }
-  const bool pass =
-      bad_rows == 0 && nonzero_off_map == 0 && non_finite == 0 && group_violations == 0 && std::isfinite(h_loss);
 
   // 2. Timings: one warm-up, then the median of `repeats` fenced calls. Bytes per token as in perf_test
   // (router-spec §17): the minimum each operation must move.
   const double map_b = bitmap ? std::ceil(E / 8.0) : static_cast<double>(E);
-  std::vector<Timing> timings(4);
+  std::vector<TimingRow> timings(4);
   timings[0] = {"forward", "probs + routing map + FP32 intermediate", E * (2 * s + 4) + map_b};
   timings[1] = {"backward", "grad_logits from map + intermediate", E * (2 * s + 4) + map_b};
   timings[2] = {"aux loss forward", "aux scores + loss", s * E + 8 * E + E + 4 * E};
@@ -386,158 +366,47 @@ int run(const Args& args, const RouterPreset& preset) {
     aux_scores_backward(exec, acfg, aux_inter, grad_scores, aux_grad_logits);
   });
 
-  // 3. Statistics.
-  const double mean = static_cast<double>(T) * k / static_cast<double>(E);
-  const auto [mn_it, mx_it] = std::minmax_element(count.begin(), count.end());
-  const std::int64_t mn = *mn_it, mx = *mx_it;
-  const std::int64_t empty = std::count(count.begin(), count.end(), 0);
-  double var = 0;
-  for (auto c : count) var += (c - mean) * (c - mean);
-  const double cv = mean > 0 ? std::sqrt(var / static_cast<double>(E)) / mean : 0.0;
-  std::vector<int> order(E);
-  std::iota(order.begin(), order.end(), 0);
-  std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return count[a] > count[b]; });
-  const int top = static_cast<int>(std::min<std::int64_t>(5, E));
-  std::vector<int> most(order.begin(), order.begin() + top), least(order.rbegin(), order.rbegin() + top);
-  // Experts by relative load (tokens / mean), or per expert when E is small.
-  const std::vector<std::pair<double, std::string>> bins = {
-      {0.5, "< 0.50"},     {0.8, "0.50-0.80"}, {0.9, "0.80-0.90"}, {1.1, "0.90-1.10"},
-      {1.25, "1.10-1.25"}, {1.5, "1.25-1.50"}, {2.0, "1.50-2.00"}, {INFINITY, ">= 2.00"}};
-  std::vector<std::int64_t> hist(bins.size(), 0);
-  for (auto c : count) {
-    const double rel = mean > 0 ? c / mean : 0.0;
-    std::size_t b = 0;
-    while (rel >= bins[b].first) ++b;
-    ++hist[b];
-  }
-  std::vector<std::int64_t> group_load;
-  if (grouped)
-    for (int g = 0; g < G; ++g)
-      group_load.push_back(std::accumulate(count.begin() + g * (E / G), count.begin() + (g + 1) * (E / G), 0ll));
-
-  int concurrency = 0;
-  const std::string backend = backend_description(concurrency);
+  // 3. Report.
+  App::RouteReport r;
+  r.preset = preset.name;
+  r.model = preset.model;
+  r.score_function = function_name(cfg.score_function, cfg.use_pre_softmax);
+  r.dtype = args.dtype;
+  r.map_format = args.format;
+  r.bias = preset.has_bias ? "FP32 [" + std::to_string(E) + "], uniform in [-0.02, 0.02)" : "none";
+  r.tokens = T;
+  r.num_experts = static_cast<int>(E);
+  r.topk = k;
+  r.num_groups = cfg.num_groups;
+  r.group_topk = cfg.group_topk;
+  r.scaling_factor = cfg.scaling_factor;
+  r.seed = args.seed;
+  r.kokkos_version = std::to_string(KOKKOS_VERSION / 10000) + "." + std::to_string(KOKKOS_VERSION / 100 % 100) + "." +
+                     std::to_string(KOKKOS_VERSION % 100);
+  r.execution_space = ExecSpace::name();
+  r.backend = backend_description(r.concurrency);
   const bool specialized = Impl::RouterImpl<ExecSpace>::is_specialized;
-  const std::string impl_desc = cfg.implementation == Implementation::Portable
-                                    ? "portable Kokkos kernels (forced)"
-                                    : (specialized ? std::string("native ") + ExecSpace::name() + " kernels"
-                                                   : std::string("portable Kokkos kernels (no specialization)"));
-  const std::string kokkos_version = std::to_string(KOKKOS_VERSION / 10000) + "." +
-                                     std::to_string(KOKKOS_VERSION / 100 % 100) + "." +
-                                     std::to_string(KOKKOS_VERSION % 100);
-  const std::string check_text =
-      pass ? "PASS (every token routed to exactly " + std::to_string(k) + " experts" +
-                 (grouped ? " in <= " + std::to_string(cfg.group_topk) + " groups" : std::string()) +
-                 "; probs zero off the map; outputs finite)"
-           : "FAIL (" + std::to_string(bad_rows) + " tokens without exactly k experts, " +
-                 std::to_string(group_violations) + " over the group limit, " + std::to_string(nonzero_off_map) +
-                 " non-zero probs off the map, " + std::to_string(non_finite) + " non-finite values)";
-
-  if (args.json) {
-    nlohmann::json j;
-    j["preset"] = preset.name;
-    j["model"] = preset.model;
-    j["config"] = {{"num_experts", E},
-                   {"topk", k},
-                   {"score_function", function_name(cfg.score_function, cfg.use_pre_softmax)},
-                   {"num_groups", cfg.num_groups},
-                   {"group_topk", cfg.group_topk},
-                   {"scaling_factor", cfg.scaling_factor},
-                   {"expert_bias", preset.has_bias},
-                   {"dtype", args.dtype},
-                   {"map_format", args.format},
-                   {"tokens", T},
-                   {"seed", args.seed}};
-    j["backend"] = {{"kokkos_version", kokkos_version},
-                    {"execution_space", ExecSpace::name()},
-                    {"description", backend},
-                    {"concurrency", concurrency},
-                    {"implementation", impl_desc}};
-    j["routing"] = {{"tokens_per_expert", count},
-                    {"min", mn},
-                    {"mean", mean},
-                    {"max", mx},
-                    {"imbalance", mean > 0 ? mx / mean : 0.0},
-                    {"cv", cv},
-                    {"experts_without_tokens", empty},
-                    {"most_loaded", most},
-                    {"least_loaded", least},
-                    {"probs_mean_routed_sum", prob_sum / static_cast<double>(T)},
-                    {"grad_logits_l2", std::sqrt(grad_sq)}};
-    if (grouped) j["routing"]["tokens_per_group"] = group_load;
-    j["aux_loss"] = {{"loss", h_loss}, {"const", h_const}, {"coeff", args.aux_coeff}};
-    nlohmann::json tj = nlohmann::json::array();
-    for (const auto& t : timings) {
-      const double sec = t.median_us * 1e-6;
-      tj.push_back({{"name", t.name},
-                    {"what", t.what},
-                    {"median_us", t.median_us},
-                    {"min_us", t.min_us},
-                    {"repeats", args.repeats},
-                    {"tokens_per_s", T / sec},
-                    {"bytes_per_token", t.bytes_per_token},
-                    {"GBps", t.bytes_per_token * T / sec / 1e9}});
-    }
-    j["timing"] = tj;
-    j["routing_check"] = pass ? "PASS" : "FAIL";
-    std::cout << j.dump(2) << std::endl;
-    return pass ? 0 : 1;
-  }
-
-  std::ostringstream o;
-  o << "KokkosMoE route: " << preset.name << " (" << preset.model << "), " << T << " tokens, " << args.dtype << "\n";
-  o << "config    E=" << E << "  k=" << k << "  " << function_name(cfg.score_function, cfg.use_pre_softmax);
-  if (grouped)
-    o << "  groups " << cfg.num_groups << ", top-" << cfg.group_topk << " groups (group score = top-"
-      << k / cfg.group_topk << " sum)";
-  o << "  scale " << cfg.scaling_factor << "\n          expert bias "
-    << (preset.has_bias ? "FP32 [" + std::to_string(E) + "], uniform in [-0.02, 0.02)" : std::string("none"))
-    << ", map " << args.format << ", seed " << args.seed << ", logits ~N(0, 1) per element\n";
-  o << "backend   Kokkos " << kokkos_version << ", " << backend << "; " << impl_desc << "\n";
-  o << "routing   tokens per expert: min " << mn << " / mean " << fmt("%.1f", mean) << " / max " << mx
-    << "; imbalance (max/mean) " << fmt("%.3f", mean > 0 ? mx / mean : 0.0) << "; cv " << fmt("%.3f", cv)
-    << "; experts without tokens: " << empty << "\n";
-  o << "          most loaded :";
-  for (int e : most) o << " " << e << " (" << count[e] << ")";
-  o << "\n          least loaded:";
-  for (int e : least) o << " " << e << " (" << count[e] << ")";
-  o << "\n";
-  if (grouped) {
-    const auto [gmin, gmax] = std::minmax_element(group_load.begin(), group_load.end());
-    o << "          tokens x experts per group: min " << *gmin << " / max " << *gmax << "\n";
-  }
-  const std::int64_t hist_max = *std::max_element(hist.begin(), hist.end());
-  if (E <= 16) {
-    o << "          per expert (tokens):\n";
-    for (std::int64_t e = 0; e < E; ++e) {
-      const int w = mx > 0 ? static_cast<int>(std::lround(40.0 * count[e] / mx)) : 0;
-      o << "            " << fmt("%4.0f", static_cast<double>(e)) << " " << fmt("%9.0f", static_cast<double>(count[e]))
-        << " " << std::string(w, '#') << "\n";
-    }
-  } else {
-    o << "          experts by load / mean:\n";
-    for (std::size_t b = 0; b < bins.size(); ++b) {
-      if (hist[b] == 0) continue;
-      const int w = static_cast<int>(std::lround(40.0 * hist[b] / hist_max));
-      char line[96];
-      std::snprintf(line, sizeof(line), "            %-9s %6lld ", bins[b].second.c_str(), (long long)hist[b]);
-      o << line << std::string(std::max(w, 1), '#') << "\n";
-    }
-  }
-  o << "aux loss  " << fmt("%.6g", h_loss) << " (coeff " << args.aux_coeff << ", Const " << fmt("%.4g", h_const)
-    << "); grad_logits L2 norm " << fmt("%.6g", std::sqrt(grad_sq)) << "\n";
-  o << "timing    median of " << args.repeats << " fenced calls after one warm-up\n";
-  for (const auto& t : timings) {
-    const double sec = t.median_us * 1e-6;
-    char line[200];
-    std::snprintf(line, sizeof(line), "          %-18s %10.1f us  %9stokens/s  %8.2f GB/s   (%s; %.0f B/token)\n",
-                  t.name.c_str(), t.median_us, si(T / sec).c_str(), t.bytes_per_token * T / sec / 1e9, t.what.c_str(),
-                  t.bytes_per_token);
-    o << line;
-  }
-  o << "routing check: " << check_text << "\n";
-  std::cout << o.str() << std::flush;
-  return pass ? 0 : 1;
+  r.implementation = cfg.implementation == Implementation::Portable
+                         ? "portable Kokkos kernels (forced)"
+                         : (specialized ? std::string("native ") + ExecSpace::name() + " kernels"
+                                        : std::string("portable Kokkos kernels (no specialization)"));
+  r.tokens_per_expert = count;
+  r.bad_rows = bad_rows;
+  r.group_violations = group_violations;
+  r.nonzero_off_map = nonzero_off_map;
+  r.non_finite = non_finite;
+  r.routed_prob_sum = prob_sum;
+  r.grad_logits_l2 = std::sqrt(grad_sq);
+  r.aux_loss = h_loss;
+  r.aux_const = h_const;
+  r.aux_coeff = args.aux_coeff;
+  r.repeats = args.repeats;
+  r.timings = timings;
+  if (args.json)
+    App::print_json(std::cout, r);
+  else
+    App::print_text(std::cout, r);
+  return r.pass() ? 0 : 1;
 }
 
 }  // namespace
