@@ -269,7 +269,9 @@ def targets_section(rows, trows, t_floor, copy):
             r = get(op, "deepseek-v3", "bf16", T)
             if r and r["frac"] is not None:
                 add("deepseek-v3 bf16 %s T=%d: frac copy >= %.2f" % (op, T, need), ffrac(r["frac"]), r["frac"] >= need)
-    for (op, pr, dt, impl, var, T), r in sorted(rows.items()):
+    ordered = sorted(rows.items(), key=lambda kv: (order_key(PRESET_ORDER, kv[0][1]), order_key(OP_ORDER, kv[0][0]),
+                                                   kv[0][2], kv[0][5]))
+    for (op, pr, dt, impl, var, T), r in ordered:
         if impl != "auto" or var != "warm" or T < 16384:
             continue
         if op.startswith("fwd_") and op != "fwd_bitmap":
@@ -282,7 +284,7 @@ def targets_section(rows, trows, t_floor, copy):
                 add("%s %s %s T=%d: >= 2x torch.compile" % (pr, dt, op, T), fnum(tc["median_us"] / r["us"], 1) + "x",
                     tc["median_us"] / r["us"] >= 2)
     # backward: the better of the dense and compact backward against the better torch.compile backward
-    for pr in sorted({k[1] for k in rows}):
+    for pr in sorted({k[1] for k in rows}, key=lambda v: order_key(PRESET_ORDER, v)):
         for dt in sorted({k[2] for k in rows}):
             for T in [t for t in Ts if t >= 16384]:
                 ours = [get(op, pr, dt, T) for op in ("bwd_dense", "bwd_compact")]
@@ -294,7 +296,7 @@ def targets_section(rows, trows, t_floor, copy):
                     ref = min(r["median_us"] for r in theirs)
                     add("%s %s backward T=%d: >= 1.5x torch.compile (best of dense/compact)" % (pr, dt, T),
                         fnum(ref / best, 2) + "x", ref / best >= 1.5)
-    for (op, pr, dt, impl, var, T), r in sorted(rows.items()):
+    for (op, pr, dt, impl, var, T), r in ordered:
         if T == 4096 and impl == "auto" and var == "warm" and r["target_ratio"] is not None:
             add("%s %s %s T=4096: t <= t_floor + bytes/(0.85 B_copy)" % (pr, dt, op), fnum(r["target_ratio"], 2),
                 r["target_ratio"] <= 1.0)
