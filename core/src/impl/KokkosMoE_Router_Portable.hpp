@@ -734,12 +734,11 @@ struct AuxLossFinalFunctor {  // one thread: Const and the loss, columns in orde
   }
 };
 
-struct AuxLossBackwardFunctor {
+struct AuxLossBackwardFunctor {  // over (row, column): contiguous columns innermost, no per-element division
   AuxLossBackwardArgs a;
-  KOKKOS_INLINE_FUNCTION void operator()(const std::int64_t i) const {
-    const std::int64_t c = i % a.cols;
+  KOKKOS_INLINE_FUNCTION void operator()(const std::int64_t r, const std::int64_t c) const {
     const float g = load_as_float(a.grad_loss, a.grad_loss_type, 0);
-    store_float(a.grad_probs, a.grad_probs_type, i,
+    store_float(a.grad_probs, a.grad_probs_type, r * a.cols + c,
                 a.const_buf[0] * load_as_float(a.tokens_per_expert, a.tpe_type, c) * g);
   }
 };
@@ -827,8 +826,9 @@ struct PortableRouter {
 
   static void aux_loss_backward(const ExecSpace& exec, const AuxLossBackwardArgs& a) {
     ScopedRegion region("KokkosMoE::aux_loss_backward[portable]");
-    using Range = Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>;
-    Kokkos::parallel_for("KokkosMoE::aux_loss_backward", Range(exec, 0, a.rows * a.cols), AuxLossBackwardFunctor{a});
+    using Policy = Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<2>, Kokkos::IndexType<std::int64_t>>;
+    Kokkos::parallel_for("KokkosMoE::aux_loss_backward", Policy(exec, {0, 0}, {a.rows, a.cols}),
+                         AuxLossBackwardFunctor{a});
   }
 
   /// Linear index of the first non-finite element, or -1. Fences (a debug check).
