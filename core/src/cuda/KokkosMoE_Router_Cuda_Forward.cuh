@@ -484,8 +484,10 @@ __global__ void __launch_bounds__(128) topk_fwd_reg(const FwdParams P) {
             store_index(P.indices, P.idx_type, o, idx);
           }
         }
-        ybuf[idx] = v;  // weights row (activations are no longer read)
-        fbuf[idx] = 1;
+        if (valid) {  // (slots of a token beyond T were never written)
+          ybuf[idx] = v;  // weights row (activations are no longer read)
+          fbuf[idx] = 1;
+        }
       }
     }
     __syncwarp();
