@@ -88,6 +88,141 @@ __global__ void __launch_bounds__(128) bwd_dense(const BwdParams P) {
   const long long nwarps = static_cast<long long>(gridDim.x) * (blockDim.x >> 5);
   const long long gwarp = static_cast<long long>(blockIdx.x) * (blockDim.x >> 5) + warp;
 
+  if (single) {
+    // Software pipeline over this warp's tokens: the map is loaded two tokens ahead, the routed intermediate /
+    // gradient chunks one token ahead, so a token costs one memory latency overlapped with the previous ones.
+    using MB = Vec<unsigned char, W>;
+    using AR = typename Vec<float, W>::R;
+    using GR = typename Vec<typename TI::S, W>::R;
+    const long long stride = nwarps * TPW;
+    auto map_load = [&](long long tb, typename MB::R (&mb)[NC], unsigned char (&bb)[NC]) {
+      const long long t = tb + seg;
+#pragma unroll
+      for (int c = 0; c < NC; ++c) {
+        const int e0 = (c * TPT + ls) * W;
+        memset(&mb[c], 0, sizeof(mb[c]));
+        bb[c] = 0;
+        if (t < P.T && e0 < E && !aux) {
+          if (P.map_kind == 0)
+            mb[c] = MB::ldg(P.map + t * static_cast<long long>(E) + e0);
+          else
+            bb[c] = __ldg(P.map + t * static_cast<long long>(nb) + (e0 >> 3));
+        }
+      }
+    };
+    auto flags = [&](long long tb, const typename MB::R (&mb)[NC], const unsigned char (&bb)[NC], int c) -> unsigned {
+      const long long t = tb + seg;
+      const int e0 = (c * TPT + ls) * W;
+      if (!(t < P.T && e0 < E)) return 0u;
+      if (aux) return (W == 32) ? 0xffffffffu : ((1u << W) - 1u);
+      unsigned f = 0;
+      if (P.map_kind == 0) {
+        unsigned char b[W];
+        MB::to_array(mb[c], b);
+#pragma unroll
+        for (int w = 0; w < W; ++w) f |= (b[w] ? 1u : 0u) << w;
+      } else {
+        f = (W == 8) ? bb[c] : ((bb[c] >> (e0 & 7)) & 1u);
+      }
+      return f;
+    };
+    auto ag_load = [&](long long tb, const typename MB::R (&mb)[NC], const unsigned char (&bb)[NC], AR (&ar)[NC],
+                       GR (&gr)[NC]) {
+      const long long t = tb + seg;
+#pragma unroll
+      for (int c = 0; c < NC; ++c) {
+        const int e0 = (c * TPT + ls) * W;
+        const unsigned f = flags(tb, mb, bb, c);
+        memset(&ar[c], 0, sizeof(AR));
+        memset(&gr[c], 0, sizeof(GR));
+        if (f != 0 || (all_a && t < P.T && e0 < E))
+          ar[c] = Vec<float, W>::ldg(P.inter + t * static_cast<long long>(E) + e0);
+        if (f != 0)
+          gr[c] = Vec<typename TI::S, W>::ldg(static_cast<const typename TI::S*>(P.gin) + t * static_cast<long long>(E) + e0);
+      }
+    };
+    typename MB::R m0[NC], m1[NC], m2[NC];
+    unsigned char b0[NC], b1[NC], b2[NC];
+    AR a0[NC], a1[NC];
+    GR g0[NC], g1[NC];
+    long long tb = gwarp * TPW;
+    map_load(tb, m0, b0);
+    map_load(tb + stride, m1, b1);
+    ag_load(tb, m0, b0, a0, g0);
+    for (; tb < P.T; tb += stride) {
+      map_load(tb + 2 * stride, m2, b2);
+      ag_load(tb + stride, m1, b1, a1, g1);
+      // ---- token tb: widen, sums, gradients
+      const long long t = tb + seg;
+      const bool valid = t < P.T;
+      const long long rowE = t * static_cast<long long>(E);
+      float a[V], g[V], v[V];
+      unsigned rm = 0;
+#pragma unroll
+      for (int c = 0; c < NC; ++c) {
+        rm |= flags(tb, m0, b0, c) << (c * W);
+        float av[W];
+        typename TI::S gs[W];
+        memcpy(av, &a0[c], sizeof(av));
+        memcpy(gs, &g0[c], sizeof(gs));
+#pragma unroll
+        for (int w = 0; w < W; ++w) {
+          a[c * W + w] = av[w];
+          g[c * W + w] = TI::to_f(gs[w]) * P.scale;
+        }
+      }
+      float S = 0.0f, Q = 0.0f, Ps = 0.0f;
+#pragma unroll
+      for (int p = 0; p < V; ++p) {
+        v[p] = a[p];
+        if (fn == kSsp && (rm & (1u << p))) v[p] = sqrtsoftplusf_(a[p]);
+        if (rm & (1u << p)) {
+          if (fn == kSmx) {
+            Ps += g[p] * a[p];
+          } else {
+            S += v[p];
+            Q += g[p] * v[p];
+          }
+        }
+      }
+      BwdCoef cf{0.0f, 0.0f, 0.0f, false};
+      if (fn == kSmx) {
+        cf.P = seg_add_f32<TPT>(Ps);
+      } else {
+        S = seg_add_f32<TPT>(S);
+        Q = seg_add_f32<TPT>(Q);
+        cf.norm = aux || P.k > 1;
+        cf.D = S + kEps;
+        cf.qdd = Q / (cf.D * cf.D);
+      }
+      float dx[V];
+#pragma unroll
+      for (int p = 0; p < V; ++p) {
+        const bool r = (rm & (1u << p)) != 0;
+        if (fn == kSmx)
+          dx[p] = all_a ? a[p] * ((r ? g[p] : 0.0f) - cf.P) : (r ? a[p] * (g[p] - cf.P) : 0.0f);
+        else
+          dx[p] = dx_sig_ssp(fn, cf, r, a[p], v[p], g[p]);
+      }
+#pragma unroll
+      for (int c = 0; c < NC; ++c) {
+        const int e0 = (c * TPT + ls) * W;
+        if (valid && e0 < E) store_chunk<GO, W>(static_cast<typename TO::S*>(P.gout) + rowE + e0, dx + c * W);
+      }
+      // rotate the pipeline
+#pragma unroll
+      for (int c = 0; c < NC; ++c) {
+        m0[c] = m1[c];
+        m1[c] = m2[c];
+        b0[c] = b1[c];
+        b1[c] = b2[c];
+        a0[c] = a1[c];
+        g0[c] = g1[c];
+      }
+    }
+    return;
+  }
+
   for (long long tb = gwarp * TPW; tb < P.T; tb += nwarps * TPW) {
     const long long t = tb + seg;
     const bool valid = t < P.T;
@@ -202,6 +337,126 @@ __global__ void __launch_bounds__(128) bwd_sparse(const BwdParams P) {
   const bool small = k <= TPT;
   const long long nwarps = static_cast<long long>(gridDim.x) * (blockDim.x >> 5);
   const long long gwarp = static_cast<long long>(blockIdx.x) * (blockDim.x >> 5) + warp;
+
+  if (small && !(compact && pre)) {
+    // Software pipeline: slot indices (and compact gradient weights) two tokens ahead, the gathers one token
+    // ahead. Lane ls < k owns slot ls.
+    const long long stride = nwarps * TPW;
+    auto idx_load = [&](long long tb, int& idx, float& gw) {
+      const long long t = tb + seg;
+      idx = 0;
+      gw = 0.0f;
+      if (t < P.T && ls < k) {
+        const long long o = t * static_cast<long long>(k) + ls;
+        if (compact) {
+          idx = __ldg(P.ids + o);
+          gw = load_any(P.gw, P.gw_type, o);
+        } else {
+          idx = load_index(P.indices, P.idx_type, o);
+        }
+      }
+    };
+    auto gather = [&](long long tb, int idx, float& u, float& g) {  // compact: u = logit; indices: u = a, g = grad
+      const long long t = tb + seg;
+      u = 0.0f;
+      g = 0.0f;
+      if (t < P.T && ls < k) {
+        const long long rowE = t * static_cast<long long>(E);
+        if (compact) {
+          u = TL::to_f(__ldg(static_cast<const LS*>(P.logits) + rowE + idx));
+        } else {
+          u = __ldg(P.inter + rowE + idx);
+          g = load_any(P.gin, GO, rowE + idx);
+        }
+      }
+    };
+    int i0, i1, i2;
+    float w0, w1, w2, u0, u1, h0, h1;
+    long long tb = gwarp * TPW;
+    idx_load(tb, i0, w0);
+    idx_load(tb + stride, i1, w1);
+    gather(tb, i0, u0, h0);
+    for (; tb < P.T; tb += stride) {
+      idx_load(tb + 2 * stride, i2, w2);
+      gather(tb + stride, i1, u1, h1);
+      const long long t = tb + seg;
+      const bool valid = t < P.T;
+      const long long rowE = t * static_cast<long long>(E);
+      const bool has = valid && ls < k;
+      // activations of the k slots
+      float a, v, g;
+      if (compact) {
+        g = w0 * P.scale;
+        if (fn == kSig) {
+          a = sigmoidf_(u0);
+        } else if (fn == kSsp) {
+          a = u0;
+        } else {  // Softmax post: softmax over the slots, slot order (the forward's bits)
+          const float x0 = __shfl_sync(kFull, u0, seg * TPT);
+          const float e = expf(u0 - x0);
+          const float ez = (u0 == -INFINITY) ? 0.0f : e;
+          float sum = 0.0f;
+          for (int r = 0; r < k; ++r) sum += __shfl_sync(kFull, ez, seg * TPT + r);
+          a = e * (1.0f / sum);
+        }
+      } else {
+        a = u0;
+        g = h0 * P.scale;
+      }
+      v = (fn == kSsp && has) ? sqrtsoftplusf_(a) : a;
+      float S = 0.0f, Q = 0.0f, Ps = 0.0f;
+      const float gv = g * v, ga = g * a;
+      for (int r = 0; r < k; ++r) {
+        const int src = seg * TPT + r;
+        if (fn == kSmx) {
+          Ps += __shfl_sync(kFull, ga, src);
+        } else {
+          S += __shfl_sync(kFull, v, src);
+          Q += __shfl_sync(kFull, gv, src);
+        }
+      }
+      BwdCoef cf;
+      cf.P = Ps;
+      cf.norm = k > 1;
+      cf.D = S + kEps;
+      cf.qdd = Q / (cf.D * cf.D);
+      if (valid) {
+        OS* orow = static_cast<OS*>(P.gout) + rowE;
+        for (int e0 = ls * VO; e0 < E; e0 += TPT * VO) {
+          float o[VO];
+          if (pre) {  // dense indices with Softmax pre: non-routed get -a*P
+            float av[VO];
+            if constexpr (VEC)
+              load_chunk<kDtF32, VO>(P.inter + rowE + e0, av);
+            else
+              av[0] = P.inter[rowE + e0];
+#pragma unroll
+            for (int w = 0; w < VO; ++w) o[w] = -av[w] * cf.P;
+          } else {
+#pragma unroll
+            for (int w = 0; w < VO; ++w) o[w] = 0.0f;
+          }
+          if constexpr (VEC)
+            store_chunk<GO, VO>(orow + e0, o);
+          else
+            orow[e0] = TO::from_f(o[0]);
+        }
+      }
+      __syncwarp();
+      if (has) {
+        const float dx = (fn == kSmx) ? a * (g - cf.P) : dx_sig_ssp(fn, cf, true, a, v, g);
+        static_cast<OS*>(P.gout)[rowE + i0] = TO::from_f(dx);
+      }
+      __syncwarp();
+      i0 = i1;
+      i1 = i2;
+      w0 = w1;
+      w1 = w2;
+      u0 = u1;
+      h0 = h1;
+    }
+    return;
+  }
 
   for (long long tb = gwarp * TPW; tb < P.T; tb += nwarps * TPW) {
     const long long t = tb + seg;

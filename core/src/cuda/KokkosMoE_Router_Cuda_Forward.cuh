@@ -71,6 +71,7 @@ struct FwdParams {
   int cache_groups = 0;
   int list_mode = 0;  // 0: rank count (k <= 64), 1: bitonic (pow2 >= k entries), 2: no list (k too large)
   int list_n = 0;     // entries of the list buffer
+  int force_general = 0;  // testing only: skip the rounds kernel (the public launchers never set it)
 };
 
 __device__ __forceinline__ void store_index(void* p, int dt, long long i, int v) {
@@ -91,6 +92,184 @@ __device__ __forceinline__ void list_insert(unsigned (&L)[N], unsigned v) {
     v = min(L[j], v);
     L[j] = hi;
   }
+}
+
+/// Front part of the per-token work shared by both register kernels: activations (§5.1), selection keys (§7),
+/// early outputs (intermediate, aux scores), the activation row in shared memory, group-limited eligibility (§5.3).
+template <int DT, int TPT, int NC, int W>
+__device__ __forceinline__ void token_front(const FwdParams& P, const float (&x)[NC * W], float (&y)[NC * W],
+                                            unsigned (&key)[NC * W], const bool (&cvalid)[NC],
+                                            const float (&bias)[NC * W], bool valid, long long rowE, int ls, int seg,
+                                            float* ybuf) {
+  constexpr int V = NC * W;
+  const int fn = P.fn;
+  const bool aux = P.aux != 0;
+  const bool compact = P.out == kOutCompact;
+  const bool softmax_rowstats = fn == kFnSoftmax && (P.pre || aux);
+  const bool softmax_post = fn == kFnSoftmax && !P.pre && !aux;
+  const bool has_bias = P.bias != nullptr;
+  // ---- activations, selection scores, early outputs --------------------------------------------------
+  if (fn == kFnSoftmax) {
+    if (softmax_rowstats) {
+      float m = -INFINITY;
+#pragma unroll
+      for (int c = 0; c < NC; ++c)
+#pragma unroll
+        for (int w = 0; w < W; ++w)
+          if (cvalid[c]) m = fmaxf(m, x[c * W + w]);
+      float s = 0.0f;
+#pragma unroll
+      for (int c = 0; c < NC; ++c)
+#pragma unroll
+        for (int w = 0; w < W; ++w)
+          if (cvalid[c] && x[c * W + w] != -INFINITY) s += expf(x[c * W + w] - m);
+#pragma unroll
+      for (int o = TPT / 2; o > 0; o >>= 1) {
+        const float mo = __shfl_xor_sync(kFull, m, o);
+        const float so = __shfl_xor_sync(kFull, s, o);
+        softmax_merge(m, s, mo, so);
+      }
+      const float inv = 1.0f / s;
+#pragma unroll
+      for (int p = 0; p < V; ++p) y[p] = expf(x[p] - m) * inv;
+    } else {
+#pragma unroll
+      for (int p = 0; p < V; ++p) y[p] = x[p];
+    }
+  } else if (fn == kFnSigmoid) {
+#pragma unroll
+    for (int p = 0; p < V; ++p) y[p] = sigmoidf_(x[p]);
+  } else {
+#pragma unroll
+    for (int p = 0; p < V; ++p) y[p] = sqrtsoftplusf_(x[p]);
+  }
+
+  if (aux && fn != kFnSoftmax) {
+    float rs = 0.0f;
+#pragma unroll
+    for (int c = 0; c < NC; ++c)
+#pragma unroll
+      for (int w = 0; w < W; ++w)
+        if (cvalid[c]) rs += y[c * W + w];
+    rs = seg_add_f32<TPT>(rs) + kEps;
+    float sc[V];
+#pragma unroll
+    for (int p = 0; p < V; ++p) sc[p] = y[p] / rs;
+#pragma unroll
+    for (int c = 0; c < NC; ++c) {
+      if (valid && cvalid[c]) store_chunk<kDtF32, W>(P.scores + rowE + (c * TPT + ls) * W, sc + c * W);
+#pragma unroll
+      for (int w = 0; w < W; ++w) key[c * W + w] = cvalid[c] ? okey(sc[c * W + w]) : 0u;
+    }
+  } else {
+    if (aux) {  // softmax aux: scores = probabilities
+#pragma unroll
+      for (int c = 0; c < NC; ++c)
+        if (valid && cvalid[c]) store_chunk<kDtF32, W>(P.scores + rowE + (c * TPT + ls) * W, y + c * W);
+    }
+#pragma unroll
+    for (int c = 0; c < NC; ++c)
+#pragma unroll
+      for (int w = 0; w < W; ++w) {
+        const int p = c * W + w;
+        const float sc = has_bias ? y[p] + bias[p] : y[p];
+        key[p] = cvalid[c] ? okey(sc) : 0u;
+      }
+  }
+  // intermediate (all modes but compact; Softmax post is written after selection)
+  if (!compact && valid && !softmax_post) {
+#pragma unroll
+    for (int c = 0; c < NC; ++c) {
+      float iv[W];
+#pragma unroll
+      for (int w = 0; w < W; ++w) iv[w] = (fn == kFnSqrtSoftplus) ? x[c * W + w] : y[c * W + w];
+      if (cvalid[c]) store_chunk<kDtF32, W>(P.inter + rowE + (c * TPT + ls) * W, iv);
+    }
+  }
+  // per-token shared row: activations for the slot weights, cleared flags
+  if (!aux) {
+#pragma unroll
+    for (int c = 0; c < NC; ++c) {
+      float* d = ybuf + (c * TPT + ls) * W;
+      if constexpr (W % 4 == 0) {
+#pragma unroll
+        for (int w = 0; w < W; w += 4)
+          *reinterpret_cast<float4*>(d + w) = make_float4(y[c * W + w], y[c * W + w + 1], y[c * W + w + 2], y[c * W + w + 3]);
+      } else {
+#pragma unroll
+        for (int w = 0; w < W; ++w) d[w] = y[c * W + w];
+      }
+    }
+  }
+
+  // ---- group-limited routing (§5.3) -------------------------------------------------------------------
+  if (P.gk > 0) {
+    const int sg = P.gs / W;  // lanes per group (a power of two <= TPT, checked by the launcher)
+    const int kg = P.kg;
+    unsigned gkey[NC];
+    int gid[NC];
+#pragma unroll
+    for (int c = 0; c < NC; ++c) {
+      gid[c] = ((c * TPT + ls) * W) / P.gs;
+      float gsum = 0.0f;
+      if (kg <= 2) {
+        unsigned a1 = 0, a2 = 0;
+#pragma unroll
+        for (int w = 0; w < W; ++w) {
+          const unsigned v = key[c * W + w];
+          a2 = max(a2, min(a1, v));
+          a1 = max(a1, v);
+        }
+        for (int o = 1; o < sg; o <<= 1) {
+          const unsigned b1 = __shfl_xor_sync(kFull, a1, o);
+          const unsigned b2 = __shfl_xor_sync(kFull, a2, o);
+          const unsigned n2 = max(min(a1, b1), max(a2, b2));
+          a1 = max(a1, b1);
+          a2 = n2;
+        }
+        gsum += okey_decode(a1);
+        if (kg == 2) gsum += okey_decode(a2);
+      } else {
+        unsigned L[8];
+#pragma unroll
+        for (int j = 0; j < 8; ++j) L[j] = 0;
+#pragma unroll
+        for (int w = 0; w < W; ++w) list_insert<8>(L, key[c * W + w]);
+        for (int o = 1; o < sg; o <<= 1) {
+          unsigned B[8];
+#pragma unroll
+          for (int j = 0; j < 8; ++j) B[j] = __shfl_xor_sync(kFull, L[j], o);
+#pragma unroll
+          for (int j = 0; j < 8; ++j) list_insert<8>(L, B[j]);
+        }
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+          if (j < kg) gsum += okey_decode(L[j]);
+      }
+      gkey[c] = okey(gsum);
+    }
+    int rank[NC];
+#pragma unroll
+    for (int c = 0; c < NC; ++c) rank[c] = 0;
+    const int gpc = TPT / sg;  // groups per chunk row
+#pragma unroll
+    for (int c2 = 0; c2 < NC; ++c2) {
+      for (int j = 0; j < gpc; ++j) {
+        const int g2 = c2 * gpc + j;
+        if (g2 >= P.G) break;  // uniform
+        const unsigned v = __shfl_sync(kFull, gkey[c2], seg * TPT + j * sg);
+#pragma unroll
+        for (int c = 0; c < NC; ++c) rank[c] += (v > gkey[c] || (v == gkey[c] && g2 < gid[c])) ? 1 : 0;
+      }
+    }
+#pragma unroll
+    for (int c = 0; c < NC; ++c) {
+      const bool elig = gid[c] < P.G && rank[c] < P.gk;
+#pragma unroll
+      for (int w = 0; w < W; ++w) key[c * W + w] = elig ? key[c * W + w] : 0u;
+    }
+  }
+
 }
 
 // =============================================================================================================
@@ -115,7 +294,6 @@ __global__ void __launch_bounds__(128) topk_fwd_reg(const FwdParams P) {
   const int fn = P.fn;
   const bool aux = P.aux != 0;
   const bool compact = P.out == kOutCompact;
-  const bool softmax_rowstats = fn == kFnSoftmax && (P.pre || aux);
   const bool softmax_post = fn == kFnSoftmax && !P.pre && !aux;
   const bool has_bias = P.bias != nullptr;
 
@@ -176,171 +354,10 @@ __global__ void __launch_bounds__(128) topk_fwd_reg(const FwdParams P) {
     if (tb + stride < P.T) issue_loads(tb + stride, raw);
 
     const long long rowE = t * static_cast<long long>(E);
-
-    // ---- activations, selection scores, early outputs --------------------------------------------------
     float y[V];
-    if (fn == kFnSoftmax) {
-      if (softmax_rowstats) {
-        float m = -INFINITY;
-#pragma unroll
-        for (int c = 0; c < NC; ++c)
-#pragma unroll
-          for (int w = 0; w < W; ++w)
-            if (cvalid[c]) m = fmaxf(m, x[c * W + w]);
-        float s = 0.0f;
-#pragma unroll
-        for (int c = 0; c < NC; ++c)
-#pragma unroll
-          for (int w = 0; w < W; ++w)
-            if (cvalid[c] && x[c * W + w] != -INFINITY) s += expf(x[c * W + w] - m);
-#pragma unroll
-        for (int o = TPT / 2; o > 0; o >>= 1) {
-          const float mo = __shfl_xor_sync(kFull, m, o);
-          const float so = __shfl_xor_sync(kFull, s, o);
-          softmax_merge(m, s, mo, so);
-        }
-        const float inv = 1.0f / s;
-#pragma unroll
-        for (int p = 0; p < V; ++p) y[p] = expf(x[p] - m) * inv;
-      } else {
-#pragma unroll
-        for (int p = 0; p < V; ++p) y[p] = x[p];
-      }
-    } else if (fn == kFnSigmoid) {
-#pragma unroll
-      for (int p = 0; p < V; ++p) y[p] = sigmoidf_(x[p]);
-    } else {
-#pragma unroll
-      for (int p = 0; p < V; ++p) y[p] = sqrtsoftplusf_(x[p]);
-    }
-
     unsigned key[V];
-    if (aux && fn != kFnSoftmax) {
-      float rs = 0.0f;
-#pragma unroll
-      for (int c = 0; c < NC; ++c)
-#pragma unroll
-        for (int w = 0; w < W; ++w)
-          if (cvalid[c]) rs += y[c * W + w];
-      rs = seg_add_f32<TPT>(rs) + kEps;
-      float sc[V];
-#pragma unroll
-      for (int p = 0; p < V; ++p) sc[p] = y[p] / rs;
-#pragma unroll
-      for (int c = 0; c < NC; ++c) {
-        if (valid && cvalid[c]) store_chunk<kDtF32, W>(P.scores + rowE + (c * TPT + ls) * W, sc + c * W);
-#pragma unroll
-        for (int w = 0; w < W; ++w) key[c * W + w] = cvalid[c] ? okey(sc[c * W + w]) : 0u;
-      }
-    } else {
-      if (aux) {  // softmax aux: scores = probabilities
-#pragma unroll
-        for (int c = 0; c < NC; ++c)
-          if (valid && cvalid[c]) store_chunk<kDtF32, W>(P.scores + rowE + (c * TPT + ls) * W, y + c * W);
-      }
-#pragma unroll
-      for (int c = 0; c < NC; ++c)
-#pragma unroll
-        for (int w = 0; w < W; ++w) {
-          const int p = c * W + w;
-          const float sc = has_bias ? y[p] + bias[p] : y[p];
-          key[p] = cvalid[c] ? okey(sc) : 0u;
-        }
-    }
-    // intermediate (all modes but compact; Softmax post is written after selection)
-    if (!compact && valid && !softmax_post) {
-#pragma unroll
-      for (int c = 0; c < NC; ++c) {
-        float iv[W];
-#pragma unroll
-        for (int w = 0; w < W; ++w) iv[w] = (fn == kFnSqrtSoftplus) ? x[c * W + w] : y[c * W + w];
-        if (cvalid[c]) store_chunk<kDtF32, W>(P.inter + rowE + (c * TPT + ls) * W, iv);
-      }
-    }
-    // per-token shared row: activations for the slot weights, cleared flags
-    if (!aux) {
-#pragma unroll
-      for (int c = 0; c < NC; ++c) {
-        float* d = ybuf + (c * TPT + ls) * W;
-        if constexpr (W % 4 == 0) {
-#pragma unroll
-          for (int w = 0; w < W; w += 4)
-            *reinterpret_cast<float4*>(d + w) = make_float4(y[c * W + w], y[c * W + w + 1], y[c * W + w + 2], y[c * W + w + 3]);
-        } else {
-#pragma unroll
-          for (int w = 0; w < W; ++w) d[w] = y[c * W + w];
-        }
-      }
-    }
     for (int i = ls * 16; i < P.fbuf_bytes; i += TPT * 16) *reinterpret_cast<uint4*>(fbuf + i) = make_uint4(0, 0, 0, 0);
-
-    // ---- group-limited routing (§5.3) -------------------------------------------------------------------
-    if (P.gk > 0) {
-      const int sg = P.gs / W;  // lanes per group (a power of two <= TPT, checked by the launcher)
-      const int kg = P.kg;
-      unsigned gkey[NC];
-      int gid[NC];
-#pragma unroll
-      for (int c = 0; c < NC; ++c) {
-        gid[c] = ((c * TPT + ls) * W) / P.gs;
-        float gsum = 0.0f;
-        if (kg <= 2) {
-          unsigned a1 = 0, a2 = 0;
-#pragma unroll
-          for (int w = 0; w < W; ++w) {
-            const unsigned v = key[c * W + w];
-            a2 = max(a2, min(a1, v));
-            a1 = max(a1, v);
-          }
-          for (int o = 1; o < sg; o <<= 1) {
-            const unsigned b1 = __shfl_xor_sync(kFull, a1, o);
-            const unsigned b2 = __shfl_xor_sync(kFull, a2, o);
-            const unsigned n2 = max(min(a1, b1), max(a2, b2));
-            a1 = max(a1, b1);
-            a2 = n2;
-          }
-          gsum += okey_decode(a1);
-          if (kg == 2) gsum += okey_decode(a2);
-        } else {
-          unsigned L[8];
-#pragma unroll
-          for (int j = 0; j < 8; ++j) L[j] = 0;
-#pragma unroll
-          for (int w = 0; w < W; ++w) list_insert<8>(L, key[c * W + w]);
-          for (int o = 1; o < sg; o <<= 1) {
-            unsigned B[8];
-#pragma unroll
-            for (int j = 0; j < 8; ++j) B[j] = __shfl_xor_sync(kFull, L[j], o);
-#pragma unroll
-            for (int j = 0; j < 8; ++j) list_insert<8>(L, B[j]);
-          }
-#pragma unroll
-          for (int j = 0; j < 8; ++j)
-            if (j < kg) gsum += okey_decode(L[j]);
-        }
-        gkey[c] = okey(gsum);
-      }
-      int rank[NC];
-#pragma unroll
-      for (int c = 0; c < NC; ++c) rank[c] = 0;
-      const int gpc = TPT / sg;  // groups per chunk row
-#pragma unroll
-      for (int c2 = 0; c2 < NC; ++c2) {
-        for (int j = 0; j < gpc; ++j) {
-          const int g2 = c2 * gpc + j;
-          if (g2 >= P.G) break;  // uniform
-          const unsigned v = __shfl_sync(kFull, gkey[c2], seg * TPT + j * sg);
-#pragma unroll
-          for (int c = 0; c < NC; ++c) rank[c] += (v > gkey[c] || (v == gkey[c] && g2 < gid[c])) ? 1 : 0;
-        }
-      }
-#pragma unroll
-      for (int c = 0; c < NC; ++c) {
-        const bool elig = gid[c] < P.G && rank[c] < P.gk;
-#pragma unroll
-        for (int w = 0; w < W; ++w) key[c * W + w] = elig ? key[c * W + w] : 0u;
-      }
-    }
+    token_front<DT, TPT, NC, W>(P, x, y, key, cvalid, bias, valid, rowE, ls, seg, ybuf);
 
     // ---- top-k selection -------------------------------------------------------------------------------
     unsigned cmask = 0;
@@ -531,6 +548,271 @@ __global__ void __launch_bounds__(128) topk_fwd_reg(const FwdParams P) {
             bits |= ((q.y >> (8 * j)) & 1u) << (j + 4);
           }
           P.map[t * static_cast<long long>(nb) + b] = static_cast<unsigned char>(bits);
+        }
+      }
+    }
+    __syncwarp();
+  }
+}
+
+
+/// Inserts (key, pos) into the descending top-Q list (Lk, Lp). Elements arrive in ascending pos, and a tie never
+/// displaces an earlier entry, so equal keys stay in index order. Key 0 ("no candidate") never enters.
+template <int Q>
+__device__ __forceinline__ void topq_insert(unsigned (&Lk)[Q], int (&Lp)[Q], unsigned key, int pos) {
+  bool g[Q];
+#pragma unroll
+  for (int j = 0; j < Q; ++j) g[j] = key > Lk[j];
+#pragma unroll
+  for (int j = Q - 1; j > 0; --j) {
+    Lk[j] = g[j - 1] ? Lk[j - 1] : (g[j] ? key : Lk[j]);
+    Lp[j] = g[j - 1] ? Lp[j - 1] : (g[j] ? pos : Lp[j]);
+  }
+  Lk[0] = g[0] ? key : Lk[0];
+  Lp[0] = g[0] ? pos : Lp[0];
+}
+
+template <int TPT>
+__device__ __forceinline__ unsigned seg_min_u32(unsigned v) {
+  if constexpr (TPT == 32) {
+    return __reduce_min_sync(kFull, v);
+  } else {
+#pragma unroll
+    for (int o = TPT / 2; o > 0; o >>= 1) v = min(v, __shfl_xor_sync(kFull, v, o));
+    return v;
+  }
+}
+
+// =============================================================================================================
+// Fast path for k <= TPT: k rounds of a segment arg-max over per-lane sorted top-3 lists (registers only).
+//   round r: M = max of the lane heads (one redux.sync for TPT == 32); the winner is the lowest lane whose head
+//   equals M (lowest index: lane order is index order inside a chunk row; across chunks a min-index reduction
+//   breaks the tie); the winner pops its head, recomputing its list only when it runs dry. Slot r's index goes
+//   to lane r; weights are computed by the slot lanes (sums in slot order via shuffles) and fetched by the
+//   owner lanes with one shuffle per expert. Shared memory holds only the activation row and a slot byte per
+//   selected expert.
+// =============================================================================================================
+template <int DT, int TPT, int NC, int W>
+__global__ void __launch_bounds__(128) topk_fwd_rounds(const FwdParams P) {
+  using TT = Ty<DT>;
+  using S = typename TT::S;
+  constexpr int V = NC * W;
+  constexpr int TPW = 32 / TPT;
+  constexpr int Q = 3;
+  static_assert(V <= 32, "selection masks are 32-bit");
+  extern __shared__ __align__(16) unsigned char smem[];
+
+  const int lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
+  const int seg = lane / TPT;
+  const int ls = lane % TPT;
+  const int sbase = seg * TPT;
+  const unsigned segmask = (TPT == 32) ? kFull : (((1u << TPT) - 1u) << sbase);
+  const int E = P.E;
+  const int k = P.k;
+  const int fn = P.fn;
+  const bool aux = P.aux != 0;
+  const bool compact = P.out == kOutCompact;
+  const bool softmax_post = fn == kFnSoftmax && !P.pre && !aux;
+  const bool has_bias = P.bias != nullptr;
+
+  unsigned char* tok = smem + static_cast<size_t>(warp * TPW + seg) * P.tok_smem;
+  float* ybuf = reinterpret_cast<float*>(tok);                // activations
+  unsigned char* sl = tok + P.off_fbuf;                      // slot of each selected expert
+
+  bool cvalid[NC];
+#pragma unroll
+  for (int c = 0; c < NC; ++c) cvalid[c] = (c * TPT + ls) * W < E;
+
+  float bias[V];
+#pragma unroll
+  for (int c = 0; c < NC; ++c)
+#pragma unroll
+    for (int w = 0; w < W; ++w) {
+      const int e = (c * TPT + ls) * W + w;
+      bias[c * W + w] = (has_bias && cvalid[c]) ? load_any(P.bias, P.bias_type, e) : 0.0f;
+    }
+
+  using VV = Vec<S, W>;
+  using Raw = typename VV::R;
+  const long long nwarps = static_cast<long long>(gridDim.x) * (blockDim.x >> 5);
+  const long long gwarp = static_cast<long long>(blockIdx.x) * (blockDim.x >> 5) + warp;
+  const long long stride = nwarps * TPW;
+
+  Raw raw[NC];
+  auto issue_loads = [&](long long tb, Raw (&r)[NC]) {
+    const long long t = tb + seg;
+    const S* row = static_cast<const S*>(P.logits) + t * static_cast<long long>(E);
+#pragma unroll
+    for (int c = 0; c < NC; ++c) {
+      if (t < P.T && cvalid[c])
+        r[c] = VV::ldg(row + (c * TPT + ls) * W);
+      else
+        memset(&r[c], 0, sizeof(Raw));
+    }
+  };
+  long long tb = gwarp * TPW;
+  if (tb < P.T) issue_loads(tb, raw);
+
+  for (; tb < P.T; tb += stride) {
+    const long long t = tb + seg;
+    const bool valid = t < P.T;
+    float x[V];
+#pragma unroll
+    for (int c = 0; c < NC; ++c) {
+      S s[W];
+      VV::to_array(raw[c], s);
+#pragma unroll
+      for (int w = 0; w < W; ++w) x[c * W + w] = TT::to_f(s[w]);
+    }
+    if (tb + stride < P.T) issue_loads(tb + stride, raw);
+    const long long rowE = t * static_cast<long long>(E);
+    float y[V];
+    unsigned key[V];
+    token_front<DT, TPT, NC, W>(P, x, y, key, cvalid, bias, valid, rowE, ls, seg, ybuf);
+
+    // ---- per-lane sorted top-Q (key desc, position asc) -------------------------------------------------
+    unsigned Lk[Q];
+    int Lp[Q];
+#pragma unroll
+    for (int j = 0; j < Q; ++j) {
+      Lk[j] = 0u;
+      Lp[j] = 0;
+    }
+#pragma unroll
+    for (int p = 0; p < V; ++p) topq_insert<Q>(Lk, Lp, key[p], p);
+
+    // ---- k rounds ---------------------------------------------------------------------------------------
+    unsigned selmask = 0;
+    int my_idx = 0;  // slot ls (ls < k): expert index
+    for (int r = 0; r < k; ++r) {
+      const unsigned head = Lk[0];
+      const int hp = Lp[0];
+      const int hidx = ((hp / W) * TPT + ls) * W + (hp % W);
+      const unsigned M = seg_max_u32<TPT>(head);
+      const unsigned b = __ballot_sync(kFull, head == M) & segmask;
+      int wl = __ffs(b) - 1;  // lowest lane with the maximum
+      if constexpr (NC > 1) {
+        // equal heads in different chunk rows: the lowest expert index wins
+        if (__any_sync(kFull, __popc(b) > 1)) {
+          const unsigned cand = (head == M) ? static_cast<unsigned>(hidx) : 0xffffffffu;
+          const unsigned mn = seg_min_u32<TPT>(cand);
+          wl = __ffs(__ballot_sync(kFull, cand == mn) & segmask) - 1;
+        }
+      }
+      const int widx = __shfl_sync(kFull, hidx, wl);
+      if (ls == r) my_idx = widx;
+      const bool win = lane == wl;
+      if (win) {
+        selmask |= 1u << hp;
+        if (!aux) sl[hidx] = static_cast<unsigned char>(r);
+#pragma unroll
+        for (int j = 0; j + 1 < Q; ++j) {
+          Lk[j] = Lk[j + 1];
+          Lp[j] = Lp[j + 1];
+        }
+        Lk[Q - 1] = 0u;
+        Lp[Q - 1] = 0;
+      }
+      const bool dry = win && Lk[0] == 0u && r + 1 < k;
+      if (__any_sync(kFull, dry)) {
+        if (dry) {
+#pragma unroll
+          for (int p = 0; p < V; ++p) topq_insert<Q>(Lk, Lp, (selmask & (1u << p)) ? 0u : key[p], p);
+        }
+      }
+    }
+    __syncwarp();
+
+    // ---- slot weights (§5.2): slot lanes, sums in slot order ---------------------------------------------
+    float vr = 0.0f;
+    if (!aux) {
+      const bool has = ls < k;
+      const float yr = has ? ybuf[my_idx] : 0.0f;
+      if (softmax_post) {
+        const float x0 = __shfl_sync(kFull, yr, sbase);
+        const float er = expf(yr - x0);
+        const float ez = (yr == -INFINITY) ? 0.0f : er;
+        float sum = 0.0f;
+        for (int r = 0; r < k; ++r) sum += __shfl_sync(kFull, ez, sbase + r);
+        vr = er * (1.0f / sum);
+      } else if (fn == kFnSoftmax) {
+        vr = yr;
+      } else if (k > 1) {
+        float sum = 0.0f;
+        for (int r = 0; r < k; ++r) sum += __shfl_sync(kFull, yr, sbase + r);
+        vr = yr / (sum + kEps);
+      } else {
+        vr = yr;
+      }
+      if (valid && has) {
+        const long long o = t * static_cast<long long>(k) + ls;
+        if (compact) {
+          P.ids[o] = my_idx;
+          P.weights[o] = P.scale * vr;
+        } else if (P.out == kOutIndices) {
+          store_index(P.indices, P.idx_type, o, my_idx);
+        }
+      }
+    }
+
+    // ---- dense outputs: one pass over the row ----------------------------------------------------------
+    if (!compact) {
+#pragma unroll
+      for (int c = 0; c < NC; ++c) {
+        const int e0 = (c * TPT + ls) * W;
+        const bool st = valid && cvalid[c];
+        unsigned char f[W];
+#pragma unroll
+        for (int w = 0; w < W; ++w) f[w] = (selmask >> (c * W + w)) & 1u;
+        if (!aux) {
+          unsigned char sv[W];
+          {
+            using VB = Vec<unsigned char, W>;
+            const typename VB::R rb = *reinterpret_cast<const typename VB::R*>(sl + e0);
+            VB::to_array(rb, sv);
+          }
+          float wv[W], pv[W];
+#pragma unroll
+          for (int w = 0; w < W; ++w) {
+            const int src = f[w] ? (sv[w] & (TPT - 1)) : 0;
+            wv[w] = __shfl_sync(kFull, vr, sbase + src);
+            pv[w] = f[w] ? P.scale * wv[w] : 0.0f;
+          }
+          if (st) store_chunk<DT, W>(static_cast<S*>(P.probs) + rowE + e0, pv);
+          if (softmax_post) {
+#pragma unroll
+            for (int w = 0; w < W; ++w) wv[w] = f[w] ? wv[w] : -INFINITY;
+            if (st) store_chunk<kDtF32, W>(P.inter + rowE + e0, wv);
+          }
+        }
+        if (P.out == kOutBytemap && st) store_bytes<W>(P.map + rowE + e0, f);
+      }
+      if (P.out == kOutBitmap) {
+        const long long nb = (E + 7) >> 3;
+        unsigned char* mrow = P.map + t * nb;
+#pragma unroll
+        for (int c = 0; c < NC; ++c) {
+          const unsigned bits = (selmask >> (c * W)) & ((W == 32) ? 0xffffffffu : ((1u << W) - 1u));
+          if constexpr (W == 8) {
+            if (valid && cvalid[c]) mrow[((c * TPT + ls) * W) >> 3] = static_cast<unsigned char>(bits);
+          } else if constexpr (W == 4) {
+            if constexpr (TPT == 1) {
+              if ((c & 1) == 0) {
+                const unsigned hi = (c + 1 < NC) ? ((selmask >> ((c + 1) * W)) & 0xfu) : 0u;
+                if (valid && cvalid[c]) mrow[c >> 1] = static_cast<unsigned char>(bits | (hi << 4));
+              }
+            } else {
+              const unsigned o = __shfl_xor_sync(kFull, bits, 1);
+              if ((ls & 1) == 0 && valid && cvalid[c])
+                mrow[((c * TPT + ls) * W) >> 3] = static_cast<unsigned char>(bits | (o << 4));
+            }
+          } else {
+            static_assert(W == 1 && TPT == 32, "scalar rounds kernel uses whole warps");
+            const unsigned bb = __ballot_sync(kFull, bits != 0u);
+            if ((ls & 7) == 0 && valid && cvalid[c])
+              mrow[(c * TPT + ls) >> 3] = static_cast<unsigned char>((bb >> ls) & 0xffu);
+          }
         }
       }
     }

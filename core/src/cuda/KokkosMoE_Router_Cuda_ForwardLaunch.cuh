@@ -51,6 +51,30 @@ cudaError_t launch_reg(FwdParams& P, cudaStream_t st) {
   return cudaGetLastError();
 }
 
+template <int DT, int TPT, int NC, int W>
+cudaError_t launch_rounds(FwdParams& P, cudaStream_t st) {
+  constexpr int ECAP = TPT * NC * W;
+  constexpr int TPW = 32 / TPT;
+  P.off_fbuf = round16(ECAP * 4);
+  P.fbuf_bytes = round16(ECAP);
+  P.tok_smem = P.off_fbuf + P.fbuf_bytes;
+  const int warps = 4;
+  const size_t smem = static_cast<size_t>(TPW) * P.tok_smem * warps;
+  auto kern = topk_fwd_rounds<DT, TPT, NC, W>;
+  const long long tok_per_block = static_cast<long long>(warps) * TPW;
+  const long long work = (P.T + tok_per_block - 1) / tok_per_block;
+  const int grid = persistent_grid(reinterpret_cast<const void*>(kern), warps * 32, smem, work);
+  kern<<<grid, warps * 32, smem, st>>>(P);
+  return cudaGetLastError();
+}
+
+/// k <= TPT: the rounds kernel (registers only); otherwise the candidate/threshold kernel.
+template <int DT, int TPT, int NC, int W>
+cudaError_t launch_best(FwdParams& P, cudaStream_t st) {
+  if (P.k <= TPT && !P.force_general) return launch_rounds<DT, TPT, NC, W>(P, st);
+  return launch_reg<DT, TPT, NC, W>(P, st);
+}
+
 template <int DT>
 cudaError_t launch_generic(FwdParams& P, cudaStream_t st) {
   const int budget = max_dyn_smem() - static_cast<int>(sizeof(GenScratch)) - 1024;
@@ -96,35 +120,44 @@ cudaError_t fwd_launch(FwdParams& P, cudaStream_t st) {
   const bool vec = (E % VW == 0) && aligned16(P.logits) && aligned16(P.probs) && aligned16(P.inter) &&
                    aligned16(P.scores) && aligned16(P.map);
   if (E <= 1024) {
+    // small E with k above the default lanes per token: 4-wide chunks, more lanes, so the rounds kernel applies
+    if (vec && E % 4 == 0 && E <= 32 && !P.force_general) {
+      const int tpt_default = E <= 8 ? 1 : (E <= 16 ? 2 : 4);
+      if (P.k > tpt_default) {
+        if (E <= 8 && P.k <= 2 && reg_group_ok(P, 4, 2)) return launch_rounds<DT, 2, 1, 4>(P, st);
+        if (E <= 16 && P.k <= 4 && reg_group_ok(P, 4, 4)) return launch_rounds<DT, 4, 1, 4>(P, st);
+        if (P.k <= 8 && reg_group_ok(P, 4, 8)) return launch_rounds<DT, 8, 1, 4>(P, st);
+      }
+    }
     if (vec) {
       if constexpr (VW == 8) {
-        if (E <= 8 && reg_group_ok(P, 8, 1)) return launch_reg<DT, 1, 1, 8>(P, st);
-        if (E <= 16 && reg_group_ok(P, 8, 2)) return launch_reg<DT, 2, 1, 8>(P, st);
-        if (E <= 32 && reg_group_ok(P, 8, 4)) return launch_reg<DT, 4, 1, 8>(P, st);
-        if (E <= 64 && reg_group_ok(P, 8, 8)) return launch_reg<DT, 8, 1, 8>(P, st);
-        if (E <= 128 && reg_group_ok(P, 8, 16)) return launch_reg<DT, 16, 1, 8>(P, st);
-        if (E <= 256 && reg_group_ok(P, 8, 32)) return launch_reg<DT, 32, 1, 8>(P, st);
-        if (E <= 512 && E > 256 && reg_group_ok(P, 8, 32)) return launch_reg<DT, 32, 2, 8>(P, st);
-        if (E > 512 && reg_group_ok(P, 8, 32)) return launch_reg<DT, 32, 4, 8>(P, st);
+        if (E <= 8 && reg_group_ok(P, 8, 1)) return launch_best<DT, 1, 1, 8>(P, st);
+        if (E <= 16 && reg_group_ok(P, 8, 2)) return launch_best<DT, 2, 1, 8>(P, st);
+        if (E <= 32 && reg_group_ok(P, 8, 4)) return launch_best<DT, 4, 1, 8>(P, st);
+        if (E <= 64 && reg_group_ok(P, 8, 8)) return launch_best<DT, 8, 1, 8>(P, st);
+        if (E <= 128 && reg_group_ok(P, 8, 16)) return launch_best<DT, 16, 1, 8>(P, st);
+        if (E <= 256 && reg_group_ok(P, 8, 32)) return launch_best<DT, 32, 1, 8>(P, st);
+        if (E <= 512 && E > 256 && reg_group_ok(P, 8, 32)) return launch_best<DT, 32, 2, 8>(P, st);
+        if (E > 512 && reg_group_ok(P, 8, 32)) return launch_best<DT, 32, 4, 8>(P, st);
       } else {
-        if (E <= 4 && reg_group_ok(P, 4, 1)) return launch_reg<DT, 1, 1, 4>(P, st);
-        if (E <= 8 && reg_group_ok(P, 4, 1)) return launch_reg<DT, 1, 2, 4>(P, st);
-        if (E <= 16 && reg_group_ok(P, 4, 2)) return launch_reg<DT, 2, 2, 4>(P, st);
-        if (E <= 32 && reg_group_ok(P, 4, 4)) return launch_reg<DT, 4, 2, 4>(P, st);
-        if (E <= 64 && reg_group_ok(P, 4, 8)) return launch_reg<DT, 8, 2, 4>(P, st);
-        if (E <= 128 && reg_group_ok(P, 4, 16)) return launch_reg<DT, 16, 2, 4>(P, st);
-        if (E <= 256 && reg_group_ok(P, 4, 32)) return launch_reg<DT, 32, 2, 4>(P, st);
-        if (E <= 512 && E > 256 && reg_group_ok(P, 4, 32)) return launch_reg<DT, 32, 4, 4>(P, st);
-        if (E > 512 && reg_group_ok(P, 4, 32)) return launch_reg<DT, 32, 8, 4>(P, st);
+        if (E <= 4 && reg_group_ok(P, 4, 1)) return launch_best<DT, 1, 1, 4>(P, st);
+        if (E <= 8 && reg_group_ok(P, 4, 1)) return launch_best<DT, 1, 2, 4>(P, st);
+        if (E <= 16 && reg_group_ok(P, 4, 2)) return launch_best<DT, 2, 2, 4>(P, st);
+        if (E <= 32 && reg_group_ok(P, 4, 4)) return launch_best<DT, 4, 2, 4>(P, st);
+        if (E <= 64 && reg_group_ok(P, 4, 8)) return launch_best<DT, 8, 2, 4>(P, st);
+        if (E <= 128 && reg_group_ok(P, 4, 16)) return launch_best<DT, 16, 2, 4>(P, st);
+        if (E <= 256 && reg_group_ok(P, 4, 32)) return launch_best<DT, 32, 2, 4>(P, st);
+        if (E <= 512 && E > 256 && reg_group_ok(P, 4, 32)) return launch_best<DT, 32, 4, 4>(P, st);
+        if (E > 512 && reg_group_ok(P, 4, 32)) return launch_best<DT, 32, 8, 4>(P, st);
       }
     }
     // scalar (coalesced 2/4-byte accesses): any E <= 1024, any alignment
     if (reg_group_ok(P, 1, 32)) {
-      if (E <= 32) return launch_reg<DT, 32, 1, 1>(P, st);
-      if (E <= 128) return launch_reg<DT, 32, 4, 1>(P, st);
-      if (E <= 256) return launch_reg<DT, 32, 8, 1>(P, st);
-      if (E <= 512) return launch_reg<DT, 32, 16, 1>(P, st);
-      return launch_reg<DT, 32, 32, 1>(P, st);
+      if (E <= 32) return launch_best<DT, 32, 1, 1>(P, st);
+      if (E <= 128) return launch_best<DT, 32, 4, 1>(P, st);
+      if (E <= 256) return launch_best<DT, 32, 8, 1>(P, st);
+      if (E <= 512) return launch_best<DT, 32, 16, 1>(P, st);
+      return launch_best<DT, 32, 32, 1>(P, st);
     }
   }
   return launch_generic<DT>(P, st);

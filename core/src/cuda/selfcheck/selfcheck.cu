@@ -254,7 +254,7 @@ static bool before(double a, int ia, double b, int ib) {
 }
 static bool near_tie(double a, double b) {
   if (!std::isfinite(a) || !std::isfinite(b) || a == b) return false;
-  return std::fabs(a - b) <= 2e-5 * std::max(1.0, std::max(std::fabs(a), std::fabs(b)));
+  return std::fabs(a - b) <= 2e-5 * std::max(1e-30, std::max(std::fabs(a), std::fabs(b)));  // relative (FP32 resolution)
 }
 
 struct FwdCfg {
@@ -610,6 +610,44 @@ static void run_fwd(const TopkForwardArgs& a) {
   CUCHECK(cudaDeviceSynchronize());
 }
 
+// Lowering of the Args as topk_forward does it (selfcheck-only access to the internal launch layer).
+namespace CKD = KokkosMoE::Impl::CudaKernels::detail;
+static CKD::FwdParams lower(const TopkForwardArgs& a) {
+  CKD::FwdParams P;
+  P.T = a.num_tokens;
+  P.E = a.num_experts;
+  P.k = a.config.topk;
+  P.fn = static_cast<int>(a.config.score_function);
+  P.pre = a.config.use_pre_softmax ? 1 : 0;
+  if (a.config.group_topk > 0) {
+    P.G = a.config.num_groups;
+    P.gk = a.config.group_topk;
+    P.gs = P.E / P.G;
+    P.kg = P.k / P.gk;
+  }
+  P.scale = a.config.scaling_factor;
+  P.out = static_cast<int>(a.output);
+  P.bias_type = static_cast<int>(a.bias_type);
+  P.logits = a.logits;
+  P.bias = a.bias;
+  P.probs = a.probs;
+  P.inter = a.intermediate;
+  P.map = a.routing_map;
+  P.indices = a.indices;
+  P.idx_type = static_cast<int>(a.indices_type);
+  P.ids = a.ids;
+  P.weights = a.weights;
+  return P;
+}
+static void run_fwd_general(const TopkForwardArgs& a) {
+  CKD::FwdParams P = lower(a);
+  P.force_general = 1;
+  cudaError_t e = a.logits_type == DType::F32 ? CKD::fwd_launch_f32(P, 0)
+                  : a.logits_type == DType::F16 ? CKD::fwd_launch_f16(P, 0) : CKD::fwd_launch_bf16(P, 0);
+  CUCHECK(e);
+  CUCHECK(cudaDeviceSynchronize());
+}
+
 // ------------------------------------------------------------------------------------------------------------
 // forward tests
 // ------------------------------------------------------------------------------------------------------------
@@ -666,6 +704,15 @@ static void test_forward(const FwdCfg& c0, DType dt, std::uint64_t seed, bool al
     run_fwd(make_fwd(c, x, c.bias ? &bias : nullptr, kinds[i].out, again));
     down_fwd(again);
     report(fwd_equal(res[i], again), base + " determinism " + kinds[i].nm, "second run differs");
+  }
+  // rounds kernel vs the general (candidate/threshold) kernel: bitwise equal (bytemap, compact, idx32)
+  for (size_t i : {size_t(0), size_t(2), size_t(3)}) {
+    FwdBufs gen;
+    alloc_fwd(c, dt, kinds[i].out, kinds[i].idt, gen);
+    poison_fwd(gen);
+    run_fwd_general(make_fwd(c, x, c.bias ? &bias : nullptr, kinds[i].out, gen));
+    down_fwd(gen);
+    report(fwd_equal(res[i], gen), base + " default==general-kernel " + kinds[i].nm, "outputs differ");
   }
   // cross-kind bit identity (§5.4, §5.5)
   {
@@ -727,6 +774,9 @@ static void test_special_rows() {
       {"one-posinf", mk("pinf", 128, 8, ScoreFunction::Softmax, false, 0, 0, false), 3},
       {"signed-zero-dups", mk("zero", 64, 16, ScoreFunction::Softmax, false, 0, 0, false), 4},
       {"dups-across-lanes", mk("dup", 1024, 32, ScoreFunction::Softmax, false, 0, 0, false), 5},
+      {"dups-subwarp", mk("dupsw", 128, 8, ScoreFunction::Softmax, false, 0, 0, false), 5},
+      {"dups-grouped-scalar", mk("dupgs", 130, 8, ScoreFunction::Softmax, false, 0, 0, false), 5},
+      {"dups-mixtral", mk("dupmx", 8, 2, ScoreFunction::Softmax, false, 0, 0, false), 5},
       {"nan-inside-group", mk("nang", 256, 8, ScoreFunction::Sigmoid, false, 8, 4, true), 6},
       {"neginf-then-finite-pre", mk("ninfpre", 256, 8, ScoreFunction::Softmax, true, 0, 0, false), 7},
       {"all-nan-generic", mk("nangen", 3000, 8, ScoreFunction::Sigmoid, false, 0, 0, false), 1},
@@ -775,7 +825,14 @@ static void test_special_rows() {
       run_fwd(make_fwd(c, x, c.bias ? &bias : nullptr, out, o));
       down_fwd(o);
       const std::string err = check_fwd(c, out, ref, o, DType::F32);
-      report(err.empty(), std::string("special ") + cs.nm + (out == RoutingOutput::Bytemap ? " bytemap" : out == RoutingOutput::Indices ? " idx32" : " compact"), err);
+      const std::string nm = std::string("special ") + cs.nm + (out == RoutingOutput::Bytemap ? " bytemap" : out == RoutingOutput::Indices ? " idx32" : " compact");
+      report(err.empty(), nm, err);
+      FwdBufs gen;
+      alloc_fwd(c, DType::F32, out, DType::I32, gen);
+      poison_fwd(gen);
+      run_fwd_general(make_fwd(c, x, c.bias ? &bias : nullptr, out, gen));
+      down_fwd(gen);
+      report(fwd_equal(o, gen), nm + " default==general-kernel", "outputs differ");
     }
   }
 }
@@ -1391,106 +1448,101 @@ static void dfill(Buf& b, std::uint64_t seed, float lo, float hi) {
   CUCHECK(cudaGetLastError());
 }
 
-// Mapping / launch variants of the register kernel on one shape: outputs must be bitwise equal to the default.
-namespace CKD = KokkosMoE::Impl::CudaKernels::detail;
-static CKD::FwdParams lower(const TopkForwardArgs& a) {
-  CKD::FwdParams P;
-  P.T = a.num_tokens;
-  P.E = a.num_experts;
-  P.k = a.config.topk;
-  P.fn = static_cast<int>(a.config.score_function);
-  P.pre = a.config.use_pre_softmax ? 1 : 0;
-  if (a.config.group_topk > 0) {
-    P.G = a.config.num_groups;
-    P.gk = a.config.group_topk;
-    P.gs = P.E / P.G;
-    P.kg = P.k / P.gk;
-  }
-  P.scale = a.config.scaling_factor;
-  P.out = static_cast<int>(a.output);
-  P.bias_type = static_cast<int>(a.bias_type);
-  P.logits = a.logits;
-  P.bias = a.bias;
-  P.probs = a.probs;
-  P.inter = a.intermediate;
-  P.map = a.routing_map;
-  P.ids = a.ids;
-  P.weights = a.weights;
-  return P;
-}
-template <int DT, int TPT, int NC, int W>
-static void launch_variant(CKD::FwdParams P, int warps, bool persistent) {
+template <int DT, int TPT, int NC, int W, bool ROUNDS>
+static void launch_variant(CKD::FwdParams P, int warps) {
   constexpr int ECAP = TPT * NC * W, TPW = 32 / TPT;
-  P.cap = std::max(P.k, std::min(CKD::kCandLimit, ECAP));
-  P.off_slots = CKD::round16(P.cap * 8);
-  P.off_ybuf = P.off_slots + CKD::round16(3 * P.k * 4);
-  P.off_fbuf = P.off_ybuf + CKD::round16(ECAP * 4);
-  P.fbuf_bytes = CKD::round16(ECAP);
-  P.tok_smem = P.off_fbuf + P.fbuf_bytes;
+  if (ROUNDS) {
+    P.off_fbuf = CKD::round16(ECAP * 4);
+    P.fbuf_bytes = CKD::round16(ECAP);
+    P.tok_smem = P.off_fbuf + P.fbuf_bytes;
+  } else {
+    P.cap = std::max(P.k, std::min(CKD::kCandLimit, ECAP));
+    P.off_slots = CKD::round16(P.cap * 8);
+    P.off_ybuf = P.off_slots + CKD::round16(3 * P.k * 4);
+    P.off_fbuf = P.off_ybuf + CKD::round16(ECAP * 4);
+    P.fbuf_bytes = CKD::round16(ECAP);
+    P.tok_smem = P.off_fbuf + P.fbuf_bytes;
+  }
   const size_t smem = static_cast<size_t>(TPW) * P.tok_smem * warps;
-  auto kern = CKD::topk_fwd_reg<DT, TPT, NC, W>;
+  auto kern = ROUNDS ? CKD::topk_fwd_rounds<DT, TPT, NC, W> : CKD::topk_fwd_reg<DT, TPT, NC, W>;
   const long long tpb = static_cast<long long>(warps) * TPW;
   const long long work = (P.T + tpb - 1) / tpb;
-  const int grid = persistent ? CKD::persistent_grid(reinterpret_cast<const void*>(kern), warps * 32, smem, work)
-                              : static_cast<int>(std::min<long long>(work, 2147483647LL));
+  const int grid = CKD::persistent_grid(reinterpret_cast<const void*>(kern), warps * 32, smem, work);
   kern<<<grid, warps * 32, smem>>>(P);
   CUCHECK(cudaGetLastError());
 }
 static void perf_variants(double bw) {
-  FwdCfg c;
-  c.E = 256;
-  c.k = 8;
-  c.fn = ScoreFunction::Sigmoid;
-  c.G = 8;
-  c.gk = 4;
-  c.bias = true;
-  c.scale = 2.5f;
-  c.T = 262144;
-  const DType dt = DType::BF16;
-  const size_t TE = static_cast<size_t>(c.T) * c.E;
-  Buf x(dt, TE, false), bias(DType::F32, c.E);
-  Rng rng(5);
-  gen_bias(rng, bias);
-  bias.up();
-  dfill(x, 21, -4.f, 4.f);
-  FwdBufs ref, o;
-  alloc_fwd(c, dt, RoutingOutput::Bytemap, DType::I32, ref, false);
-  alloc_fwd(c, dt, RoutingOutput::Bytemap, DType::I32, o, false);
-  const TopkForwardArgs ra = make_fwd(c, x, &bias, RoutingOutput::Bytemap, ref);
-  const TopkForwardArgs oa = make_fwd(c, x, &bias, RoutingOutput::Bytemap, o);
-  run_fwd(ra);
-  const CKD::FwdParams P = lower(oa);
-  const double bytes = static_cast<double>(c.T) * (2 * 256 + 2 * 256 + 256 + 4 * 256);
-  struct V {
+  struct Shape {
     const char* nm;
-    void (*f)(const CKD::FwdParams&);
+    int E, k;
+    ScoreFunction fn;
+    int G, gk;
+    bool bias;
   };
-  const V vs[] = {
-      {"TPT32xV8 4w persistent", [](const CKD::FwdParams& q) { launch_variant<CKD::kDtBF16, 32, 1, 8>(q, 4, true); }},
-      {"TPT32xV8 4w full-grid", [](const CKD::FwdParams& q) { launch_variant<CKD::kDtBF16, 32, 1, 8>(q, 4, false); }},
-      {"TPT32xV8 2w persistent", [](const CKD::FwdParams& q) { launch_variant<CKD::kDtBF16, 32, 1, 8>(q, 2, true); }},
-      {"TPT16xV16 4w persistent", [](const CKD::FwdParams& q) { launch_variant<CKD::kDtBF16, 16, 2, 8>(q, 4, true); }},
-      {"TPT8xV32 4w persistent", [](const CKD::FwdParams& q) { launch_variant<CKD::kDtBF16, 8, 4, 8>(q, 4, true); }},
-  };
-  for (const V& v : vs) {
-    o.probs.poison();
-    o.map.poison();
-    o.inter.poison();
-    v.f(P);
-    CUCHECK(cudaDeviceSynchronize());
-    bool same = true;
-    for (int which = 0; which < 3; ++which) {
-      const Buf& a = which == 0 ? ref.probs : which == 1 ? ref.map : ref.inter;
-      const Buf& b = which == 0 ? o.probs : which == 1 ? o.map : o.inter;
-      std::vector<unsigned char> ha(a.bytes()), hb(b.bytes());
-      CUCHECK(cudaMemcpy(ha.data(), a.d, a.bytes(), cudaMemcpyDeviceToHost));
-      CUCHECK(cudaMemcpy(hb.data(), b.d, b.bytes(), cudaMemcpyDeviceToHost));
-      same = same && ha == hb;
+  for (const Shape& sh : {Shape{"deepseek-v3", 256, 8, ScoreFunction::Sigmoid, 8, 4, true},
+                          Shape{"qwen3-moe", 128, 8, ScoreFunction::Softmax, 0, 0, false}}) {
+    FwdCfg c;
+    c.E = sh.E;
+    c.k = sh.k;
+    c.fn = sh.fn;
+    c.G = sh.G;
+    c.gk = sh.gk;
+    c.bias = sh.bias;
+    c.scale = 2.5f;
+    c.T = 262144;
+    const DType dt = DType::BF16;
+    const size_t TE = static_cast<size_t>(c.T) * c.E;
+    Buf x(dt, TE, false), bias(DType::F32, c.E);
+    Rng rng(5);
+    gen_bias(rng, bias);
+    bias.up();
+    dfill(x, 21, -4.f, 4.f);
+    FwdBufs ref, o;
+    alloc_fwd(c, dt, RoutingOutput::Bytemap, DType::I32, ref, false);
+    alloc_fwd(c, dt, RoutingOutput::Bytemap, DType::I32, o, false);
+    const TopkForwardArgs ra = make_fwd(c, x, c.bias ? &bias : nullptr, RoutingOutput::Bytemap, ref);
+    const TopkForwardArgs oa = make_fwd(c, x, c.bias ? &bias : nullptr, RoutingOutput::Bytemap, o);
+    run_fwd(ra);
+    const CKD::FwdParams P = lower(oa);
+    const double E = sh.E;
+    const double bytes = static_cast<double>(c.T) * (2 * E + 2 * E + E + 4 * E);
+    struct Var {
+      const char* nm;
+      void (*f)(const CKD::FwdParams&);
+    };
+    std::vector<Var> vs;
+    if (sh.E == 256) {
+      vs = {{"rounds TPT32xV8 (default)", [](const CKD::FwdParams& q) { launch_variant<CKD::kDtBF16, 32, 1, 8, true>(q, 4); }},
+            {"rounds TPT32xV8 2 warps/blk", [](const CKD::FwdParams& q) { launch_variant<CKD::kDtBF16, 32, 1, 8, true>(q, 2); }},
+            {"rounds TPT16xV16", [](const CKD::FwdParams& q) { launch_variant<CKD::kDtBF16, 16, 2, 8, true>(q, 4); }},
+            {"rounds TPT8xV32", [](const CKD::FwdParams& q) { launch_variant<CKD::kDtBF16, 8, 4, 8, true>(q, 4); }},
+            {"general TPT32xV8 (run 1)", [](const CKD::FwdParams& q) { launch_variant<CKD::kDtBF16, 32, 1, 8, false>(q, 4); }}};
+    } else {
+      vs = {{"rounds TPT16xV8 (default)", [](const CKD::FwdParams& q) { launch_variant<CKD::kDtBF16, 16, 1, 8, true>(q, 4); }},
+            {"rounds TPT8xV16", [](const CKD::FwdParams& q) { launch_variant<CKD::kDtBF16, 8, 2, 8, true>(q, 4); }},
+            {"rounds TPT32xV8 (half idle)", [](const CKD::FwdParams& q) { launch_variant<CKD::kDtBF16, 32, 1, 8, true>(q, 4); }},
+            {"general TPT16xV8 (run 1)", [](const CKD::FwdParams& q) { launch_variant<CKD::kDtBF16, 16, 1, 8, false>(q, 4); }}};
     }
-    report(same, std::string("variant ") + v.nm + " output == default", "outputs differ");
-    const double us = median_us([&] { v.f(P); });
-    const double gbs = bytes / (us * 1e-6) / 1e9;
-    std::printf("PERF variant deepseek-v3 bf16 T=262144 fwd-dense %-26s %9.1f us %7.0f GB/s  %.3f of copy\n", v.nm, us, gbs, gbs / bw);
+    for (const Var& v : vs) {
+      o.probs.poison();
+      o.map.poison();
+      o.inter.poison();
+      v.f(P);
+      CUCHECK(cudaDeviceSynchronize());
+      bool same = true;
+      for (int which = 0; which < 3; ++which) {
+        const Buf& a = which == 0 ? ref.probs : which == 1 ? ref.map : ref.inter;
+        const Buf& b = which == 0 ? o.probs : which == 1 ? o.map : o.inter;
+        std::vector<unsigned char> ha(a.bytes()), hb(b.bytes());
+        CUCHECK(cudaMemcpy(ha.data(), a.d, a.bytes(), cudaMemcpyDeviceToHost));
+        CUCHECK(cudaMemcpy(hb.data(), b.d, b.bytes(), cudaMemcpyDeviceToHost));
+        same = same && ha == hb;
+      }
+      report(same, std::string("variant ") + sh.nm + " " + v.nm + " output == default", "outputs differ");
+      const double us = median_us([&] { v.f(P); });
+      const double gbs = bytes / (us * 1e-6) / 1e9;
+      std::printf("PERF variant %-11s bf16 T=262144 fwd-dense %-28s %9.1f us %7.0f GB/s  %.3f of copy\n", sh.nm, v.nm, us, gbs, gbs / bw);
+    }
   }
 }
 
