@@ -222,31 +222,42 @@ using V1 = Kokkos::View<T*, Kokkos::LayoutRight, D>;
 template <class D, class T>
 using V0 = Kokkos::View<T, Kokkos::LayoutRight, D>;
 
+/// A host View over v's data when the host can access it, else an uninitialized host mirror.
+template <class View>
+auto host_view(const View& v) {
+  if constexpr (Kokkos::SpaceAccessibility<Kokkos::HostSpace, typename View::memory_space>::accessible)
+    return v;
+  else
+    return
+        typename View::HostMirror(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string("mirror")), v.layout());
+}
+
 template <class View>
 void upload(const View& v, const std::vector<typename View::non_const_value_type>& h) {
-  auto m = Kokkos::create_mirror_view(v);
+  auto m = host_view(v);
   BOOST_TEST_REQUIRE(h.size() == static_cast<std::size_t>(v.span()));
   if (!h.empty()) std::memcpy(static_cast<void*>(m.data()), h.data(), h.size() * sizeof(h[0]));
   Kokkos::deep_copy(v, m);
 }
 template <class View>
 std::vector<typename View::non_const_value_type> download(const View& v) {
-  auto m = Kokkos::create_mirror_view(v);
+  auto m = host_view(v);
   Kokkos::deep_copy(m, v);
   std::vector<typename View::non_const_value_type> h(v.span());
   if (!h.empty()) std::memcpy(static_cast<void*>(h.data()), m.data(), h.size() * sizeof(h[0]));
   return h;
 }
-/// A rank-2 device View filled with `fill` (a sentinel that detects elements the library failed to write).
+/// A rank-2 device View filled with `fill` (a sentinel that detects elements the library failed to write). Views
+/// are allocated without Kokkos' initialization kernel: the host fills every element.
 template <class D, class T>
 V2<D, T> make2(const char* label, std::int64_t rows, std::int64_t cols, T fill) {
-  V2<D, T> v(std::string(label), rows, cols);
+  V2<D, T> v(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string(label)), rows, cols);
   upload(v, std::vector<T>(static_cast<std::size_t>(rows * cols), fill));
   return v;
 }
 template <class D, class T>
 V1<D, T> make1(const char* label, std::int64_t n, T fill) {
-  V1<D, T> v(std::string(label), n);
+  V1<D, T> v(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string(label)), n);
   upload(v, std::vector<T>(static_cast<std::size_t>(n), fill));
   return v;
 }
@@ -255,7 +266,7 @@ template <class D, class S>
 V2<D, S> device_values(const char* label, std::int64_t rows, std::int64_t cols, const std::vector<double>& q) {
   std::vector<S> h(q.size());
   for (std::size_t i = 0; i < q.size(); ++i) h[i] = Num<S>::make(q[i]);
-  V2<D, S> v(std::string(label), rows, cols);
+  V2<D, S> v(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string(label)), rows, cols);
   upload(v, h);
   return v;
 }
@@ -263,7 +274,7 @@ template <class D, class S>
 V1<D, S> device_vector(const char* label, const std::vector<double>& q) {
   std::vector<S> h(q.size());
   for (std::size_t i = 0; i < q.size(); ++i) h[i] = Num<S>::make(q[i]);
-  V1<D, S> v(std::string(label), q.size());
+  V1<D, S> v(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string(label)), q.size());
   upload(v, h);
   return v;
 }
@@ -351,7 +362,8 @@ inline void logit_range(const Oracle::Attr& a, double& lo, double& hi) {
 /// noise below a quarter of the spacing; rows are redrawn (deterministically) until well conditioned. The bias (if
 /// any) is random per expert with a magnitude comparable to the spread of the activations.
 template <class S, class B = S>
-RouterInputs generate_router_inputs(const Oracle::Attr& a, int T, int E, bool with_bias, std::uint64_t seed) {
+RouterInputs generate_router_inputs(const Oracle::Attr& a, int T, int E, bool with_bias, std::uint64_t seed,
+                                    double rel_margin = 1e-5) {
   RouterInputs in;
   in.T = T;
   in.E = E;
@@ -374,7 +386,7 @@ RouterInputs generate_router_inputs(const Oracle::Attr& a, int T, int E, bool wi
       Rng rng(mix_seed(seed, (static_cast<std::uint64_t>(t) << 16) + attempt));
       const std::vector<int> perm = rng.permutation(E);
       for (int e = 0; e < E; ++e) row[e] = Num<S>::quantize(lo + (perm[e] + 0.5 + rng.uniform(-0.25, 0.25)) * delta);
-      ok = well_conditioned(a, row, with_bias ? in.b.data() : nullptr, E);
+      ok = well_conditioned(a, row, with_bias ? in.b.data() : nullptr, E, rel_margin);
       if (!ok) ++in.redrawn_rows;
     }
     if (!ok)
@@ -424,9 +436,10 @@ std::vector<double> random_values(std::size_t n, std::uint64_t seed, double lo =
   return v;
 }
 
-/// Expects `f` to throw KokkosMoE::InvalidArgument with rule `rule` (and the function name `fn`, when given).
+/// Expects `f` to throw KokkosMoE::InvalidArgument with rule `rule` (and function `fn` / parameter `param` if given).
 template <class F>
-void expect_rule(KokkosMoE::Rule rule, const std::string& what, F&& f, const char* fn = nullptr) {
+void expect_rule(KokkosMoE::Rule rule, const std::string& what, F&& f, const char* fn = nullptr,
+                 const char* param = nullptr) {
   try {
     f();
     BOOST_TEST(false, what << ": no exception, expected rule " << KokkosMoE::rule_name(rule));
@@ -437,6 +450,7 @@ void expect_rule(KokkosMoE::Rule rule, const std::string& what, F&& f, const cha
     BOOST_TEST(std::string(e.what()).find(KokkosMoE::rule_name(rule)) != std::string::npos,
                what << ": message does not name the rule: " << e.what());
     if (fn) BOOST_TEST(e.function() == fn, what << ": function " << e.function() << ", expected " << fn);
+    if (param) BOOST_TEST(e.parameter() == param, what << ": parameter " << e.parameter() << ", expected " << param);
   } catch (const std::exception& e) {
     BOOST_TEST(false, what << ": unexpected exception type: " << e.what());
   }
