@@ -40,8 +40,23 @@ std::string run(const char* cmd) {
 }
 
 // `nvidia-smi topo -m`: the GPU rows as tokens, keyed by NVML index (nvidia-smi numbers GPUs by NVML index).
-std::map<int, std::vector<std::string>> parse_smi(const std::string& text, int& columns) {
+// nvidia-smi underlines the header row with terminal escapes (ESC [ 4 m ... ESC [ 0 m), even into a pipe.
+std::string strip_ansi(const std::string& text) {
+  std::string out;
+  for (std::size_t i = 0; i < text.size(); ++i) {
+    if (text[i] == '\x1b' && i + 1 < text.size() && text[i + 1] == '[') {
+      i += 2;
+      while (i < text.size() && !(text[i] >= '@' && text[i] <= '~')) ++i;  // parameters up to the final byte
+      continue;
+    }
+    out += text[i];
+  }
+  return out;
+}
+
+std::map<int, std::vector<std::string>> parse_smi(const std::string& raw, int& columns) {
   std::map<int, std::vector<std::string>> rows;
+  const std::string text = strip_ansi(raw);
   std::istringstream in(text);
   std::string line;
   columns = 0;

@@ -8,8 +8,9 @@
 //      every launch), loss = Const * sum; const_buf = {Const, FP32 loss}; loss cast once.
 // Workspace: ceil(R/256)*C + C floats (<= aux_loss_workspace_floats(R, C)).
 
-#include <cuda/KokkosMoE_Router_Cuda_Common.cuh>
 #include <cuda/KokkosMoE_Router_Kernels.hpp>
+
+#include <cuda/KokkosMoE_Router_Cuda_Common.cuh>
 
 namespace KokkosMoE {
 namespace Impl {
@@ -19,19 +20,23 @@ namespace {
 
 __device__ __forceinline__ float load_tpe(const void* p, int dt, long long c) {
   switch (dt) {
-    case static_cast<int>(DType::I16): return static_cast<float>(static_cast<const short*>(p)[c]);
-    case static_cast<int>(DType::I32): return static_cast<float>(static_cast<const int*>(p)[c]);
-    case static_cast<int>(DType::I64): return static_cast<float>(static_cast<const long long*>(p)[c]);
-    case static_cast<int>(DType::BF16): return Ty<kDtBF16>::to_f(static_cast<const unsigned short*>(p)[c]);
-    default: return static_cast<const float*>(p)[c];
+    case static_cast<int>(DType::I16):
+      return static_cast<float>(static_cast<const short*>(p)[c]);
+    case static_cast<int>(DType::I32):
+      return static_cast<float>(static_cast<const int*>(p)[c]);
+    case static_cast<int>(DType::I64):
+      return static_cast<float>(static_cast<const long long*>(p)[c]);
+    case static_cast<int>(DType::BF16):
+      return Ty<kDtBF16>::to_f(static_cast<const unsigned short*>(p)[c]);
+    default:
+      return static_cast<const float*>(p)[c];
   }
 }
 
 constexpr int kColBlock = 256;
 
 template <int DT>
-__global__ void __launch_bounds__(kColBlock) aux_colsum_chunks(const void* probs, long long R, long long C,
-                                                               float* ws) {
+__global__ void __launch_bounds__(kColBlock) aux_colsum_chunks(const void* probs, long long R, long long C, float* ws) {
   using TT = Ty<DT>;
   const long long chunk = blockIdx.y;
   const long long c = static_cast<long long>(blockIdx.x) * kColBlock + threadIdx.x;
@@ -44,8 +49,8 @@ __global__ void __launch_bounds__(kColBlock) aux_colsum_chunks(const void* probs
   ws[chunk * C + c] = acc;
 }
 
-__global__ void __launch_bounds__(kColBlock) aux_colsum_final(const float* ws, long long nchunks, long long C,
-                                                              const void* tpe, int tpe_type, float* prod) {
+__global__ void __launch_bounds__(kColBlock)
+    aux_colsum_final(const float* ws, long long nchunks, long long C, const void* tpe, int tpe_type, float* prod) {
   const long long c = static_cast<long long>(blockIdx.x) * kColBlock + threadIdx.x;
   if (c >= C) return;
   float s = 0.0f;
@@ -54,9 +59,9 @@ __global__ void __launch_bounds__(kColBlock) aux_colsum_final(const float* ws, l
 }
 
 template <int DT>
-__global__ void __launch_bounds__(1024) aux_loss_total(const float* prod, long long C, long long R, int E, int topk,
-                                                       float coeff, std::int64_t host_total, const std::int64_t* dev_total,
-                                                       void* loss, float* const_buf) {
+__global__ void __launch_bounds__(1024)
+    aux_loss_total(const float* prod, long long C, long long R, int E, int topk, float coeff, std::int64_t host_total,
+                   const std::int64_t* dev_total, void* loss, float* const_buf) {
   __shared__ float part[32];
   float s = 0.0f;
   if (R > 0)
@@ -78,9 +83,9 @@ __global__ void __launch_bounds__(1024) aux_loss_total(const float* prod, long l
 }
 
 template <int DT>
-__global__ void __launch_bounds__(256) aux_loss_grad(long long R, long long C, const float* const_buf, const void* tpe,
-                                                     int tpe_type, const void* grad_loss, int gl_type,
-                                                     void* grad_probs) {
+__global__ void __launch_bounds__(256)
+    aux_loss_grad(long long R, long long C, const float* const_buf, const void* tpe, int tpe_type,
+                  const void* grad_loss, int gl_type, void* grad_probs) {
   using TT = Ty<DT>;
   const float cst = const_buf[0];
   const float gl = load_any(grad_loss, gl_type, 0);
@@ -104,13 +109,12 @@ cudaError_t aux_fwd(const AuxLossArgs& a, cudaStream_t st) {
       const long long ny = nchunks - y0 < 65535 ? nchunks - y0 : 65535;
       const long long rows_here = (y0 + ny) * kAuxLossRowChunk < R ? ny * kAuxLossRowChunk : R - y0 * kAuxLossRowChunk;
       dim3 grid(static_cast<unsigned>(cblocks), static_cast<unsigned>(ny));
-      aux_colsum_chunks<DT><<<grid, kColBlock, 0, st>>>(
-          static_cast<const typename Ty<DT>::S*>(a.probs) + y0 * kAuxLossRowChunk * C, rows_here, C,
-          a.workspace + y0 * C);
+      aux_colsum_chunks<DT>
+          <<<grid, kColBlock, 0, st>>>(static_cast<const typename Ty<DT>::S*>(a.probs) + y0 * kAuxLossRowChunk * C,
+                                       rows_here, C, a.workspace + y0 * C);
     }
-    aux_colsum_final<<<static_cast<unsigned>(cblocks), kColBlock, 0, st>>>(a.workspace, nchunks, C,
-                                                                            a.tokens_per_expert,
-                                                                            static_cast<int>(a.tpe_type), prod);
+    aux_colsum_final<<<static_cast<unsigned>(cblocks), kColBlock, 0, st>>>(a.workspace, nchunks, C, a.tokens_per_expert,
+                                                                           static_cast<int>(a.tpe_type), prod);
   }
   aux_loss_total<DT><<<1, 1024, 0, st>>>(prod, C, R, a.num_experts, a.topk, a.coeff, a.total_num_tokens,
                                          a.total_num_tokens_device, a.loss, a.const_buf);
@@ -138,19 +142,27 @@ cudaError_t aux_bwd(const AuxLossBackwardArgs& a, cudaStream_t st) {
 
 cudaError_t aux_loss_forward(const AuxLossArgs& a, cudaStream_t stream) {
   switch (a.probs_type) {
-    case DType::F32: return detail::aux_fwd<detail::kDtF32>(a, stream);
-    case DType::F16: return detail::aux_fwd<detail::kDtF16>(a, stream);
-    case DType::BF16: return detail::aux_fwd<detail::kDtBF16>(a, stream);
-    default: return cudaErrorInvalidValue;
+    case DType::F32:
+      return detail::aux_fwd<detail::kDtF32>(a, stream);
+    case DType::F16:
+      return detail::aux_fwd<detail::kDtF16>(a, stream);
+    case DType::BF16:
+      return detail::aux_fwd<detail::kDtBF16>(a, stream);
+    default:
+      return cudaErrorInvalidValue;
   }
 }
 
 cudaError_t aux_loss_backward(const AuxLossBackwardArgs& a, cudaStream_t stream) {
   switch (a.grad_probs_type) {
-    case DType::F32: return detail::aux_bwd<detail::kDtF32>(a, stream);
-    case DType::F16: return detail::aux_bwd<detail::kDtF16>(a, stream);
-    case DType::BF16: return detail::aux_bwd<detail::kDtBF16>(a, stream);
-    default: return cudaErrorInvalidValue;
+    case DType::F32:
+      return detail::aux_bwd<detail::kDtF32>(a, stream);
+    case DType::F16:
+      return detail::aux_bwd<detail::kDtF16>(a, stream);
+    case DType::BF16:
+      return detail::aux_bwd<detail::kDtBF16>(a, stream);
+    default:
+      return cudaErrorInvalidValue;
   }
 }
 

@@ -15,10 +15,10 @@
 //   in slot order (shuffles) when k <= TPT. The row is written as zeros (or -a*P for Softmax pre), then the k
 //   routed entries are overwritten after a warp barrier.
 
-#include <cuda/KokkosMoE_Router_Cuda_Common.cuh>
 #include <cuda/KokkosMoE_Router_Kernels.hpp>
 
 #include <algorithm>
+#include <cuda/KokkosMoE_Router_Cuda_Common.cuh>
 
 namespace KokkosMoE {
 namespace Impl {
@@ -92,140 +92,142 @@ __global__ void __launch_bounds__(128) bwd_dense(const BwdParams P) {
   // experts per lane ptxas caps it at 72 registers and spills (measured 280 vs 207 us on DeepSeek-V3 f32), so
   // those instantiations keep the plain loop below.
   constexpr bool kPipe = (GI != kDtF32) || (V >= 32);
-  if constexpr (kPipe) if (single) {
-    // Software pipeline over this warp's tokens: the map is loaded two tokens ahead, the routed intermediate /
-    // gradient chunks one token ahead, so a token costs one memory latency overlapped with the previous ones.
-    using MB = Vec<unsigned char, W>;
-    using AR = typename Vec<float, W>::R;
-    using GR = typename Vec<typename TI::S, W>::R;
-    const long long stride = nwarps * TPW;
-    auto map_load = [&](long long tb, typename MB::R (&mb)[NC], unsigned char (&bb)[NC]) {
-      const long long t = tb + seg;
+  if constexpr (kPipe)
+    if (single) {
+      // Software pipeline over this warp's tokens: the map is loaded two tokens ahead, the routed intermediate /
+      // gradient chunks one token ahead, so a token costs one memory latency overlapped with the previous ones.
+      using MB = Vec<unsigned char, W>;
+      using AR = typename Vec<float, W>::R;
+      using GR = typename Vec<typename TI::S, W>::R;
+      const long long stride = nwarps * TPW;
+      auto map_load = [&](long long tb, typename MB::R(&mb)[NC], unsigned char(&bb)[NC]) {
+        const long long t = tb + seg;
 #pragma unroll
-      for (int c = 0; c < NC; ++c) {
-        const int e0 = (c * TPT + ls) * W;
-        memset(&mb[c], 0, sizeof(mb[c]));
-        bb[c] = 0;
-        if (t < P.T && e0 < E && !aux) {
-          if (P.map_kind == 0)
-            mb[c] = MB::ldg(P.map + t * static_cast<long long>(E) + e0);
-          else
-            bb[c] = __ldg(P.map + t * static_cast<long long>(nb) + (e0 >> 3));
-        }
-      }
-    };
-    auto flags = [&](long long tb, const typename MB::R (&mb)[NC], const unsigned char (&bb)[NC], int c) -> unsigned {
-      const long long t = tb + seg;
-      const int e0 = (c * TPT + ls) * W;
-      if (!(t < P.T && e0 < E)) return 0u;
-      if (aux) return (W == 32) ? 0xffffffffu : ((1u << W) - 1u);
-      unsigned f = 0;
-      if (P.map_kind == 0) {
-        unsigned char b[W];
-        MB::to_array(mb[c], b);
-#pragma unroll
-        for (int w = 0; w < W; ++w) f |= (b[w] ? 1u : 0u) << w;
-      } else {
-        f = (W == 8) ? bb[c] : ((bb[c] >> (e0 & 7)) & 1u);
-      }
-      return f;
-    };
-    auto ag_load = [&](long long tb, const typename MB::R (&mb)[NC], const unsigned char (&bb)[NC], AR (&ar)[NC],
-                       GR (&gr)[NC]) {
-      const long long t = tb + seg;
-#pragma unroll
-      for (int c = 0; c < NC; ++c) {
-        const int e0 = (c * TPT + ls) * W;
-        const unsigned f = flags(tb, mb, bb, c);
-        memset(&ar[c], 0, sizeof(AR));
-        memset(&gr[c], 0, sizeof(GR));
-        if (f != 0 || (all_a && t < P.T && e0 < E))
-          ar[c] = Vec<float, W>::ldg(P.inter + t * static_cast<long long>(E) + e0);
-        if (f != 0)
-          gr[c] = Vec<typename TI::S, W>::ldg(static_cast<const typename TI::S*>(P.gin) + t * static_cast<long long>(E) + e0);
-      }
-    };
-    typename MB::R m0[NC], m1[NC], m2[NC];
-    unsigned char b0[NC], b1[NC], b2[NC];
-    AR a0[NC], a1[NC];
-    GR g0[NC], g1[NC];
-    long long tb = gwarp * TPW;
-    map_load(tb, m0, b0);
-    map_load(tb + stride, m1, b1);
-    ag_load(tb, m0, b0, a0, g0);
-    for (; tb < P.T; tb += stride) {
-      map_load(tb + 2 * stride, m2, b2);
-      ag_load(tb + stride, m1, b1, a1, g1);
-      // ---- token tb: widen, sums, gradients
-      const long long t = tb + seg;
-      const bool valid = t < P.T;
-      const long long rowE = t * static_cast<long long>(E);
-      float a[V], g[V], v[V];
-      unsigned rm = 0;
-#pragma unroll
-      for (int c = 0; c < NC; ++c) {
-        rm |= flags(tb, m0, b0, c) << (c * W);
-        float av[W];
-        typename TI::S gs[W];
-        memcpy(av, &a0[c], sizeof(av));
-        memcpy(gs, &g0[c], sizeof(gs));
-#pragma unroll
-        for (int w = 0; w < W; ++w) {
-          a[c * W + w] = av[w];
-          g[c * W + w] = TI::to_f(gs[w]) * P.scale;
-        }
-      }
-      float S = 0.0f, Q = 0.0f, Ps = 0.0f;
-#pragma unroll
-      for (int p = 0; p < V; ++p) {
-        v[p] = a[p];
-        if (fn == kSsp && (rm & (1u << p))) v[p] = sqrtsoftplusf_(a[p]);
-        if (rm & (1u << p)) {
-          if (fn == kSmx) {
-            Ps += g[p] * a[p];
-          } else {
-            S += v[p];
-            Q += g[p] * v[p];
+        for (int c = 0; c < NC; ++c) {
+          const int e0 = (c * TPT + ls) * W;
+          memset(&mb[c], 0, sizeof(mb[c]));
+          bb[c] = 0;
+          if (t < P.T && e0 < E && !aux) {
+            if (P.map_kind == 0)
+              mb[c] = MB::ldg(P.map + t * static_cast<long long>(E) + e0);
+            else
+              bb[c] = __ldg(P.map + t * static_cast<long long>(nb) + (e0 >> 3));
           }
         }
-      }
-      BwdCoef cf{0.0f, 0.0f, 0.0f, false};
-      if (fn == kSmx) {
-        cf.P = seg_add_f32<TPT>(Ps);
-      } else {
-        S = seg_add_f32<TPT>(S);
-        Q = seg_add_f32<TPT>(Q);
-        cf.norm = aux || P.k > 1;
-        cf.D = S + kEps;
-        cf.qdd = Q / (cf.D * cf.D);
-      }
-      float dx[V];
-#pragma unroll
-      for (int p = 0; p < V; ++p) {
-        const bool r = (rm & (1u << p)) != 0;
-        if (fn == kSmx)
-          dx[p] = all_a ? a[p] * ((r ? g[p] : 0.0f) - cf.P) : (r ? a[p] * (g[p] - cf.P) : 0.0f);
-        else
-          dx[p] = dx_sig_ssp(fn, cf, r, a[p], v[p], g[p]);
-      }
-#pragma unroll
-      for (int c = 0; c < NC; ++c) {
+      };
+      auto flags = [&](long long tb, const typename MB::R(&mb)[NC], const unsigned char(&bb)[NC], int c) -> unsigned {
+        const long long t = tb + seg;
         const int e0 = (c * TPT + ls) * W;
-        if (valid && e0 < E) store_chunk<GO, W>(static_cast<typename TO::S*>(P.gout) + rowE + e0, dx + c * W);
-      }
-      // rotate the pipeline
+        if (!(t < P.T && e0 < E)) return 0u;
+        if (aux) return (W == 32) ? 0xffffffffu : ((1u << W) - 1u);
+        unsigned f = 0;
+        if (P.map_kind == 0) {
+          unsigned char b[W];
+          MB::to_array(mb[c], b);
 #pragma unroll
-      for (int c = 0; c < NC; ++c) {
-        m0[c] = m1[c];
-        m1[c] = m2[c];
-        b0[c] = b1[c];
-        b1[c] = b2[c];
-        a0[c] = a1[c];
-        g0[c] = g1[c];
+          for (int w = 0; w < W; ++w) f |= (b[w] ? 1u : 0u) << w;
+        } else {
+          f = (W == 8) ? bb[c] : ((bb[c] >> (e0 & 7)) & 1u);
+        }
+        return f;
+      };
+      auto ag_load = [&](long long tb, const typename MB::R(&mb)[NC], const unsigned char(&bb)[NC], AR(&ar)[NC],
+                         GR(&gr)[NC]) {
+        const long long t = tb + seg;
+#pragma unroll
+        for (int c = 0; c < NC; ++c) {
+          const int e0 = (c * TPT + ls) * W;
+          const unsigned f = flags(tb, mb, bb, c);
+          memset(&ar[c], 0, sizeof(AR));
+          memset(&gr[c], 0, sizeof(GR));
+          if (f != 0 || (all_a && t < P.T && e0 < E))
+            ar[c] = Vec<float, W>::ldg(P.inter + t * static_cast<long long>(E) + e0);
+          if (f != 0)
+            gr[c] = Vec<typename TI::S, W>::ldg(static_cast<const typename TI::S*>(P.gin) +
+                                                t * static_cast<long long>(E) + e0);
+        }
+      };
+      typename MB::R m0[NC], m1[NC], m2[NC];
+      unsigned char b0[NC], b1[NC], b2[NC];
+      AR a0[NC], a1[NC];
+      GR g0[NC], g1[NC];
+      long long tb = gwarp * TPW;
+      map_load(tb, m0, b0);
+      map_load(tb + stride, m1, b1);
+      ag_load(tb, m0, b0, a0, g0);
+      for (; tb < P.T; tb += stride) {
+        map_load(tb + 2 * stride, m2, b2);
+        ag_load(tb + stride, m1, b1, a1, g1);
+        // ---- token tb: widen, sums, gradients
+        const long long t = tb + seg;
+        const bool valid = t < P.T;
+        const long long rowE = t * static_cast<long long>(E);
+        float a[V], g[V], v[V];
+        unsigned rm = 0;
+#pragma unroll
+        for (int c = 0; c < NC; ++c) {
+          rm |= flags(tb, m0, b0, c) << (c * W);
+          float av[W];
+          typename TI::S gs[W];
+          memcpy(av, &a0[c], sizeof(av));
+          memcpy(gs, &g0[c], sizeof(gs));
+#pragma unroll
+          for (int w = 0; w < W; ++w) {
+            a[c * W + w] = av[w];
+            g[c * W + w] = TI::to_f(gs[w]) * P.scale;
+          }
+        }
+        float S = 0.0f, Q = 0.0f, Ps = 0.0f;
+#pragma unroll
+        for (int p = 0; p < V; ++p) {
+          v[p] = a[p];
+          if (fn == kSsp && (rm & (1u << p))) v[p] = sqrtsoftplusf_(a[p]);
+          if (rm & (1u << p)) {
+            if (fn == kSmx) {
+              Ps += g[p] * a[p];
+            } else {
+              S += v[p];
+              Q += g[p] * v[p];
+            }
+          }
+        }
+        BwdCoef cf{0.0f, 0.0f, 0.0f, false};
+        if (fn == kSmx) {
+          cf.P = seg_add_f32<TPT>(Ps);
+        } else {
+          S = seg_add_f32<TPT>(S);
+          Q = seg_add_f32<TPT>(Q);
+          cf.norm = aux || P.k > 1;
+          cf.D = S + kEps;
+          cf.qdd = Q / (cf.D * cf.D);
+        }
+        float dx[V];
+#pragma unroll
+        for (int p = 0; p < V; ++p) {
+          const bool r = (rm & (1u << p)) != 0;
+          if (fn == kSmx)
+            dx[p] = all_a ? a[p] * ((r ? g[p] : 0.0f) - cf.P) : (r ? a[p] * (g[p] - cf.P) : 0.0f);
+          else
+            dx[p] = dx_sig_ssp(fn, cf, r, a[p], v[p], g[p]);
+        }
+#pragma unroll
+        for (int c = 0; c < NC; ++c) {
+          const int e0 = (c * TPT + ls) * W;
+          if (valid && e0 < E) store_chunk<GO, W>(static_cast<typename TO::S*>(P.gout) + rowE + e0, dx + c * W);
+        }
+        // rotate the pipeline
+#pragma unroll
+        for (int c = 0; c < NC; ++c) {
+          m0[c] = m1[c];
+          m1[c] = m2[c];
+          b0[c] = b1[c];
+          b1[c] = b2[c];
+          a0[c] = a1[c];
+          g0[c] = g1[c];
+        }
       }
+      return;
     }
-    return;
-  }
 
   for (long long tb = gwarp * TPW; tb < P.T; tb += nwarps * TPW) {
     const long long t = tb + seg;
@@ -716,10 +718,14 @@ cudaError_t topk_backward(const TopkBackwardArgs& a, cudaStream_t stream) {
     P.gw = a.grad_weights;
     P.gout = a.grad_logits;
     switch (a.logits_type) {
-      case DType::F32: return sparse_dispatch<kDtF32, kDtF32>(P, stream);
-      case DType::F16: return sparse_dispatch<kDtF16, kDtF16>(P, stream);
-      case DType::BF16: return sparse_dispatch<kDtBF16, kDtBF16>(P, stream);
-      default: return cudaErrorInvalidValue;
+      case DType::F32:
+        return sparse_dispatch<kDtF32, kDtF32>(P, stream);
+      case DType::F16:
+        return sparse_dispatch<kDtF16, kDtF16>(P, stream);
+      case DType::BF16:
+        return sparse_dispatch<kDtBF16, kDtBF16>(P, stream);
+      default:
+        return cudaErrorInvalidValue;
     }
   }
   P.inter = a.intermediate;
@@ -729,20 +735,28 @@ cudaError_t topk_backward(const TopkBackwardArgs& a, cudaStream_t stream) {
     P.idx_type = static_cast<int>(a.indices_type);
     P.indices = a.indices;
     switch (a.grad_type) {  // LD is unused on this path
-      case DType::F32: return sparse_dispatch<kDtF32, kDtF32>(P, stream);
-      case DType::F16: return sparse_dispatch<kDtF16, kDtF16>(P, stream);
-      case DType::BF16: return sparse_dispatch<kDtBF16, kDtBF16>(P, stream);
-      default: return cudaErrorInvalidValue;
+      case DType::F32:
+        return sparse_dispatch<kDtF32, kDtF32>(P, stream);
+      case DType::F16:
+        return sparse_dispatch<kDtF16, kDtF16>(P, stream);
+      case DType::BF16:
+        return sparse_dispatch<kDtBF16, kDtBF16>(P, stream);
+      default:
+        return cudaErrorInvalidValue;
     }
   }
   P.map_kind = (a.output == RoutingOutput::BitmapU8) ? 1 : 0;
   P.map = a.routing_map;
   const bool vec = (P.E % 8 == 0) && aligned16(P.inter) && aligned16(P.gin) && aligned16(P.gout) && aligned16(P.map);
   switch (a.grad_type) {
-    case DType::F32: return dense_dispatch<kDtF32, kDtF32>(P, vec, stream);
-    case DType::F16: return dense_dispatch<kDtF16, kDtF16>(P, vec, stream);
-    case DType::BF16: return dense_dispatch<kDtBF16, kDtBF16>(P, vec, stream);
-    default: return cudaErrorInvalidValue;
+    case DType::F32:
+      return dense_dispatch<kDtF32, kDtF32>(P, vec, stream);
+    case DType::F16:
+      return dense_dispatch<kDtF16, kDtF16>(P, vec, stream);
+    case DType::BF16:
+      return dense_dispatch<kDtBF16, kDtBF16>(P, vec, stream);
+    default:
+      return cudaErrorInvalidValue;
   }
 }
 
@@ -760,10 +774,14 @@ cudaError_t aux_scores_backward(const AuxScoresBackwardArgs& a, cudaStream_t str
   P.gout = a.grad_logits;
   const bool vec = (P.E % 8 == 0) && aligned16(P.inter) && aligned16(P.gin) && aligned16(P.gout);
   switch (a.grad_logits_type) {
-    case DType::F32: return aux_dispatch<kDtF32>(P, vec, stream);
-    case DType::F16: return aux_dispatch<kDtF16>(P, vec, stream);
-    case DType::BF16: return aux_dispatch<kDtBF16>(P, vec, stream);
-    default: return cudaErrorInvalidValue;
+    case DType::F32:
+      return aux_dispatch<kDtF32>(P, vec, stream);
+    case DType::F16:
+      return aux_dispatch<kDtF16>(P, vec, stream);
+    case DType::BF16:
+      return aux_dispatch<kDtBF16>(P, vec, stream);
+    default:
+      return cudaErrorInvalidValue;
   }
 }
 

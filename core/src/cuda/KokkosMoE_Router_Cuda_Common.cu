@@ -4,9 +4,8 @@
 // Host helpers of the native CUDA router kernels: cached device properties and occupancy-based persistent grids.
 // All of them are host-only queries (no stream work, no allocation), so they are legal during graph capture.
 
-#include <cuda/KokkosMoE_Router_Cuda_Common.cuh>
-
 #include <algorithm>
+#include <cuda/KokkosMoE_Router_Cuda_Common.cuh>
 #include <mutex>
 #include <vector>
 

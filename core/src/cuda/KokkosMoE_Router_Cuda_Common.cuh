@@ -9,11 +9,10 @@
 // Nothing here needs Kokkos. Compiled without fast-math: expf/log1pf/sqrtf are the accurate versions and every
 // '/' is an IEEE division.
 
-#include <impl/KokkosMoE_Router_Args.hpp>
-
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
+#include <impl/KokkosMoE_Router_Args.hpp>
 
 #include <cstdint>
 

@@ -42,9 +42,9 @@ constexpr int kCandLimit = 64;
 struct FwdParams {
   long long T = 0;
   int E = 0, k = 1;
-  int fn = 0;       // ScoreFunction
-  int pre = 0;      // Softmax pre
-  int aux = 0;      // aux_scores mode (scores out, map out; no probs)
+  int fn = 0;                         // ScoreFunction
+  int pre = 0;                        // Softmax pre
+  int aux = 0;                        // aux_scores mode (scores out, map out; no probs)
   int G = 0, gk = 0, gs = 0, kg = 0;  // grouping (gk == 0: off)
   float scale = 1.0f;
   int out = 0;       // RoutingOutput
@@ -69,8 +69,8 @@ struct FwdParams {
   // generic path
   int cache_keys = 0;  // keys/activations cached in shared memory
   int cache_groups = 0;
-  int list_mode = 0;  // 0: rank count (k <= 64), 1: bitonic (pow2 >= k entries), 2: no list (k too large)
-  int list_n = 0;     // entries of the list buffer
+  int list_mode = 0;      // 0: rank count (k <= 64), 1: bitonic (pow2 >= k entries), 2: no list (k too large)
+  int list_n = 0;         // entries of the list buffer
   int force_general = 0;  // testing only: skip the rounds kernel (the public launchers never set it)
 };
 
@@ -194,7 +194,8 @@ __device__ __forceinline__ void token_front(const FwdParams& P, const float (&x)
       if constexpr (W % 4 == 0) {
 #pragma unroll
         for (int w = 0; w < W; w += 4)
-          *reinterpret_cast<float4*>(d + w) = make_float4(y[c * W + w], y[c * W + w + 1], y[c * W + w + 2], y[c * W + w + 3]);
+          *reinterpret_cast<float4*>(d + w) =
+              make_float4(y[c * W + w], y[c * W + w + 1], y[c * W + w + 2], y[c * W + w + 3]);
       } else {
 #pragma unroll
         for (int w = 0; w < W; ++w) d[w] = y[c * W + w];
@@ -269,7 +270,6 @@ __device__ __forceinline__ void token_front(const FwdParams& P, const float (&x)
       for (int w = 0; w < W; ++w) key[c * W + w] = elig ? key[c * W + w] : 0u;
     }
   }
-
 }
 
 // =============================================================================================================
@@ -326,7 +326,7 @@ __global__ void __launch_bounds__(128) topk_fwd_reg(const FwdParams P) {
 
   // software prefetch: the raw chunks of the next token are loaded while this one is processed
   Raw raw[NC];
-  auto issue_loads = [&](long long tb, Raw (&r)[NC]) {
+  auto issue_loads = [&](long long tb, Raw(&r)[NC]) {
     const long long t = tb + seg;
     const S* row = static_cast<const S*>(P.logits) + t * static_cast<long long>(E);
 #pragma unroll
@@ -501,7 +501,7 @@ __global__ void __launch_bounds__(128) topk_fwd_reg(const FwdParams P) {
             store_index(P.indices, P.idx_type, o, idx);
           }
         }
-        if (valid) {  // (slots of a token beyond T were never written)
+        if (valid) {      // (slots of a token beyond T were never written)
           ybuf[idx] = v;  // weights row (activations are no longer read)
           fbuf[idx] = 1;
         }
@@ -554,7 +554,6 @@ __global__ void __launch_bounds__(128) topk_fwd_reg(const FwdParams P) {
     __syncwarp();
   }
 }
-
 
 /// Inserts (key, pos) into the descending top-Q list (Lk, Lp). Elements arrive in ascending pos, and a tie never
 /// displaces an earlier entry, so equal keys stay in index order. Key 0 ("no candidate") never enters.
@@ -617,8 +616,8 @@ __global__ void __launch_bounds__(128) topk_fwd_rounds(const FwdParams P) {
   const bool has_bias = P.bias != nullptr;
 
   unsigned char* tok = smem + static_cast<size_t>(warp * TPW + seg) * P.tok_smem;
-  float* ybuf = reinterpret_cast<float*>(tok);                // activations
-  unsigned char* sl = tok + P.off_fbuf;                      // slot of each selected expert
+  float* ybuf = reinterpret_cast<float*>(tok);  // activations
+  unsigned char* sl = tok + P.off_fbuf;         // slot of each selected expert
 
   bool cvalid[NC];
 #pragma unroll
@@ -640,7 +639,7 @@ __global__ void __launch_bounds__(128) topk_fwd_rounds(const FwdParams P) {
   const long long stride = nwarps * TPW;
 
   Raw raw[NC];
-  auto issue_loads = [&](long long tb, Raw (&r)[NC]) {
+  auto issue_loads = [&](long long tb, Raw(&r)[NC]) {
     const long long t = tb + seg;
     const S* row = static_cast<const S*>(P.logits) + t * static_cast<long long>(E);
 #pragma unroll
@@ -911,8 +910,7 @@ __device__ __forceinline__ int block_excl_scan(int v, GenScratch& sc, int& phase
 /// Top-n of keyfn(0..count) under (key desc, index asc): returns the n-th key T and the index `cut` of the
 /// last selected element equal to T; selected(i) = key > T || (key == T && i <= cut).
 template <class KeyFn>
-__device__ void block_select(int n, int count, KeyFn keyfn, GenScratch& sc, int& phase, unsigned* Tout,
-                             int* cutout) {
+__device__ void block_select(int n, int count, KeyFn keyfn, GenScratch& sc, int& phase, unsigned* Tout, int* cutout) {
   unsigned T = 0;
   for (int b = 31; b >= 0; --b) {
     const unsigned cd = T | (1u << b);

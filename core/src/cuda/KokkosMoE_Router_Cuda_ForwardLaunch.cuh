@@ -7,9 +7,8 @@
 // Launch geometry and kernel choice of the forward kernels; included by one .cu per logits dtype so that the
 // instantiations compile in parallel.
 
-#include <cuda/KokkosMoE_Router_Cuda_Forward.cuh>
-
 #include <algorithm>
+#include <cuda/KokkosMoE_Router_Cuda_Forward.cuh>
 
 namespace KokkosMoE {
 namespace Impl {

@@ -3,8 +3,9 @@
  */
 // topk_forward and aux_scores_forward: lower the Args to the kernel parameters and dispatch on the logits dtype.
 
-#include <cuda/KokkosMoE_Router_Cuda_Forward.cuh>
 #include <cuda/KokkosMoE_Router_Kernels.hpp>
+
+#include <cuda/KokkosMoE_Router_Cuda_Forward.cuh>
 
 namespace KokkosMoE {
 namespace Impl {
@@ -13,10 +14,14 @@ namespace CudaKernels {
 namespace {
 cudaError_t dispatch(detail::FwdParams& P, DType dt, cudaStream_t st) {
   switch (dt) {
-    case DType::F32: return detail::fwd_launch_f32(P, st);
-    case DType::F16: return detail::fwd_launch_f16(P, st);
-    case DType::BF16: return detail::fwd_launch_bf16(P, st);
-    default: return cudaErrorInvalidValue;
+    case DType::F32:
+      return detail::fwd_launch_f32(P, st);
+    case DType::F16:
+      return detail::fwd_launch_f16(P, st);
+    case DType::BF16:
+      return detail::fwd_launch_bf16(P, st);
+    default:
+      return cudaErrorInvalidValue;
   }
 }
 }  // namespace

@@ -16,10 +16,9 @@
 // rows (§7, §16.4), cross-output-kind bit identity, determinism (two runs bitwise equal), CUDA-graph capture and
 // replay with changed inputs, and timings (cudaEvent, median of 20) against a device-to-device copy.
 
-#include <cuda/KokkosMoE_Router_Cuda_ForwardLaunch.cuh>
-#include <cuda/KokkosMoE_Router_Kernels.hpp>
 #include <kokkos_ext/KokkosMoE_Float16.hpp>
 
+#include <cuda/KokkosMoE_Router_Kernels.hpp>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -28,6 +27,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <cuda/KokkosMoE_Router_Cuda_ForwardLaunch.cuh>
 #include <numeric>
 #include <string>
 #include <vector>
@@ -36,13 +36,13 @@ using namespace KokkosMoE;
 using namespace KokkosMoE::Impl;
 namespace CK = KokkosMoE::Impl::CudaKernels;
 
-#define CUCHECK(x)                                                                                  \
-  do {                                                                                              \
-    cudaError_t e_ = (x);                                                                           \
-    if (e_ != cudaSuccess) {                                                                        \
+#define CUCHECK(x)                                                                                         \
+  do {                                                                                                     \
+    cudaError_t e_ = (x);                                                                                  \
+    if (e_ != cudaSuccess) {                                                                               \
       std::printf("FATAL CUDA error '%s' at %s:%d: %s\n", #x, __FILE__, __LINE__, cudaGetErrorString(e_)); \
-      std::exit(2);                                                                                 \
-    }                                                                                               \
+      std::exit(2);                                                                                        \
+    }                                                                                                      \
   } while (0)
 
 static int g_pass = 0, g_fail = 0, g_ill_rows = 0;
@@ -77,25 +77,39 @@ struct Rng {
 
 static size_t dsize(DType t) {
   switch (t) {
-    case DType::F32: return 4;
-    case DType::F16: return 2;
-    case DType::BF16: return 2;
-    case DType::I16: return 2;
-    case DType::I32: return 4;
-    case DType::I64: return 8;
-    case DType::U8: return 1;
+    case DType::F32:
+      return 4;
+    case DType::F16:
+      return 2;
+    case DType::BF16:
+      return 2;
+    case DType::I16:
+      return 2;
+    case DType::I32:
+      return 4;
+    case DType::I64:
+      return 8;
+    case DType::U8:
+      return 1;
   }
   return 1;
 }
 static const char* dname(DType t) {
   switch (t) {
-    case DType::F32: return "f32";
-    case DType::F16: return "f16";
-    case DType::BF16: return "bf16";
-    case DType::I16: return "i16";
-    case DType::I32: return "i32";
-    case DType::I64: return "i64";
-    case DType::U8: return "u8";
+    case DType::F32:
+      return "f32";
+    case DType::F16:
+      return "f16";
+    case DType::BF16:
+      return "bf16";
+    case DType::I16:
+      return "i16";
+    case DType::I32:
+      return "i32";
+    case DType::I64:
+      return "i64";
+    case DType::U8:
+      return "u8";
   }
   return "?";
 }
@@ -171,7 +185,8 @@ struct Buf {
         std::memcpy(&v, p, 8);
         return static_cast<double>(v);
       }
-      case DType::U8: return p[0];
+      case DType::U8:
+        return p[0];
     }
     return 0;
   }
@@ -208,7 +223,9 @@ struct Buf {
         std::memcpy(p, &x, 8);
         break;
       }
-      case DType::U8: p[0] = static_cast<unsigned char>(v); break;
+      case DType::U8:
+        p[0] = static_cast<unsigned char>(v);
+        break;
     }
   }
   std::uint64_t bits(size_t i) const {
@@ -218,7 +235,9 @@ struct Buf {
   }
 };
 
-static bool same_bytes(const Buf& a, const Buf& b) { return a.bytes() == b.bytes() && std::memcmp(a.h.data(), b.h.data(), a.bytes()) == 0; }
+static bool same_bytes(const Buf& a, const Buf& b) {
+  return a.bytes() == b.bytes() && std::memcmp(a.h.data(), b.h.data(), a.bytes()) == 0;
+}
 
 struct Tol {
   double atol, rtol;
@@ -226,7 +245,9 @@ struct Tol {
 static Tol tol_for(long long E) {
   return Tol{std::max(1e-5, 4e-7 * static_cast<double>(E)), std::max(1.3e-6, 4e-7 * static_cast<double>(E))};
 }
-static long long ord16(std::uint16_t b) { return (b & 0x8000) ? -static_cast<long long>(b & 0x7fff) : static_cast<long long>(b); }
+static long long ord16(std::uint16_t b) {
+  return (b & 0x8000) ? -static_cast<long long>(b & 0x7fff) : static_cast<long long>(b);
+}
 /// Value check of one output element against a double reference (router-spec §16.1).
 static bool close(DType t, double out, std::uint64_t outbits, double ref, const Tol& tol) {
   if (std::isnan(ref) || std::isnan(out)) return std::isnan(ref) && std::isnan(out);
@@ -254,7 +275,8 @@ static bool before(double a, int ia, double b, int ib) {
 }
 static bool near_tie(double a, double b) {
   if (!std::isfinite(a) || !std::isfinite(b) || a == b) return false;
-  return std::fabs(a - b) <= 2e-5 * std::max(1e-30, std::max(std::fabs(a), std::fabs(b)));  // relative (FP32 resolution)
+  return std::fabs(a - b) <=
+         2e-5 * std::max(1e-30, std::max(std::fabs(a), std::fabs(b)));  // relative (FP32 resolution)
 }
 
 struct FwdCfg {
@@ -369,7 +391,8 @@ static RefTok ref_forward(const FwdCfg& c, const std::vector<double>& x, const s
 
 /// Dense backward reference (§9) for one token; r = routed flags, gin = grad_probs (unscaled).
 static void ref_backward(ScoreFunction fn, bool pre, int k, double scale, const std::vector<double>& a,
-                         const std::vector<double>& gin, const std::vector<char>& r, bool aux, std::vector<double>& dx) {
+                         const std::vector<double>& gin, const std::vector<char>& r, bool aux,
+                         std::vector<double>& dx) {
   const int E = static_cast<int>(a.size());
   dx.assign(E, 0.0);
   std::vector<double> g(E);
@@ -642,8 +665,9 @@ static CKD::FwdParams lower(const TopkForwardArgs& a) {
 static void run_fwd_general(const TopkForwardArgs& a) {
   CKD::FwdParams P = lower(a);
   P.force_general = 1;
-  cudaError_t e = a.logits_type == DType::F32 ? CKD::fwd_launch_f32(P, 0)
-                  : a.logits_type == DType::F16 ? CKD::fwd_launch_f16(P, 0) : CKD::fwd_launch_bf16(P, 0);
+  cudaError_t e = a.logits_type == DType::F32   ? CKD::fwd_launch_f32(P, 0)
+                  : a.logits_type == DType::F16 ? CKD::fwd_launch_f16(P, 0)
+                                                : CKD::fwd_launch_bf16(P, 0);
   CUCHECK(e);
   CUCHECK(cudaDeviceSynchronize());
 }
@@ -732,12 +756,15 @@ static void test_forward(const FwdCfg& c0, DType dt, std::uint64_t seed, bool al
       }
       for (int i = 0; i < k && err.empty(); ++i) {
         const int e1 = static_cast<int>(ix.idx.get(t * k + i)), e2 = static_cast<int>(cp.ids.get(t * k + i));
-        if (e1 != e2) err = "indices != compact ids at token " + std::to_string(t);
-        else if (bm.map.get(t * E + e1) != 1) err = "index not in bytemap at token " + std::to_string(t);
+        if (e1 != e2)
+          err = "indices != compact ids at token " + std::to_string(t);
+        else if (bm.map.get(t * E + e1) != 1)
+          err = "index not in bytemap at token " + std::to_string(t);
         else {
           const float wv = static_cast<float>(cp.w.get(t * k + i));
           const float cast = round_to(dt, wv);
-          if (!(cast == static_cast<float>(bm.probs.get(t * E + e1)) || (std::isnan(cast) && std::isnan(bm.probs.get(t * E + e1)))))
+          if (!(cast == static_cast<float>(bm.probs.get(t * E + e1)) ||
+                (std::isnan(cast) && std::isnan(bm.probs.get(t * E + e1)))))
             err = "compact weight cast != prob at token " + std::to_string(t);
         }
       }
@@ -791,14 +818,30 @@ static void test_special_rows() {
       for (int e = 0; e < c.E; ++e) {
         double v = 0.0;
         switch (cs.pattern) {
-          case 0: v = 0.25; break;
-          case 1: v = NAN; break;
-          case 2: v = -INFINITY; break;
-          case 3: v = (e == (t * 7) % c.E) ? INFINITY : rng.uni(); break;
-          case 4: v = (e % 5 == 0) ? 1.0 : ((e % 2) ? -0.0 : 0.0); break;
-          case 5: v = static_cast<double>(rng.below(9)) * 0.5; break;  // many duplicates
-          case 6: v = (e % 37 == 3) ? NAN : rng.uni() * 4 - 2; break;
-          case 7: v = (e < 3) ? -INFINITY : rng.uni(); break;
+          case 0:
+            v = 0.25;
+            break;
+          case 1:
+            v = NAN;
+            break;
+          case 2:
+            v = -INFINITY;
+            break;
+          case 3:
+            v = (e == (t * 7) % c.E) ? INFINITY : rng.uni();
+            break;
+          case 4:
+            v = (e % 5 == 0) ? 1.0 : ((e % 2) ? -0.0 : 0.0);
+            break;
+          case 5:
+            v = static_cast<double>(rng.below(9)) * 0.5;
+            break;  // many duplicates
+          case 6:
+            v = (e % 37 == 3) ? NAN : rng.uni() * 4 - 2;
+            break;
+          case 7:
+            v = (e < 3) ? -INFINITY : rng.uni();
+            break;
         }
         x.set(t * c.E + e, v);
       }
@@ -816,7 +859,8 @@ static void test_special_rows() {
     for (long long t = 0; t < c.T; ++t) {
       for (int e = 0; e < c.E; ++e) xr[e] = x.get(t * c.E + e);
       ref[t] = ref_forward(c, xr, br, false);
-      if (cs.pattern <= 2 || cs.pattern == 4 || cs.pattern == 5) ref[t].ill = ref[t].ill_order = false;  // exact ties only
+      if (cs.pattern <= 2 || cs.pattern == 4 || cs.pattern == 5)
+        ref[t].ill = ref[t].ill_order = false;  // exact ties only
     }
     for (RoutingOutput out : {RoutingOutput::Bytemap, RoutingOutput::Indices, RoutingOutput::Compact}) {
       FwdBufs o;
@@ -825,7 +869,10 @@ static void test_special_rows() {
       run_fwd(make_fwd(c, x, c.bias ? &bias : nullptr, out, o));
       down_fwd(o);
       const std::string err = check_fwd(c, out, ref, o, DType::F32);
-      const std::string nm = std::string("special ") + cs.nm + (out == RoutingOutput::Bytemap ? " bytemap" : out == RoutingOutput::Indices ? " idx32" : " compact");
+      const std::string nm = std::string("special ") + cs.nm +
+                             (out == RoutingOutput::Bytemap   ? " bytemap"
+                              : out == RoutingOutput::Indices ? " idx32"
+                                                              : " compact");
       report(err.empty(), nm, err);
       FwdBufs gen;
       alloc_fwd(c, DType::F32, out, DType::I32, gen);
@@ -853,7 +900,8 @@ static void test_backward(const BwdCfg& c, DType gt, std::uint64_t seed) {
   Rng rng(seed);
   const int E = c.E, k = c.k;
   const size_t TE = static_cast<size_t>(c.T) * E, TK = static_cast<size_t>(c.T) * k;
-  Buf inter(DType::F32, TE), gp(gt, TE), bytemap(DType::U8, TE), bitmap(DType::U8, static_cast<size_t>(c.T) * ((E + 7) / 8));
+  Buf inter(DType::F32, TE), gp(gt, TE), bytemap(DType::U8, TE),
+      bitmap(DType::U8, static_cast<size_t>(c.T) * ((E + 7) / 8));
   Buf idx32(DType::I32, TK), idx16(DType::I16, TK);
   std::vector<std::vector<char>> routed(c.T, std::vector<char>(E, 0));
   std::vector<int> perm(E);
@@ -867,9 +915,12 @@ static void test_backward(const BwdCfg& c, DType gt, std::uint64_t seed) {
     }
     for (int e = 0; e < E; ++e) {
       double a;
-      if (c.fn == ScoreFunction::Sigmoid) a = 0.05 + 0.9 * rng.uni();
-      else if (c.fn == ScoreFunction::SqrtSoftplus) a = -5.0 + 30.0 * rng.uni();
-      else a = rng.uni() / E * 2;
+      if (c.fn == ScoreFunction::Sigmoid)
+        a = 0.05 + 0.9 * rng.uni();
+      else if (c.fn == ScoreFunction::SqrtSoftplus)
+        a = -5.0 + 30.0 * rng.uni();
+      else
+        a = rng.uni() / E * 2;
       double g = 2.0 * rng.uni() - 1.0;
       const bool r = routed[t][e];
       // non-routed garbage must not leak (except Softmax pre, where a is used everywhere)
@@ -934,7 +985,8 @@ static void test_backward(const BwdCfg& c, DType gt, std::uint64_t seed) {
         const size_t i = static_cast<size_t>(t) * E + e;
         if (assigned_zero && !routed[t][e]) {
           if (gl.bits(i) != 0) {
-            std::snprintf(buf, sizeof buf, "token %lld expert %d: non-routed bits %llx", t, e, static_cast<unsigned long long>(gl.bits(i)));
+            std::snprintf(buf, sizeof buf, "token %lld expert %d: non-routed bits %llx", t, e,
+                          static_cast<unsigned long long>(gl.bits(i)));
             return buf;
           }
           continue;
@@ -1085,8 +1137,11 @@ static void test_aux_scores(int E, int k, ScoreFunction fn, DType dt, long long 
   Buf x(dt, static_cast<size_t>(T) * E);
   gen_logits(rng, c, x);
   x.up();
-  const char* fnn = fn == ScoreFunction::Softmax ? "softmax" : fn == ScoreFunction::Sigmoid ? "sigmoid" : "sqrtsoftplus";
-  const std::string base = "aux-scores E=" + std::to_string(E) + " k=" + std::to_string(k) + " " + fnn + " " + dname(dt);
+  const char* fnn = fn == ScoreFunction::Softmax   ? "softmax"
+                    : fn == ScoreFunction::Sigmoid ? "sigmoid"
+                                                   : "sqrtsoftplus";
+  const std::string base =
+      "aux-scores E=" + std::to_string(E) + " k=" + std::to_string(k) + " " + fnn + " " + dname(dt);
   std::vector<RefTok> ref(T);
   std::vector<double> xr(E), br(E, 0.0);
   for (long long t = 0; t < T; ++t) {
@@ -1123,7 +1178,8 @@ static void test_aux_scores(int E, int k, ScoreFunction fn, DType dt, long long 
       std::vector<char> sel(E, 0);
       int n = 0;
       for (int e = 0; e < E; ++e) {
-        const int b = kind ? (static_cast<int>(mp.get(t * nb + e / 8)) >> (e % 8)) & 1 : static_cast<int>(mp.get(t * E + e));
+        const int b =
+            kind ? (static_cast<int>(mp.get(t * nb + e / 8)) >> (e % 8)) & 1 : static_cast<int>(mp.get(t * E + e));
         sel[e] = static_cast<char>(b);
         n += b;
       }
@@ -1135,8 +1191,10 @@ static void test_aux_scores(int E, int k, ScoreFunction fn, DType dt, long long 
       if (ref[t].ill) ++g_ill_rows;
       for (int e = 0; e < E && err.empty(); ++e) {
         const size_t i = static_cast<size_t>(t) * E + e;
-        if (!close(DType::F32, sc.get(i), sc.bits(i), ref[t].scores[e], tol)) err = "score mismatch at token " + std::to_string(t);
-        if (!close(DType::F32, in.get(i), in.bits(i), ref[t].inter[e], tol)) err = "intermediate mismatch at token " + std::to_string(t);
+        if (!close(DType::F32, sc.get(i), sc.bits(i), ref[t].scores[e], tol))
+          err = "score mismatch at token " + std::to_string(t);
+        if (!close(DType::F32, in.get(i), in.bits(i), ref[t].inter[e], tol))
+          err = "intermediate mismatch at token " + std::to_string(t);
       }
     }
     report(err.empty(), base + (kind ? " bitmap" : " bytemap"), err);
@@ -1147,17 +1205,21 @@ static void test_aux_scores(int E, int k, ScoreFunction fn, DType dt, long long 
     const int nb = (E + 7) / 8;
     for (long long t = 0; t < T && err.empty(); ++t)
       for (int e = 0; e < E; ++e)
-        if (static_cast<int>(maps[0].get(t * E + e)) != ((static_cast<int>(maps[1].get(t * nb + e / 8)) >> (e % 8)) & 1)) {
+        if (static_cast<int>(maps[0].get(t * E + e)) !=
+            ((static_cast<int>(maps[1].get(t * nb + e / 8)) >> (e % 8)) & 1)) {
           err = "bitmap != bytemap";
           break;
         }
     report(err.empty(), base + " bitmap==bytemap", err);
   }
   // backward
-  Buf in(DType::F32, static_cast<size_t>(T) * E), gs(DType::F32, static_cast<size_t>(T) * E), gl(dt, static_cast<size_t>(T) * E);
+  Buf in(DType::F32, static_cast<size_t>(T) * E), gs(DType::F32, static_cast<size_t>(T) * E),
+      gl(dt, static_cast<size_t>(T) * E);
   for (long long t = 0; t < T; ++t)
     for (int e = 0; e < E; ++e) {
-      double a = fn == ScoreFunction::Sigmoid ? 0.05 + 0.9 * rng.uni() : fn == ScoreFunction::SqrtSoftplus ? -5 + 30 * rng.uni() : rng.uni() * 2.0 / E;
+      double a = fn == ScoreFunction::Sigmoid        ? 0.05 + 0.9 * rng.uni()
+                 : fn == ScoreFunction::SqrtSoftplus ? -5 + 30 * rng.uni()
+                                                     : rng.uni() * 2.0 / E;
       in.set(t * E + e, a);
       gs.set(t * E + e, 2 * rng.uni() - 1);
     }
@@ -1245,7 +1307,8 @@ static void test_aux_loss(long long R, int E, int m, int k, DType pt, DType tt, 
   }
   const double lref = R > 0 ? cst * sum : 0.0;
   const Tol tol{std::max(1e-5, 4e-7 * C) * std::fabs(lref) + 1e-30, std::max(1.3e-6, 4e-7 * C)};
-  const std::string base = "aux-loss R=" + std::to_string(R) + " C=" + std::to_string(C) + " " + dname(pt) + " tpe=" + dname(tt) + (dev_total ? " devtotal" : " hosttotal");
+  const std::string base = "aux-loss R=" + std::to_string(R) + " C=" + std::to_string(C) + " " + dname(pt) +
+                           " tpe=" + dname(tt) + (dev_total ? " devtotal" : " hosttotal");
   std::string err;
   if (std::fabs(cbuf.get(0) - cst) > 1e-6 * std::fabs(cst)) err = "Const mismatch";
   if (!close(DType::F32, cbuf.get(1), cbuf.bits(1), lref, tol)) err = "FP32 loss mismatch";
@@ -1320,7 +1383,8 @@ static void test_graph() {
   gp.up();
   FwdBufs o;
   alloc_fwd(c, dt, RoutingOutput::Bytemap, DType::I32, o);
-  Buf tpe(DType::I32, c.E), dtot(DType::I64, 1), loss(dt, 1), cbuf(DType::F32, 2), ws(DType::F32, aux_loss_workspace_floats(c.T, c.E));
+  Buf tpe(DType::I32, c.E), dtot(DType::I64, 1), loss(dt, 1), cbuf(DType::F32, 2),
+      ws(DType::F32, aux_loss_workspace_floats(c.T, c.E));
   for (int e = 0; e < c.E; ++e) tpe.set(e, 1 + rng.below(500));
   tpe.up();
   dtot.set(0, 4096);
@@ -1430,7 +1494,8 @@ static double median_us(F&& f, int reps = 20) {
 }
 __global__ void empty_kernel() {}
 __global__ void fill_kernel(void* p, int dt, size_t n, std::uint64_t seed, float lo, float hi) {
-  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n; i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
     std::uint64_t z = seed * 0x9E3779B97F4A7C15ull + i * 0xBF58476D1CE4E5B9ull;
     z = (z ^ (z >> 31)) * 0x94D049BB133111EBull;
     z ^= z >> 29;
@@ -1512,16 +1577,22 @@ static void perf_variants(double bw) {
     };
     std::vector<Var> vs;
     if (sh.E == 256) {
-      vs = {{"rounds TPT32xV8 (default)", [](const CKD::FwdParams& q) { launch_variant<CKD::kDtBF16, 32, 1, 8, true>(q, 4); }},
-            {"rounds TPT32xV8 2 warps/blk", [](const CKD::FwdParams& q) { launch_variant<CKD::kDtBF16, 32, 1, 8, true>(q, 2); }},
+      vs = {{"rounds TPT32xV8 (default)",
+             [](const CKD::FwdParams& q) { launch_variant<CKD::kDtBF16, 32, 1, 8, true>(q, 4); }},
+            {"rounds TPT32xV8 2 warps/blk",
+             [](const CKD::FwdParams& q) { launch_variant<CKD::kDtBF16, 32, 1, 8, true>(q, 2); }},
             {"rounds TPT16xV16", [](const CKD::FwdParams& q) { launch_variant<CKD::kDtBF16, 16, 2, 8, true>(q, 4); }},
             {"rounds TPT8xV32", [](const CKD::FwdParams& q) { launch_variant<CKD::kDtBF16, 8, 4, 8, true>(q, 4); }},
-            {"general TPT32xV8 (run 1)", [](const CKD::FwdParams& q) { launch_variant<CKD::kDtBF16, 32, 1, 8, false>(q, 4); }}};
+            {"general TPT32xV8 (run 1)",
+             [](const CKD::FwdParams& q) { launch_variant<CKD::kDtBF16, 32, 1, 8, false>(q, 4); }}};
     } else {
-      vs = {{"rounds TPT16xV8 (default)", [](const CKD::FwdParams& q) { launch_variant<CKD::kDtBF16, 16, 1, 8, true>(q, 4); }},
+      vs = {{"rounds TPT16xV8 (default)",
+             [](const CKD::FwdParams& q) { launch_variant<CKD::kDtBF16, 16, 1, 8, true>(q, 4); }},
             {"rounds TPT8xV16", [](const CKD::FwdParams& q) { launch_variant<CKD::kDtBF16, 8, 2, 8, true>(q, 4); }},
-            {"rounds TPT32xV8 (half idle)", [](const CKD::FwdParams& q) { launch_variant<CKD::kDtBF16, 32, 1, 8, true>(q, 4); }},
-            {"general TPT16xV8 (run 1)", [](const CKD::FwdParams& q) { launch_variant<CKD::kDtBF16, 16, 1, 8, false>(q, 4); }}};
+            {"rounds TPT32xV8 (half idle)",
+             [](const CKD::FwdParams& q) { launch_variant<CKD::kDtBF16, 32, 1, 8, true>(q, 4); }},
+            {"general TPT16xV8 (run 1)",
+             [](const CKD::FwdParams& q) { launch_variant<CKD::kDtBF16, 16, 1, 8, false>(q, 4); }}};
     }
     for (const Var& v : vs) {
       o.probs.poison();
@@ -1541,7 +1612,8 @@ static void perf_variants(double bw) {
       report(same, std::string("variant ") + sh.nm + " " + v.nm + " output == default", "outputs differ");
       const double us = median_us([&] { v.f(P); });
       const double gbs = bytes / (us * 1e-6) / 1e9;
-      std::printf("PERF variant %-11s bf16 T=262144 fwd-dense %-28s %9.1f us %7.0f GB/s  %.3f of copy\n", sh.nm, v.nm, us, gbs, gbs / bw);
+      std::printf("PERF variant %-11s bf16 T=262144 fwd-dense %-28s %9.1f us %7.0f GB/s  %.3f of copy\n", sh.nm, v.nm,
+                  us, gbs, gbs / bw);
     }
   }
 }
@@ -1642,8 +1714,9 @@ static void perf() {
         for (const Row& r : rows) {
           const double gbs = r.bytes / (r.us * 1e-6) / 1e9;
           const double tgt = tfloor + r.bytes / (0.85 * bw * 1e9) * 1e6;
-          std::printf("PERF %-12s %-5s T=%-7lld %-12s %9.1f us %7.0f GB/s  %.3f of copy  (floor+bytes/0.85copy: %.1f us)\n",
-                      p.nm, dname(dt), T, r.what, r.us, gbs, gbs / bw, tgt);
+          std::printf(
+              "PERF %-12s %-5s T=%-7lld %-12s %9.1f us %7.0f GB/s  %.3f of copy  (floor+bytes/0.85copy: %.1f us)\n",
+              p.nm, dname(dt), T, r.what, r.us, gbs, gbs / bw, tgt);
         }
         std::fflush(stdout);
       }
@@ -1772,7 +1845,8 @@ int main(int argc, char** argv) {
         }
       }
   if (want("graph")) test_graph();
-  std::printf("\nSUMMARY: %d PASS, %d FAIL, %d ill-conditioned rows skipped for exact selection\n", g_pass, g_fail, g_ill_rows);
+  std::printf("\nSUMMARY: %d PASS, %d FAIL, %d ill-conditioned rows skipped for exact selection\n", g_pass, g_fail,
+              g_ill_rows);
   std::fflush(stdout);
   if (do_perf) perf();
   return g_fail ? 1 : 0;
