@@ -43,6 +43,7 @@ enum class Rule : int {
   TopologyMalformed = 100,   ///< sharding: malformed topology input
   PlanInfeasible = 101,      ///< sharding: a planning request that cannot be satisfied
   ShardingRule = 102,        ///< sharding: an input sharding the partition rules reject
+  GpuIndexRange = 103,       ///< sharding: a GPU index outside [0, number of GPUs)
 };
 
 /// \brief The stable, snake_case name of a rule (e.g. "topk_range").
@@ -100,6 +101,8 @@ inline const char* rule_name(Rule r) noexcept {
       return "plan_infeasible";
     case Rule::ShardingRule:
       return "sharding_rule";
+    case Rule::GpuIndexRange:
+      return "gpu_index_range";
   }
   return "unknown";
 }
@@ -144,6 +147,12 @@ class NonFiniteInput : public std::domain_error {
 
 /// \brief A malformed or unreadable topology description (hwloc XML, fixture, capture).
 class TopologyError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+/// \brief A failure reported by a device runtime (a kernel launch the CUDA runtime rejected, ...).
+class DeviceError : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
 };

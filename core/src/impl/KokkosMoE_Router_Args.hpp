@@ -14,6 +14,8 @@
 
 #include <KokkosMoE_RouterConfig.hpp>
 
+#include <kokkos_ext/KokkosMoE_Float16.hpp>  // KOKKOSMOE_HOST_DEVICE
+
 #include <cstddef>
 #include <cstdint>
 
@@ -29,7 +31,9 @@ enum class RoutingOutput : std::uint8_t { Bytemap = 0, BitmapU8 = 1, Indices = 2
 constexpr float kEps = 1e-20f;  ///< router-spec §1
 
 /// Bytes of one BitmapU8 row.
-constexpr std::int64_t bitmap_row_bytes(std::int64_t num_experts) { return (num_experts + 7) / 8; }
+KOKKOSMOE_HOST_DEVICE constexpr std::int64_t bitmap_row_bytes(std::int64_t num_experts) {
+  return (num_experts + 7) / 8;
+}
 
 /// topk_router forward (all output kinds). Pointers not used by `output` are null.
 struct TopkForwardArgs {

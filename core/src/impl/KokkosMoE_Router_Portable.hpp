@@ -125,6 +125,36 @@ KOKKOS_INLINE_FUNCTION std::uint64_t team_max_key(const Member& m, int n, const 
   return best;
 }
 
+/// Fills keys[0..k) with the k largest non-zero keys among key_of(0..n), in descending order, and returns the
+/// k-th. Keys are unique (they embed the index), so the result does not depend on how it is computed: teams of one
+/// thread (host spaces) make a single pass with an insertion buffer, larger teams run k rounds of a max reduction.
+template <class Member, class KeyOf, class KeyScratch>
+KOKKOS_INLINE_FUNCTION std::uint64_t team_topk_keys(const Member& m, int n, int k, const KeyOf& key_of,
+                                                    const KeyScratch& keys) {
+  if (m.team_size() == 1) {
+    int filled = 0;
+    for (int e = 0; e < n; ++e) {
+      const std::uint64_t key = key_of(e);
+      if (key == 0 || (filled == k && key <= keys(k - 1))) continue;
+      int pos = filled < k ? filled++ : k - 1;
+      for (; pos > 0 && keys(pos - 1) < key; --pos) keys(pos) = keys(pos - 1);
+      keys(pos) = key;
+    }
+    return keys(k - 1);
+  }
+  std::uint64_t prev = ~std::uint64_t(0);
+  for (int i = 0; i < k; ++i) {
+    const std::uint64_t best = team_max_key(m, n, [&](const int e) {
+      const std::uint64_t key = key_of(e);
+      return key < prev ? key : std::uint64_t(0);
+    });
+    Kokkos::single(Kokkos::PerTeam(m), [&]() { keys(i) = best; });
+    prev = best;
+  }
+  m.team_barrier();
+  return prev;
+}
+
 /// Two sums reduced together (nested multi-value reductions are not in Kokkos 3.4).
 struct Sum2 {
   float a = 0.0f, b = 0.0f;
@@ -156,7 +186,7 @@ struct TopkForwardFunctor {
 
   static std::size_t scratch_bytes(int E, int G, int k) {
     return ScratchView<float>::shmem_size(E) * 2 + ScratchView<float>::shmem_size(G > 0 ? G : 1) +
-           ScratchView<int>::shmem_size(G > 0 ? G : 1) + ScratchView<int>::shmem_size(k);
+           ScratchView<int>::shmem_size(G > 0 ? G : 1) + ScratchView<std::uint64_t>::shmem_size(k);
   }
 
   KOKKOS_INLINE_FUNCTION void operator()(const member_type& m) const {
@@ -174,7 +204,7 @@ struct TopkForwardFunctor {
     ScratchView<float> y(m.team_scratch(scratch_level), E);  // activation (or raw logit for Softmax post)
     ScratchView<float> gscore(m.team_scratch(scratch_level), G);
     ScratchView<int> gsel(m.team_scratch(scratch_level), G);
-    ScratchView<int> sel(m.team_scratch(scratch_level), k);
+    ScratchView<std::uint64_t> topk(m.team_scratch(scratch_level), k);  // selected keys, slot order
 
     // 1. activations and selection scores (router-spec §5.1)
     if (f == ScoreFunction::Softmax) {
@@ -249,18 +279,9 @@ struct TopkForwardFunctor {
       return (!grouped || gsel(e / gs)) ? pack_key(s(e), e) : std::uint64_t(0);
     };
 
-    // 3. top-k: k rounds of a deterministic max over packed keys (value desc, then lower index)
-    std::uint64_t prev = ~std::uint64_t(0);
-    for (int i = 0; i < k; ++i) {
-      const std::uint64_t best = team_max_key(m, E, [&](const int e) {
-        const std::uint64_t key = eligible_key(e);
-        return key < prev ? key : std::uint64_t(0);
-      });
-      Kokkos::single(Kokkos::PerTeam(m), [&]() { sel(i) = key_index(best); });
-      prev = best;
-    }
-    const std::uint64_t kth_key = prev;
-    m.team_barrier();
+    // 3. top-k over the eligible experts (value desc, then lower index)
+    const std::uint64_t kth_key = team_topk_keys(m, E, k, eligible_key, topk);
+    auto sel = [&](const int i) { return key_index(topk(i)); };
 
     // 4. weights of the selected experts (every thread computes the same scalars, in slot order)
     const bool post = f == ScoreFunction::Softmax && !pre;
@@ -557,7 +578,8 @@ struct AuxScoresFunctor {
   AuxScoresArgs a;
   int scratch_level;
 
-  static std::size_t scratch_bytes(int E) { return FloatScratch::shmem_size(E); }
+  using KeyScratch = Kokkos::View<std::uint64_t*, scratch_space, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
+  static std::size_t scratch_bytes(int E, int k) { return FloatScratch::shmem_size(E) + KeyScratch::shmem_size(k); }
 
   KOKKOS_INLINE_FUNCTION void operator()(const member_type& m) const {
     const int E = a.num_experts;
@@ -601,14 +623,9 @@ struct AuxScoresFunctor {
       Kokkos::parallel_for(Kokkos::TeamThreadRange(m, E), [&](const int e) { s(e) = s(e) / D; });
     }
     m.team_barrier();
-    std::uint64_t prev = ~std::uint64_t(0);
-    for (int i = 0; i < k; ++i) {
-      prev = team_max_key(m, E, [&](const int e) {
-        const std::uint64_t key = pack_key(s(e), e);
-        return key < prev ? key : std::uint64_t(0);
-      });
-    }
-    const std::uint64_t kth = prev;
+    KeyScratch topk(m.team_scratch(scratch_level), k);
+    const std::uint64_t kth = team_topk_keys(
+        m, E, k, [&](const int e) { return pack_key(s(e), e); }, topk);
     Kokkos::parallel_for(Kokkos::TeamThreadRange(m, E), [&](const int e) {
       a.scores[row + e] = s(e);
       if (a.output == RoutingOutput::Bytemap) a.routing_map[row + e] = pack_key(s(e), e) >= kth ? 1 : 0;
@@ -717,12 +734,11 @@ struct AuxLossFinalFunctor {  // one thread: Const and the loss, columns in orde
   }
 };
 
-struct AuxLossBackwardFunctor {
+struct AuxLossBackwardFunctor {  // over (row, column): contiguous columns innermost, no per-element division
   AuxLossBackwardArgs a;
-  KOKKOS_INLINE_FUNCTION void operator()(const std::int64_t i) const {
-    const std::int64_t c = i % a.cols;
+  KOKKOS_INLINE_FUNCTION void operator()(const std::int64_t r, const std::int64_t c) const {
     const float g = load_as_float(a.grad_loss, a.grad_loss_type, 0);
-    store_float(a.grad_probs, a.grad_probs_type, i,
+    store_float(a.grad_probs, a.grad_probs_type, r * a.cols + c,
                 a.const_buf[0] * load_as_float(a.tokens_per_expert, a.tpe_type, c) * g);
   }
 };
@@ -787,7 +803,7 @@ struct PortableRouter {
     ScopedRegion region("KokkosMoE::aux_scores[portable]");
     using Functor = AuxScoresFunctor<ExecSpace>;
     int level = 0;
-    const auto policy = token_policy(exec, a.num_tokens, Functor::scratch_bytes(a.num_experts), level);
+    const auto policy = token_policy(exec, a.num_tokens, Functor::scratch_bytes(a.num_experts, a.topk), level);
     Kokkos::parallel_for("KokkosMoE::aux_scores", policy, Functor{a, level});
   }
 
@@ -810,8 +826,9 @@ struct PortableRouter {
 
   static void aux_loss_backward(const ExecSpace& exec, const AuxLossBackwardArgs& a) {
     ScopedRegion region("KokkosMoE::aux_loss_backward[portable]");
-    using Range = Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>;
-    Kokkos::parallel_for("KokkosMoE::aux_loss_backward", Range(exec, 0, a.rows * a.cols), AuxLossBackwardFunctor{a});
+    using Policy = Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<2>, Kokkos::IndexType<std::int64_t>>;
+    Kokkos::parallel_for("KokkosMoE::aux_loss_backward", Policy(exec, {0, 0}, {a.rows, a.cols}),
+                         AuxLossBackwardFunctor{a});
   }
 
   /// Linear index of the first non-finite element, or -1. Fences (a debug check).

@@ -1,0 +1,440 @@
+/*
+ * KokkosMoE: Mixture-of-Experts routing for Kokkos. SPDX-License-Identifier: Apache-2.0
+ */
+// kokkosmoe-route: the main job of the README. Routes a batch of synthetic tokens for a named model preset forward
+// and backward (plus the load-balancing aux loss) on the default execution space, i.e. the best backend the Kokkos
+// build has, and prints a readable summary: configuration, backend, routing statistics, aux loss, time and
+// throughput.
+//
+//   kokkosmoe-route [--preset deepseek-v3] [--tokens N] [--dtype float|bf16] [--seed S] [--format bytemap|bitmap]
+//                   [--repeats R] [--aux-coeff C] [--implementation auto|portable] [--json]
+
+#include <KokkosMoE_AuxLoss.hpp>
+#include <KokkosMoE_Error.hpp>
+#include <KokkosMoE_Router.hpp>
+#include <KokkosMoE_RouterPresets.hpp>
+
+#include <Kokkos_Core.hpp>
+
+#include "route_report.hpp"
+
+#if defined(KOKKOS_ENABLE_CUDA)
+#include <cuda_runtime_api.h>
+#endif
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <iostream>
+#include <string>
+#include <vector>
+
+namespace {
+
+using namespace KokkosMoE;
+using ExecSpace = Kokkos::DefaultExecutionSpace;
+using MemSpace = ExecSpace::memory_space;
+template <class T>
+using View0 = Kokkos::View<T, MemSpace>;
+template <class T>
+using View1 = Kokkos::View<T*, MemSpace>;
+template <class T>
+using View2 = Kokkos::View<T**, Kokkos::LayoutRight, MemSpace>;
+
+// --- command line -----------------------------------------------------------------------------------------------
+
+struct Args {
+  std::string preset = "deepseek-v3";
+  std::int64_t tokens = 16384;
+  std::string dtype = "float";
+  std::uint64_t seed = 42;
+  std::string format = "bytemap";
+  int repeats = 5;
+  double aux_coeff = 1e-2;
+  std::string implementation = "auto";
+  bool json = false;
+};
+
+struct UsageError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+void print_usage(std::FILE* out) {
+  std::string presets;
+  for (const auto& n : router_preset_names()) presets += (presets.empty() ? "" : ", ") + n;
+  std::fprintf(out,
+               "Usage: kokkosmoe-route [options] [Kokkos options]\n"
+               "Routes a batch of synthetic tokens (seeded random logits) through a model's MoE router forward and\n"
+               "backward, plus the aux loss, on the best available Kokkos backend, and prints a summary.\n\n"
+               "  --preset NAME          router preset (default deepseek-v3); one of: %s\n"
+               "  --tokens N             tokens in the batch, 1 <= N < 2^31 (default 16384)\n"
+               "  --dtype float|bf16     logits / probs / gradient type (default float)\n"
+               "  --seed S               seed of the synthetic logits, bias and gradients (default 42)\n"
+               "  --format bytemap|bitmap  routing-map format (default bytemap)\n"
+               "  --repeats R            timed repeats after one warm-up, median reported, 1..1000 (default 5)\n"
+               "  --aux-coeff C          aux-loss coefficient (default 0.01)\n"
+               "  --implementation auto|portable  auto: the backend's specialization if any (default)\n"
+               "  --json                 print the summary as JSON\n"
+               "  -h, --help             this text\n"
+               "Kokkos options such as --kokkos-num-threads=N or --kokkos-device-id=N are passed to Kokkos.\n",
+               presets.c_str());
+}
+
+std::int64_t parse_int(const std::string& opt, const std::string& v, std::int64_t lo, std::int64_t hi) {
+  char* end = nullptr;
+  errno = 0;
+  const long long x = std::strtoll(v.c_str(), &end, 10);
+  if (v.empty() || *end != '\0' || errno == ERANGE || x < lo || x > hi)
+    throw UsageError(opt + " expects an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) + "], got '" +
+                     v + "'");
+  return x;
+}
+
+Args parse_args(int argc, char** argv, bool& help) {
+  Args a;
+  help = false;
+  for (int i = 1; i < argc; ++i) {
+    std::string opt = argv[i];
+    if (opt.rfind("--kokkos-", 0) == 0) continue;  // Kokkos' own flags
+    if (opt == "-h" || opt == "--help") {
+      help = true;
+      continue;
+    }
+    if (opt == "--json") {
+      a.json = true;
+      continue;
+    }
+    std::string value;
+    const auto eq = opt.find('=');
+    if (opt.rfind("--", 0) == 0 && eq != std::string::npos) {
+      value = opt.substr(eq + 1);
+      opt = opt.substr(0, eq);
+    } else {
+      static const char* with_value[] = {"--preset", "--tokens",  "--dtype",     "--seed",
+                                         "--format", "--repeats", "--aux-coeff", "--implementation"};
+      if (std::find_if(std::begin(with_value), std::end(with_value), [&](const char* s) { return opt == s; }) ==
+          std::end(with_value))
+        throw UsageError("unknown option '" + opt + "'");
+      if (i + 1 >= argc) throw UsageError(opt + " needs a value");
+      value = argv[++i];
+    }
+    if (opt == "--preset") {
+      a.preset = value;
+    } else if (opt == "--tokens") {
+      a.tokens = parse_int(opt, value, 1, (std::int64_t(1) << 31) - 1);
+    } else if (opt == "--dtype") {
+      if (value == "bf16" || value == "bfloat16")
+        a.dtype = "bf16";
+      else if (value == "float" || value == "fp32" || value == "float32")
+        a.dtype = "float";
+      else
+        throw UsageError("--dtype expects float or bf16, got '" + value + "'");
+    } else if (opt == "--seed") {
+      a.seed = static_cast<std::uint64_t>(parse_int(opt, value, 0, INT64_MAX));
+    } else if (opt == "--format") {
+      if (value != "bytemap" && value != "bitmap")
+        throw UsageError("--format expects bytemap or bitmap, got '" + value + "'");
+      a.format = value;
+    } else if (opt == "--repeats") {
+      a.repeats = static_cast<int>(parse_int(opt, value, 1, 1000));
+    } else if (opt == "--aux-coeff") {
+      char* end = nullptr;
+      const double c = std::strtod(value.c_str(), &end);
+      if (value.empty() || *end != '\0' || !std::isfinite(static_cast<float>(c)))
+        throw UsageError("--aux-coeff expects a number finite in FP32, got '" + value + "'");
+      a.aux_coeff = c;
+    } else if (opt == "--implementation") {
+      if (value != "auto" && value != "portable")
+        throw UsageError("--implementation expects auto or portable, got '" + value + "'");
+      a.implementation = value;
+    } else {
+      throw UsageError("unknown option '" + opt + "'");
+    }
+  }
+  return a;
+}
+
+// --- synthetic inputs -------------------------------------------------------------------------------------------
+
+KOKKOS_INLINE_FUNCTION std::uint64_t mix64(std::uint64_t x) {  // splitmix64: counter-based, thread-count independent
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+KOKKOS_INLINE_FUNCTION float uniform01(std::uint64_t stream, std::uint64_t j) {  // 24 random bits in [0, 1)
+  return static_cast<float>(mix64(stream ^ j) >> 40) * (1.0f / 16777216.0f);
+}
+
+/// Every element independently uniform in [lo, hi) (normal = false) or approximately normal with mean lo and
+/// standard deviation hi (normal = true: Irwin-Hall sum of four uniforms, within +-3.46 sigma). Every token's row
+/// differs, so tokens pick different experts.
+template <class View>
+void fill_random(const View& v, std::uint64_t seed, float lo, float hi, bool normal = false) {
+  using T = typename View::non_const_value_type;
+  T* p = v.data();
+  const std::uint64_t s = mix64(seed);
+  Kokkos::parallel_for(
+      "kokkosmoe-route::fill", Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>(0, v.span()),
+      KOKKOS_LAMBDA(const std::int64_t i) {
+        const std::uint64_t j = 4 * static_cast<std::uint64_t>(i);
+        if (normal) {
+          const float z = uniform01(s, j) + uniform01(s, j + 1) + uniform01(s, j + 2) + uniform01(s, j + 3);
+          p[i] = static_cast<T>(lo + hi * 1.7320508f * (z - 2.0f));
+        } else {
+          p[i] = static_cast<T>(lo + (hi - lo) * uniform01(s, j));
+        }
+      });
+}
+
+// --- timing -----------------------------------------------------------------------------------------------------
+
+using App::TimingRow;
+
+/// One warm-up, then `repeats` fenced calls; median and minimum in microseconds.
+template <class F>
+void time_op(TimingRow& t, int repeats, F&& f) {
+  ExecSpace exec;
+  f();
+  exec.fence();
+  std::vector<double> us;
+  for (int r = 0; r < repeats; ++r) {
+    exec.fence();
+    Kokkos::Timer timer;
+    f();
+    exec.fence();
+    us.push_back(timer.seconds() * 1e6);
+  }
+  std::sort(us.begin(), us.end());
+  const std::size_t n = us.size();
+  t.median_us = n % 2 ? us[n / 2] : 0.5 * (us[n / 2 - 1] + us[n / 2]);
+  t.min_us = us.front();
+}
+
+const char* function_name(ScoreFunction f, bool pre) {
+  switch (f) {
+    case ScoreFunction::Sigmoid:
+      return "sigmoid";
+    case ScoreFunction::SqrtSoftplus:
+      return "sqrtsoftplus";
+    default:
+      return pre ? "softmax (pre-top-k)" : "softmax (post-top-k, renormalized)";
+  }
+}
+
+std::string backend_description(int& concurrency) {
+  concurrency = ExecSpace().concurrency();
+  std::string s = ExecSpace::name();
+#if defined(KOKKOS_ENABLE_CUDA)
+  if (std::is_same_v<ExecSpace, Kokkos::Cuda>) {
+    int dev = 0;
+    cudaDeviceProp prop;
+    if (cudaGetDevice(&dev) == cudaSuccess && cudaGetDeviceProperties(&prop, dev) == cudaSuccess)
+      return s + " on " + prop.name + " (device " + std::to_string(dev) + ", " +
+             std::to_string(prop.multiProcessorCount) + " SMs)";
+  }
+#endif
+  if (Kokkos::SpaceAccessibility<Kokkos::HostSpace, MemSpace>::accessible)
+    s += " (" + std::to_string(concurrency) + (concurrency == 1 ? " thread)" : " threads)");
+  return s;
+}
+
+// --- the run ----------------------------------------------------------------------------------------------------
+
+template <class Scalar>
+int run(const Args& args, const RouterPreset& preset) {
+  ExecSpace exec;
+  const std::int64_t T = args.tokens, E = preset.num_experts;
+  RouterConfig cfg = preset.config;
+  const int k = cfg.topk;
+  const bool bitmap = args.format == "bitmap";
+  cfg.map_format = bitmap ? RoutingMapFormat::BitmapU8 : RoutingMapFormat::Bytemap;
+  cfg.implementation = args.implementation == "portable" ? Implementation::Portable : Implementation::Auto;
+  const std::int64_t map_cols = bitmap ? (E + 7) / 8 : E;
+  const double s = sizeof(Scalar);
+
+  // Inputs: seeded random per-row logits; the preset's FP32 bias (score correction) random as well.
+  auto wi = Kokkos::WithoutInitializing;
+  View2<Scalar> logits(Kokkos::view_alloc(std::string("logits"), wi), T, E);
+  fill_random(logits, args.seed, 0.0f, 1.0f, true);  // ~N(0, 1) logits
+  View1<float> bias;
+  if (preset.has_bias) {
+    bias = View1<float>(Kokkos::view_alloc(std::string("expert_bias"), wi), E);
+    fill_random(bias, args.seed + 1, -0.02f, 0.02f);
+  }
+  View2<Scalar> probs(Kokkos::view_alloc(std::string("probs"), wi), T, E);
+  View2<std::uint8_t> map(Kokkos::view_alloc(std::string("routing_map"), wi), T, map_cols);
+  View2<float> inter(Kokkos::view_alloc(std::string("intermediate"), wi), T, E);
+  View2<Scalar> grad_probs(Kokkos::view_alloc(std::string("grad_probs"), wi), T, E);  // synthetic upstream gradient
+  fill_random(grad_probs, args.seed + 2, -1.0f, 1.0f);
+  View2<Scalar> grad_logits(Kokkos::view_alloc(std::string("grad_logits"), wi), T, E);
+
+  // Aux loss chain (router-spec §10-§11): scores over all experts, loss from the routed tokens per expert.
+  AuxScoresConfig acfg;
+  acfg.topk = k;
+  acfg.score_function = cfg.score_function;
+  acfg.implementation = cfg.implementation;
+  AuxLossConfig lcfg;
+  lcfg.num_experts = static_cast<int>(E);
+  lcfg.topk = k;
+  lcfg.coeff = static_cast<float>(args.aux_coeff);
+  lcfg.implementation = cfg.implementation;
+  View2<float> scores(Kokkos::view_alloc(std::string("aux_scores"), wi), T, E);
+  View2<std::uint8_t> aux_map(Kokkos::view_alloc(std::string("aux_routing_map"), wi), T, E);
+  View2<float> aux_inter(Kokkos::view_alloc(std::string("aux_intermediate"), wi), T, E);
+  View1<std::int32_t> tpe("tokens_per_expert", E);
+  View0<float> loss("aux_loss");
+  View1<float> const_buf("aux_const", 2);
+  View1<float> workspace("aux_workspace", aux_loss_workspace_size(T, E));
+  View0<float> grad_loss("grad_aux_loss");
+  Kokkos::deep_copy(exec, grad_loss, 1.0f);
+  View2<float> grad_scores(Kokkos::view_alloc(std::string("grad_aux_scores"), wi), T, E);
+  View2<Scalar> aux_grad_logits(Kokkos::view_alloc(std::string("aux_grad_logits"), wi), T, E);
+
+  // 1. Route once, read the map back, count tokens per expert (the aux loss input) and check the outputs.
+  topk_router(exec, cfg, logits, bias, probs, map, inter);
+  topk_router_backward(exec, cfg, map, inter, grad_probs, grad_logits);
+  auto h_map = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), map);
+  auto h_probs = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), probs);
+  auto h_grad = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), grad_logits);
+  std::vector<std::int64_t> count(E, 0);
+  std::int64_t bad_rows = 0, nonzero_off_map = 0, non_finite = 0, group_violations = 0;
+  double grad_sq = 0, prob_sum = 0;
+  const bool grouped = cfg.group_topk > 0;
+  const int G = grouped ? cfg.num_groups : 1;
+  std::vector<char> group_used(G);
+  for (std::int64_t t = 0; t < T; ++t) {
+    int routed = 0;
+    std::fill(group_used.begin(), group_used.end(), 0);
+    for (std::int64_t e = 0; e < E; ++e) {
+      const bool r = bitmap ? ((h_map(t, e / 8) >> (e % 8)) & 1u) : h_map(t, e) != 0;
+      const float p = Impl::to_float(h_probs(t, e));
+      const float g = Impl::to_float(h_grad(t, e));
+      if (!std::isfinite(p) || !std::isfinite(g)) ++non_finite;
+      if (r) {
+        ++routed;
+        ++count[e];
+        prob_sum += p;
+        if (grouped) group_used[e / (E / G)] = 1;
+      } else if (p != 0.0f) {
+        ++nonzero_off_map;
+      }
+      grad_sq += static_cast<double>(g) * g;
+    }
+    if (routed != k) ++bad_rows;
+    if (grouped && std::count(group_used.begin(), group_used.end(), 1) > cfg.group_topk) ++group_violations;
+  }
+  {
+    auto h_tpe = Kokkos::create_mirror_view(tpe);
+    for (std::int64_t e = 0; e < E; ++e) h_tpe(e) = static_cast<std::int32_t>(count[e]);
+    Kokkos::deep_copy(exec, tpe, h_tpe);
+    exec.fence();
+  }
+  aux_scores(exec, acfg, logits, scores, aux_map, aux_inter);
+  aux_loss(exec, lcfg, scores, tpe, T, loss, const_buf, workspace);
+  aux_loss_backward(exec, lcfg, const_buf, tpe, grad_loss, grad_scores);
+  aux_scores_backward(exec, acfg, aux_inter, grad_scores, aux_grad_logits);
+  float h_loss = 0, h_const = 0;
+  {
+    auto hl = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), loss);
+    auto hc = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), const_buf);
+    h_loss = hl();
+    h_const = hc(0);
+  }
+
+  // 2. Timings: one warm-up, then the median of `repeats` fenced calls. Bytes per token as in perf_test
+  // (router-spec §17): the minimum each operation must move.
+  const double map_b = bitmap ? std::ceil(E / 8.0) : static_cast<double>(E);
+  std::vector<TimingRow> timings(4);
+  timings[0] = {"forward", "probs + routing map + FP32 intermediate", E * (2 * s + 4) + map_b};
+  timings[1] = {"backward", "grad_logits from map + intermediate", E * (2 * s + 4) + map_b};
+  timings[2] = {"aux loss forward", "aux scores + loss", s * E + 8 * E + E + 4 * E};
+  timings[3] = {"aux loss backward", "loss grad + aux-score backward", 4 * E + 8 * E + s * E};
+  time_op(timings[0], args.repeats, [&] { topk_router(exec, cfg, logits, bias, probs, map, inter); });
+  time_op(timings[1], args.repeats, [&] { topk_router_backward(exec, cfg, map, inter, grad_probs, grad_logits); });
+  time_op(timings[2], args.repeats, [&] {
+    aux_scores(exec, acfg, logits, scores, aux_map, aux_inter);
+    aux_loss(exec, lcfg, scores, tpe, T, loss, const_buf, workspace);
+  });
+  time_op(timings[3], args.repeats, [&] {
+    aux_loss_backward(exec, lcfg, const_buf, tpe, grad_loss, grad_scores);
+    aux_scores_backward(exec, acfg, aux_inter, grad_scores, aux_grad_logits);
+  });
+
+  // 3. Report.
+  App::RouteReport r;
+  r.preset = preset.name;
+  r.model = preset.model;
+  r.score_function = function_name(cfg.score_function, cfg.use_pre_softmax);
+  r.dtype = args.dtype;
+  r.map_format = args.format;
+  r.bias = preset.has_bias ? "FP32 [" + std::to_string(E) + "], uniform in [-0.02, 0.02)" : "none";
+  r.tokens = T;
+  r.num_experts = static_cast<int>(E);
+  r.topk = k;
+  r.num_groups = cfg.num_groups;
+  r.group_topk = cfg.group_topk;
+  r.scaling_factor = cfg.scaling_factor;
+  r.seed = args.seed;
+  r.kokkos_version = std::to_string(KOKKOS_VERSION / 10000) + "." + std::to_string(KOKKOS_VERSION / 100 % 100) + "." +
+                     std::to_string(KOKKOS_VERSION % 100);
+  r.execution_space = ExecSpace::name();
+  r.backend = backend_description(r.concurrency);
+  const bool specialized = Impl::RouterImpl<ExecSpace>::is_specialized;
+  r.implementation = cfg.implementation == Implementation::Portable
+                         ? "portable Kokkos kernels (forced)"
+                         : (specialized ? std::string("native ") + ExecSpace::name() + " kernels"
+                                        : std::string("portable Kokkos kernels (no specialization)"));
+  r.tokens_per_expert = count;
+  r.bad_rows = bad_rows;
+  r.group_violations = group_violations;
+  r.nonzero_off_map = nonzero_off_map;
+  r.non_finite = non_finite;
+  r.routed_prob_sum = prob_sum;
+  r.grad_logits_l2 = std::sqrt(grad_sq);
+  r.aux_loss = h_loss;
+  r.aux_const = h_const;
+  r.aux_coeff = args.aux_coeff;
+  r.repeats = args.repeats;
+  r.timings = timings;
+  if (args.json)
+    App::print_json(std::cout, r);
+  else
+    App::print_text(std::cout, r);
+  return r.pass() ? 0 : 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Args args;
+  RouterPreset preset;
+  try {
+    bool help = false;
+    args = parse_args(argc, argv, help);
+    if (help) {
+      print_usage(stdout);
+      return 0;
+    }
+    preset = router_preset(args.preset);  // unknown names: the message lists the known presets
+  } catch (const UsageError& e) {
+    std::fprintf(stderr, "kokkosmoe-route: error: %s\n\n", e.what());
+    print_usage(stderr);
+    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "kokkosmoe-route: error: %s\n", e.what());
+    return 2;
+  }
+  Kokkos::ScopeGuard guard(argc, argv);
+  try {
+    return args.dtype == "bf16" ? run<bf16_t>(args, preset) : run<float>(args, preset);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "kokkosmoe-route: error: %s\n", e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,772 @@
+/*
+ * KokkosMoE: Mixture-of-Experts routing for Kokkos. SPDX-License-Identifier: Apache-2.0
+ */
+// Backward kernels: topk_backward (Bytemap, BitmapU8, dense indices, compact) and aux_scores_backward
+// (router-spec §5.5, §9, §10).
+//
+// bwd_dense<GI, GO, TPT, NC, W>: map path and aux-score path. TPT lanes per token, NC chunks of W experts per lane
+//   (16/32-byte vector accesses), rows longer than one register tile are processed in tiles with a second
+//   (cache-resident) read. Intermediate/gradient chunks are loaded only where the map has a routed expert (or
+//   everywhere for Softmax pre / aux scores), so a k-sparse map moves about map + k sectors + the output.
+//   Sums (S, Q, P) run per lane in index order, then a fixed butterfly: deterministic; Bytemap and BitmapU8
+//   decode to the same flags and run the same code, so their gradients are bit-identical.
+// bwd_sparse<GO, LD, TPT, VEC>: dense-indices path (gathers intermediate/grad at the k indices) and compact path
+//   (gathers logits at the ids and recomputes the activations; Softmax pre reads the whole row). The k sums run
+//   in slot order (shuffles) when k <= TPT. The row is written as zeros (or -a*P for Softmax pre), then the k
+//   routed entries are overwritten after a warp barrier.
+
+#include <cuda/KokkosMoE_Router_Cuda_Common.cuh>
+#include <cuda/KokkosMoE_Router_Kernels.hpp>
+
+#include <algorithm>
+
+namespace KokkosMoE {
+namespace Impl {
+namespace CudaKernels {
+namespace detail {
+
+namespace {
+
+constexpr int kSig = static_cast<int>(ScoreFunction::Sigmoid);
+constexpr int kSmx = static_cast<int>(ScoreFunction::Softmax);
+constexpr int kSsp = static_cast<int>(ScoreFunction::SqrtSoftplus);
+
+struct BwdParams {
+  long long T = 0;
+  int E = 0, k = 1;
+  int fn = 0, pre = 0, aux = 0;
+  float scale = 1.0f;
+  int map_kind = 0;  // 0 Bytemap, 1 BitmapU8 (dense path, not aux)
+  const unsigned char* map = nullptr;
+  const float* inter = nullptr;
+  const void* gin = nullptr;  // grad_probs / grad_scores
+  void* gout = nullptr;       // grad_logits
+  int idx_type = 0;
+  const void* indices = nullptr;
+  int compact = 0;
+  const void* logits = nullptr;
+  const int* ids = nullptr;
+  int gw_type = 0;
+  const void* gw = nullptr;
+};
+
+__device__ __forceinline__ int load_index(const void* p, int dt, long long i) {
+  if (dt == static_cast<int>(DType::I16)) return __ldg(static_cast<const short*>(p) + i);
+  if (dt == static_cast<int>(DType::I64)) return static_cast<int>(__ldg(static_cast<const long long*>(p) + i));
+  return __ldg(static_cast<const int*>(p) + i);
+}
+
+/// dx of one routed (or, for Softmax pre, any) expert; sums already reduced.
+struct BwdCoef {
+  float D, qdd, P;
+  bool norm;  // Sigmoid/SqrtSoftplus normalization active (k > 1 or aux)
+};
+__device__ __forceinline__ float dx_sig_ssp(int fn, const BwdCoef& c, bool r, float a, float v, float g) {
+  if (!r) return 0.0f;
+  const float h = c.norm ? g / c.D - c.qdd : g;
+  if (fn == kSig) return h * a * (1.0f - a);
+  const float den = 2.0f * v + kEps;
+  return a > 20.0f ? h / den : h * sigmoidf_(a) / den;
+}
+
+// ------------------------------------------------------------------------------------------------------------
+template <int GI, int GO, int TPT, int NC, int W>
+__global__ void __launch_bounds__(128) bwd_dense(const BwdParams P) {
+  using TI = Ty<GI>;
+  using TO = Ty<GO>;
+  constexpr int V = NC * W;
+  constexpr int TPW = 32 / TPT;
+  constexpr int ECAP = TPT * V;
+  static_assert(V <= 32, "flag masks are 32-bit");
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int seg = lane / TPT, ls = lane % TPT;
+  const int E = P.E, fn = P.fn;
+  const bool aux = P.aux != 0;
+  const bool all_a = fn == kSmx && (P.pre || aux);  // every expert's a is needed
+  const bool single = E <= ECAP;
+  const int nb = (E + 7) >> 3;
+  const long long nwarps = static_cast<long long>(gridDim.x) * (blockDim.x >> 5);
+  const long long gwarp = static_cast<long long>(blockIdx.x) * (blockDim.x >> 5) + warp;
+
+  // The pipelined single-tile path needs two tokens of chunks in registers: with FP32 gradients and <= 16
+  // experts per lane ptxas caps it at 72 registers and spills (measured 280 vs 207 us on DeepSeek-V3 f32), so
+  // those instantiations keep the plain loop below.
+  constexpr bool kPipe = (GI != kDtF32) || (V >= 32);
+  if constexpr (kPipe) if (single) {
+    // Software pipeline over this warp's tokens: the map is loaded two tokens ahead, the routed intermediate /
+    // gradient chunks one token ahead, so a token costs one memory latency overlapped with the previous ones.
+    using MB = Vec<unsigned char, W>;
+    using AR = typename Vec<float, W>::R;
+    using GR = typename Vec<typename TI::S, W>::R;
+    const long long stride = nwarps * TPW;
+    auto map_load = [&](long long tb, typename MB::R (&mb)[NC], unsigned char (&bb)[NC]) {
+      const long long t = tb + seg;
+#pragma unroll
+      for (int c = 0; c < NC; ++c) {
+        const int e0 = (c * TPT + ls) * W;
+        memset(&mb[c], 0, sizeof(mb[c]));
+        bb[c] = 0;
+        if (t < P.T && e0 < E && !aux) {
+          if (P.map_kind == 0)
+            mb[c] = MB::ldg(P.map + t * static_cast<long long>(E) + e0);
+          else
+            bb[c] = __ldg(P.map + t * static_cast<long long>(nb) + (e0 >> 3));
+        }
+      }
+    };
+    auto flags = [&](long long tb, const typename MB::R (&mb)[NC], const unsigned char (&bb)[NC], int c) -> unsigned {
+      const long long t = tb + seg;
+      const int e0 = (c * TPT + ls) * W;
+      if (!(t < P.T && e0 < E)) return 0u;
+      if (aux) return (W == 32) ? 0xffffffffu : ((1u << W) - 1u);
+      unsigned f = 0;
+      if (P.map_kind == 0) {
+        unsigned char b[W];
+        MB::to_array(mb[c], b);
+#pragma unroll
+        for (int w = 0; w < W; ++w) f |= (b[w] ? 1u : 0u) << w;
+      } else {
+        f = (W == 8) ? bb[c] : ((bb[c] >> (e0 & 7)) & 1u);
+      }
+      return f;
+    };
+    auto ag_load = [&](long long tb, const typename MB::R (&mb)[NC], const unsigned char (&bb)[NC], AR (&ar)[NC],
+                       GR (&gr)[NC]) {
+      const long long t = tb + seg;
+#pragma unroll
+      for (int c = 0; c < NC; ++c) {
+        const int e0 = (c * TPT + ls) * W;
+        const unsigned f = flags(tb, mb, bb, c);
+        memset(&ar[c], 0, sizeof(AR));
+        memset(&gr[c], 0, sizeof(GR));
+        if (f != 0 || (all_a && t < P.T && e0 < E))
+          ar[c] = Vec<float, W>::ldg(P.inter + t * static_cast<long long>(E) + e0);
+        if (f != 0)
+          gr[c] = Vec<typename TI::S, W>::ldg(static_cast<const typename TI::S*>(P.gin) + t * static_cast<long long>(E) + e0);
+      }
+    };
+    typename MB::R m0[NC], m1[NC], m2[NC];
+    unsigned char b0[NC], b1[NC], b2[NC];
+    AR a0[NC], a1[NC];
+    GR g0[NC], g1[NC];
+    long long tb = gwarp * TPW;
+    map_load(tb, m0, b0);
+    map_load(tb + stride, m1, b1);
+    ag_load(tb, m0, b0, a0, g0);
+    for (; tb < P.T; tb += stride) {
+      map_load(tb + 2 * stride, m2, b2);
+      ag_load(tb + stride, m1, b1, a1, g1);
+      // ---- token tb: widen, sums, gradients
+      const long long t = tb + seg;
+      const bool valid = t < P.T;
+      const long long rowE = t * static_cast<long long>(E);
+      float a[V], g[V], v[V];
+      unsigned rm = 0;
+#pragma unroll
+      for (int c = 0; c < NC; ++c) {
+        rm |= flags(tb, m0, b0, c) << (c * W);
+        float av[W];
+        typename TI::S gs[W];
+        memcpy(av, &a0[c], sizeof(av));
+        memcpy(gs, &g0[c], sizeof(gs));
+#pragma unroll
+        for (int w = 0; w < W; ++w) {
+          a[c * W + w] = av[w];
+          g[c * W + w] = TI::to_f(gs[w]) * P.scale;
+        }
+      }
+      float S = 0.0f, Q = 0.0f, Ps = 0.0f;
+#pragma unroll
+      for (int p = 0; p < V; ++p) {
+        v[p] = a[p];
+        if (fn == kSsp && (rm & (1u << p))) v[p] = sqrtsoftplusf_(a[p]);
+        if (rm & (1u << p)) {
+          if (fn == kSmx) {
+            Ps += g[p] * a[p];
+          } else {
+            S += v[p];
+            Q += g[p] * v[p];
+          }
+        }
+      }
+      BwdCoef cf{0.0f, 0.0f, 0.0f, false};
+      if (fn == kSmx) {
+        cf.P = seg_add_f32<TPT>(Ps);
+      } else {
+        S = seg_add_f32<TPT>(S);
+        Q = seg_add_f32<TPT>(Q);
+        cf.norm = aux || P.k > 1;
+        cf.D = S + kEps;
+        cf.qdd = Q / (cf.D * cf.D);
+      }
+      float dx[V];
+#pragma unroll
+      for (int p = 0; p < V; ++p) {
+        const bool r = (rm & (1u << p)) != 0;
+        if (fn == kSmx)
+          dx[p] = all_a ? a[p] * ((r ? g[p] : 0.0f) - cf.P) : (r ? a[p] * (g[p] - cf.P) : 0.0f);
+        else
+          dx[p] = dx_sig_ssp(fn, cf, r, a[p], v[p], g[p]);
+      }
+#pragma unroll
+      for (int c = 0; c < NC; ++c) {
+        const int e0 = (c * TPT + ls) * W;
+        if (valid && e0 < E) store_chunk<GO, W>(static_cast<typename TO::S*>(P.gout) + rowE + e0, dx + c * W);
+      }
+      // rotate the pipeline
+#pragma unroll
+      for (int c = 0; c < NC; ++c) {
+        m0[c] = m1[c];
+        m1[c] = m2[c];
+        b0[c] = b1[c];
+        b1[c] = b2[c];
+        a0[c] = a1[c];
+        g0[c] = g1[c];
+      }
+    }
+    return;
+  }
+
+  for (long long tb = gwarp * TPW; tb < P.T; tb += nwarps * TPW) {
+    const long long t = tb + seg;
+    const bool valid = t < P.T;
+    const long long rowE = t * static_cast<long long>(E);
+    float a[V], g[V], v[V];
+    unsigned rm = 0;
+    float S = 0.0f, Q = 0.0f, Ps = 0.0f;
+    BwdCoef cf{0.0f, 0.0f, 0.0f, false};
+    for (int pass = 0; pass < 2; ++pass) {
+      for (int base = 0; base < E; base += ECAP) {
+        if (!(single && pass == 1)) {
+          rm = 0;
+#pragma unroll
+          for (int c = 0; c < NC; ++c) {
+            const int e0 = base + (c * TPT + ls) * W;
+            unsigned f = 0;  // W flag bits
+            if (valid && e0 < E) {
+              if (aux) {
+                f = (W == 32) ? 0xffffffffu : ((1u << W) - 1u);
+              } else if (P.map_kind == 0) {
+                unsigned char b[W];
+                Vec<unsigned char, W>::to_array(Vec<unsigned char, W>::ldg(P.map + rowE + e0), b);
+#pragma unroll
+                for (int w = 0; w < W; ++w) f |= (b[w] ? 1u : 0u) << w;
+              } else {
+                const unsigned byte = __ldg(P.map + t * static_cast<long long>(nb) + (e0 >> 3));
+                f = (W == 8) ? byte : ((byte >> (e0 & 7)) & 1u);
+              }
+            }
+            rm |= f << (c * W);
+            if (valid && e0 < E && (f != 0 || all_a)) {
+              load_chunk<kDtF32, W>(P.inter + rowE + e0, a + c * W);
+            } else {
+#pragma unroll
+              for (int w = 0; w < W; ++w) a[c * W + w] = 0.0f;
+            }
+            if (f != 0) {
+              load_chunk<GI, W>(static_cast<const typename TI::S*>(P.gin) + rowE + e0, g + c * W);
+#pragma unroll
+              for (int w = 0; w < W; ++w) g[c * W + w] *= P.scale;
+            } else {
+#pragma unroll
+              for (int w = 0; w < W; ++w) g[c * W + w] = 0.0f;
+            }
+          }
+#pragma unroll
+          for (int p = 0; p < V; ++p) {
+            v[p] = a[p];
+            if (fn == kSsp && (rm & (1u << p))) v[p] = sqrtsoftplusf_(a[p]);
+          }
+        }
+        if (pass == 0) {
+#pragma unroll
+          for (int p = 0; p < V; ++p) {
+            if (rm & (1u << p)) {
+              if (fn == kSmx) {
+                Ps += g[p] * a[p];
+              } else {
+                S += v[p];
+                Q += g[p] * v[p];
+              }
+            }
+          }
+        } else {
+          float dx[V];
+#pragma unroll
+          for (int p = 0; p < V; ++p) {
+            const bool r = (rm & (1u << p)) != 0;
+            if (fn == kSmx)
+              dx[p] = all_a ? a[p] * ((r ? g[p] : 0.0f) - cf.P) : (r ? a[p] * (g[p] - cf.P) : 0.0f);
+            else
+              dx[p] = dx_sig_ssp(fn, cf, r, a[p], v[p], g[p]);
+          }
+#pragma unroll
+          for (int c = 0; c < NC; ++c) {
+            const int e0 = base + (c * TPT + ls) * W;
+            if (valid && e0 < E) store_chunk<GO, W>(static_cast<typename TO::S*>(P.gout) + rowE + e0, dx + c * W);
+          }
+        }
+      }
+      if (pass == 0) {
+        if (fn == kSmx) {
+          cf.P = seg_add_f32<TPT>(Ps);
+        } else {
+          S = seg_add_f32<TPT>(S);
+          Q = seg_add_f32<TPT>(Q);
+          cf.norm = aux || P.k > 1;
+          cf.D = S + kEps;
+          cf.qdd = Q / (cf.D * cf.D);
+        }
+      }
+    }
+  }
+}
+
+// ------------------------------------------------------------------------------------------------------------
+// Sparse path: dense indices (gather intermediate/grad) or compact (gather logits, recompute activations).
+template <int GO, int LD, int TPT, bool VEC>
+__global__ void __launch_bounds__(128) bwd_sparse(const BwdParams P) {
+  using TO = Ty<GO>;
+  using OS = typename TO::S;
+  using TL = Ty<LD>;
+  using LS = typename TL::S;
+  constexpr int TPW = 32 / TPT;
+  constexpr int VO = VEC ? 16 / static_cast<int>(sizeof(OS)) : 1;  // output elements per store
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int seg = lane / TPT, ls = lane % TPT;
+  const int E = P.E, k = P.k, fn = P.fn;
+  const bool compact = P.compact != 0;
+  const bool pre = fn == kSmx && P.pre;
+  const bool post = fn == kSmx && !P.pre;
+  const bool small = k <= TPT;
+  const long long nwarps = static_cast<long long>(gridDim.x) * (blockDim.x >> 5);
+  const long long gwarp = static_cast<long long>(blockIdx.x) * (blockDim.x >> 5) + warp;
+
+  if (small && !(compact && pre)) {
+    // Software pipeline: slot indices (and compact gradient weights) two tokens ahead, the gathers one token
+    // ahead. Lane ls < k owns slot ls.
+    const long long stride = nwarps * TPW;
+    auto idx_load = [&](long long tb, int& idx, float& gw) {
+      const long long t = tb + seg;
+      idx = 0;
+      gw = 0.0f;
+      if (t < P.T && ls < k) {
+        const long long o = t * static_cast<long long>(k) + ls;
+        if (compact) {
+          idx = __ldg(P.ids + o);
+          gw = load_any(P.gw, P.gw_type, o);
+        } else {
+          idx = load_index(P.indices, P.idx_type, o);
+        }
+      }
+    };
+    auto gather = [&](long long tb, int idx, float& u, float& g) {  // compact: u = logit; indices: u = a, g = grad
+      const long long t = tb + seg;
+      u = 0.0f;
+      g = 0.0f;
+      if (t < P.T && ls < k) {
+        const long long rowE = t * static_cast<long long>(E);
+        if (compact) {
+          u = TL::to_f(__ldg(static_cast<const LS*>(P.logits) + rowE + idx));
+        } else {
+          u = __ldg(P.inter + rowE + idx);
+          g = load_any(P.gin, GO, rowE + idx);
+        }
+      }
+    };
+    int i0, i1, i2;
+    float w0, w1, w2, u0, u1, h0, h1;
+    long long tb = gwarp * TPW;
+    idx_load(tb, i0, w0);
+    idx_load(tb + stride, i1, w1);
+    gather(tb, i0, u0, h0);
+    for (; tb < P.T; tb += stride) {
+      idx_load(tb + 2 * stride, i2, w2);
+      gather(tb + stride, i1, u1, h1);
+      const long long t = tb + seg;
+      const bool valid = t < P.T;
+      const long long rowE = t * static_cast<long long>(E);
+      const bool has = valid && ls < k;
+      // activations of the k slots
+      float a, v, g;
+      if (compact) {
+        g = w0 * P.scale;
+        if (fn == kSig) {
+          a = sigmoidf_(u0);
+        } else if (fn == kSsp) {
+          a = u0;
+        } else {  // Softmax post: softmax over the slots, slot order (the forward's bits)
+          const float x0 = __shfl_sync(kFull, u0, seg * TPT);
+          const float e = expf(u0 - x0);
+          const float ez = (u0 == -INFINITY) ? 0.0f : e;
+          float sum = 0.0f;
+          for (int r = 0; r < k; ++r) sum += __shfl_sync(kFull, ez, seg * TPT + r);
+          a = e * (1.0f / sum);
+        }
+      } else {
+        a = u0;
+        g = h0 * P.scale;
+      }
+      v = (fn == kSsp && has) ? sqrtsoftplusf_(a) : a;
+      float S = 0.0f, Q = 0.0f, Ps = 0.0f;
+      const float gv = g * v, ga = g * a;
+      for (int r = 0; r < k; ++r) {
+        const int src = seg * TPT + r;
+        if (fn == kSmx) {
+          Ps += __shfl_sync(kFull, ga, src);
+        } else {
+          S += __shfl_sync(kFull, v, src);
+          Q += __shfl_sync(kFull, gv, src);
+        }
+      }
+      BwdCoef cf;
+      cf.P = Ps;
+      cf.norm = k > 1;
+      cf.D = S + kEps;
+      cf.qdd = Q / (cf.D * cf.D);
+      if (valid) {
+        OS* orow = static_cast<OS*>(P.gout) + rowE;
+        for (int e0 = ls * VO; e0 < E; e0 += TPT * VO) {
+          float o[VO];
+          if (pre) {  // dense indices with Softmax pre: non-routed get -a*P
+            float av[VO];
+            if constexpr (VEC)
+              load_chunk<kDtF32, VO>(P.inter + rowE + e0, av);
+            else
+              av[0] = P.inter[rowE + e0];
+#pragma unroll
+            for (int w = 0; w < VO; ++w) o[w] = -av[w] * cf.P;
+          } else {
+#pragma unroll
+            for (int w = 0; w < VO; ++w) o[w] = 0.0f;
+          }
+          if constexpr (VEC)
+            store_chunk<GO, VO>(orow + e0, o);
+          else
+            orow[e0] = TO::from_f(o[0]);
+        }
+      }
+      __syncwarp();
+      if (has) {
+        const float dx = (fn == kSmx) ? a * (g - cf.P) : dx_sig_ssp(fn, cf, true, a, v, g);
+        static_cast<OS*>(P.gout)[rowE + i0] = TO::from_f(dx);
+      }
+      __syncwarp();
+      i0 = i1;
+      i1 = i2;
+      w0 = w1;
+      w1 = w2;
+      u0 = u1;
+      h0 = h1;
+    }
+    return;
+  }
+
+  for (long long tb = gwarp * TPW; tb < P.T; tb += nwarps * TPW) {
+    const long long t = tb + seg;
+    const bool valid = t < P.T;
+    const long long rowE = t * static_cast<long long>(E);
+    const long long rowK = t * static_cast<long long>(k);
+    const LS* lrow = compact ? static_cast<const LS*>(P.logits) + rowE : nullptr;
+
+    // Softmax pre in compact form: full-row statistics from the logits
+    float M = 0.0f, inv = 0.0f;
+    if (compact && pre) {
+      float m = -INFINITY, s = 0.0f;
+      if (valid) {
+        for (int e = ls; e < E; e += TPT) m = fmaxf(m, TL::to_f(lrow[e]));
+        for (int e = ls; e < E; e += TPT) {
+          const float xe = TL::to_f(lrow[e]);
+          if (xe != -INFINITY) s += expf(xe - m);
+        }
+      }
+#pragma unroll
+      for (int o = TPT / 2; o > 0; o >>= 1) {
+        const float mo = __shfl_xor_sync(kFull, m, o);
+        const float so = __shfl_xor_sync(kFull, s, o);
+        softmax_merge(m, s, mo, so);
+      }
+      M = m;
+      inv = 1.0f / s;
+    }
+    // Softmax post in compact form: logit of slot 0 and the softmax sum over the slots
+    float x0 = 0.0f, sinv = 0.0f;
+    if (compact && post && valid) x0 = TL::to_f(lrow[P.ids[rowK]]);
+
+    // per-slot values: idx, a (intermediate-equivalent), v (normalization value), g (scaled gradient)
+    auto slot = [&](int r, int& idx, float& a, float& v, float& g, float& e) {
+      if (compact) {
+        idx = P.ids[rowK + r];
+        const float x = TL::to_f(lrow[idx]);
+        g = load_any(P.gw, P.gw_type, rowK + r) * P.scale;
+        e = 0.0f;
+        if (fn == kSig) {
+          a = sigmoidf_(x);
+        } else if (fn == kSsp) {
+          a = x;
+        } else if (pre) {
+          a = expf(x - M) * inv;
+        } else {
+          e = expf(x - x0);
+          a = (x == -INFINITY) ? -INFINITY : e;  // marker for the sum; fixed below
+        }
+      } else {
+        idx = load_index(P.indices, P.idx_type, rowK + r);
+        a = P.inter[rowE + idx];
+        g = load_any(P.gin, GO, rowE + idx) * P.scale;
+        e = 0.0f;
+      }
+      v = (fn == kSsp) ? sqrtsoftplusf_(a) : a;
+    };
+
+    float S = 0.0f, Q = 0.0f, Ps = 0.0f;
+    int my_idx = 0;
+    float my_a = 0.0f, my_v = 0.0f, my_g = 0.0f;
+    if (small) {
+      const bool has = valid && ls < k;
+      float e = 0.0f;
+      if (has) slot(ls, my_idx, my_a, my_v, my_g, e);
+      if (compact && post) {
+        // softmax over the k slots, slot order (matches the forward's bits)
+        float sum = 0.0f;
+        for (int r = 0; r < k; ++r) {
+          const float er = __shfl_sync(kFull, my_a, seg * TPT + r);
+          sum += (er == -INFINITY) ? 0.0f : er;
+        }
+        sinv = 1.0f / sum;
+        my_a = e * sinv;
+        my_v = my_a;
+      }
+      for (int r = 0; r < k; ++r) {
+        const int src = seg * TPT + r;
+        const float va = __shfl_sync(kFull, my_a, src);
+        const float vv = __shfl_sync(kFull, my_v, src);
+        const float vg = __shfl_sync(kFull, my_g, src);
+        if (fn == kSmx) {
+          Ps += vg * va;
+        } else {
+          S += vv;
+          Q += vg * vv;
+        }
+      }
+    } else {
+      if (compact && post) {
+        float sum = 0.0f;
+        if (valid)
+          for (int r = ls; r < k; r += TPT) {
+            int idx;
+            float a, v, g, e;
+            slot(r, idx, a, v, g, e);
+            sum += (a == -INFINITY) ? 0.0f : e;
+          }
+        sinv = 1.0f / seg_add_f32<TPT>(sum);
+      }
+      if (valid)
+        for (int r = ls; r < k; r += TPT) {
+          int idx;
+          float a, v, g, e;
+          slot(r, idx, a, v, g, e);
+          if (compact && post) {
+            a = e * sinv;
+            v = a;
+          }
+          if (fn == kSmx) {
+            Ps += g * a;
+          } else {
+            S += v;
+            Q += g * v;
+          }
+        }
+      Ps = seg_add_f32<TPT>(Ps);
+      S = seg_add_f32<TPT>(S);
+      Q = seg_add_f32<TPT>(Q);
+    }
+    BwdCoef cf;
+    cf.P = Ps;
+    cf.norm = k > 1;
+    cf.D = S + kEps;
+    cf.qdd = Q / (cf.D * cf.D);
+
+    // row fill: +0.0, or -a[e]*P for Softmax pre
+    if (valid) {
+      OS* orow = static_cast<OS*>(P.gout) + rowE;
+      for (int e0 = ls * VO; e0 < E; e0 += TPT * VO) {
+        float o[VO];
+        if (pre) {
+          if (compact) {
+#pragma unroll
+            for (int w = 0; w < VO; ++w) o[w] = -(expf(TL::to_f(lrow[e0 + w]) - M) * inv) * cf.P;
+          } else {
+            float av[VO];
+            if constexpr (VEC)
+              load_chunk<kDtF32, VO>(P.inter + rowE + e0, av);
+            else
+              av[0] = P.inter[rowE + e0];
+#pragma unroll
+            for (int w = 0; w < VO; ++w) o[w] = -av[w] * cf.P;
+          }
+        } else {
+#pragma unroll
+          for (int w = 0; w < VO; ++w) o[w] = 0.0f;
+        }
+        if constexpr (VEC)
+          store_chunk<GO, VO>(orow + e0, o);
+        else
+          orow[e0] = TO::from_f(o[0]);
+      }
+    }
+    __syncwarp();
+    // routed entries
+    if (valid) {
+      OS* orow = static_cast<OS*>(P.gout) + rowE;
+      auto put = [&](int idx, float a, float v, float g) {
+        float dx;
+        if (fn == kSmx)
+          dx = a * (g - cf.P);
+        else
+          dx = dx_sig_ssp(fn, cf, true, a, v, g);
+        orow[idx] = TO::from_f(dx);
+      };
+      if (small) {
+        if (ls < k) put(my_idx, my_a, my_v, my_g);
+      } else {
+        for (int r = ls; r < k; r += TPT) {
+          int idx;
+          float a, v, g, e;
+          slot(r, idx, a, v, g, e);
+          if (compact && post) {
+            a = e * sinv;
+            v = a;
+          }
+          put(idx, a, v, g);
+        }
+      }
+    }
+    __syncwarp();
+  }
+}
+
+// ------------------------------------------------------------------------------------------------------------
+template <class K>
+cudaError_t launch_warps(K kern, const BwdParams& P, int tpt, cudaStream_t st) {
+  const int block = 128;
+  const long long tok_per_block = 4LL * (32 / tpt);
+  const long long work = (P.T + tok_per_block - 1) / tok_per_block;
+  const int grid = persistent_grid(reinterpret_cast<const void*>(kern), block, 0, work);
+  kern<<<grid, block, 0, st>>>(P);
+  return cudaGetLastError();
+}
+
+template <int GI, int GO>
+cudaError_t dense_dispatch(const BwdParams& P, bool vec, cudaStream_t st) {
+  const int E = P.E;
+  if (vec) {
+    if (E <= 8) return launch_warps(bwd_dense<GI, GO, 1, 1, 8>, P, 1, st);
+    if (E <= 16) return launch_warps(bwd_dense<GI, GO, 2, 1, 8>, P, 2, st);
+    if (E <= 32) return launch_warps(bwd_dense<GI, GO, 4, 1, 8>, P, 4, st);
+    if (E <= 64) return launch_warps(bwd_dense<GI, GO, 8, 1, 8>, P, 8, st);
+    if (E <= 128) return launch_warps(bwd_dense<GI, GO, 16, 1, 8>, P, 16, st);
+    if (E <= 256) return launch_warps(bwd_dense<GI, GO, 32, 1, 8>, P, 32, st);
+    if (E <= 512) return launch_warps(bwd_dense<GI, GO, 32, 2, 8>, P, 32, st);
+    return launch_warps(bwd_dense<GI, GO, 32, 4, 8>, P, 32, st);
+  }
+  return launch_warps(bwd_dense<GI, GO, 32, 8, 1>, P, 32, st);
+}
+
+template <int GO, int LD>
+cudaError_t sparse_dispatch(const BwdParams& P, cudaStream_t st) {
+  constexpr int VO = 16 / static_cast<int>(sizeof(typename Ty<GO>::S));
+  const bool vec = (P.E % VO == 0) && aligned16(P.gout) && aligned16(P.inter);
+  const int k = P.k;
+  if (vec) {
+    if (k <= 2) return launch_warps(bwd_sparse<GO, LD, 2, true>, P, 2, st);
+    if (k <= 8) return launch_warps(bwd_sparse<GO, LD, 8, true>, P, 8, st);
+    return launch_warps(bwd_sparse<GO, LD, 32, true>, P, 32, st);
+  }
+  if (k <= 2) return launch_warps(bwd_sparse<GO, LD, 2, false>, P, 2, st);
+  if (k <= 8) return launch_warps(bwd_sparse<GO, LD, 8, false>, P, 8, st);
+  return launch_warps(bwd_sparse<GO, LD, 32, false>, P, 32, st);
+}
+
+template <int GO>
+cudaError_t aux_dispatch(const BwdParams& P, bool vec, cudaStream_t st) {
+  if (vec) return launch_warps(bwd_dense<kDtF32, GO, 32, 1, 8>, P, 32, st);
+  return launch_warps(bwd_dense<kDtF32, GO, 32, 8, 1>, P, 32, st);
+}
+
+}  // namespace
+}  // namespace detail
+
+using namespace detail;
+
+cudaError_t topk_backward(const TopkBackwardArgs& a, cudaStream_t stream) {
+  if (a.num_tokens <= 0) return cudaSuccess;
+  BwdParams P;
+  P.T = a.num_tokens;
+  P.E = a.num_experts;
+  P.k = a.config.topk;
+  P.fn = static_cast<int>(a.config.score_function);
+  P.pre = (a.config.score_function == ScoreFunction::Softmax && a.config.use_pre_softmax) ? 1 : 0;
+  P.scale = a.config.scaling_factor;
+  if (a.output == RoutingOutput::Compact) {
+    P.compact = 1;
+    P.logits = a.logits;
+    P.ids = a.ids;
+    P.gw_type = static_cast<int>(a.grad_weights_type);
+    P.gw = a.grad_weights;
+    P.gout = a.grad_logits;
+    switch (a.logits_type) {
+      case DType::F32: return sparse_dispatch<kDtF32, kDtF32>(P, stream);
+      case DType::F16: return sparse_dispatch<kDtF16, kDtF16>(P, stream);
+      case DType::BF16: return sparse_dispatch<kDtBF16, kDtBF16>(P, stream);
+      default: return cudaErrorInvalidValue;
+    }
+  }
+  P.inter = a.intermediate;
+  P.gin = a.grad_probs;
+  P.gout = a.grad_logits;
+  if (a.output == RoutingOutput::Indices) {
+    P.idx_type = static_cast<int>(a.indices_type);
+    P.indices = a.indices;
+    switch (a.grad_type) {  // LD is unused on this path
+      case DType::F32: return sparse_dispatch<kDtF32, kDtF32>(P, stream);
+      case DType::F16: return sparse_dispatch<kDtF16, kDtF16>(P, stream);
+      case DType::BF16: return sparse_dispatch<kDtBF16, kDtBF16>(P, stream);
+      default: return cudaErrorInvalidValue;
+    }
+  }
+  P.map_kind = (a.output == RoutingOutput::BitmapU8) ? 1 : 0;
+  P.map = a.routing_map;
+  const bool vec = (P.E % 8 == 0) && aligned16(P.inter) && aligned16(P.gin) && aligned16(P.gout) && aligned16(P.map);
+  switch (a.grad_type) {
+    case DType::F32: return dense_dispatch<kDtF32, kDtF32>(P, vec, stream);
+    case DType::F16: return dense_dispatch<kDtF16, kDtF16>(P, vec, stream);
+    case DType::BF16: return dense_dispatch<kDtBF16, kDtBF16>(P, vec, stream);
+    default: return cudaErrorInvalidValue;
+  }
+}
+
+cudaError_t aux_scores_backward(const AuxScoresBackwardArgs& a, cudaStream_t stream) {
+  if (a.num_tokens <= 0) return cudaSuccess;
+  BwdParams P;
+  P.T = a.num_tokens;
+  P.E = a.num_experts;
+  P.k = 2;  // unused: the aux path always normalizes
+  P.fn = static_cast<int>(a.score_function);
+  P.aux = 1;
+  P.scale = 1.0f;
+  P.inter = a.intermediate;
+  P.gin = a.grad_scores;
+  P.gout = a.grad_logits;
+  const bool vec = (P.E % 8 == 0) && aligned16(P.inter) && aligned16(P.gin) && aligned16(P.gout);
+  switch (a.grad_logits_type) {
+    case DType::F32: return aux_dispatch<kDtF32>(P, vec, stream);
+    case DType::F16: return aux_dispatch<kDtF16>(P, vec, stream);
+    case DType::BF16: return aux_dispatch<kDtBF16>(P, vec, stream);
+    default: return cudaErrorInvalidValue;
+  }
+}
+
+}  // namespace CudaKernels
+}  // namespace Impl
+}  // namespace KokkosMoE

@@ -1,0 +1,100 @@
+/*
+ * KokkosMoE: Mixture-of-Experts routing for Kokkos. SPDX-License-Identifier: Apache-2.0
+ */
+// Host helpers of the native CUDA router kernels: cached device properties and occupancy-based persistent grids.
+// All of them are host-only queries (no stream work, no allocation), so they are legal during graph capture.
+
+#include <cuda/KokkosMoE_Router_Cuda_Common.cuh>
+
+#include <algorithm>
+#include <mutex>
+#include <vector>
+
+namespace KokkosMoE {
+namespace Impl {
+namespace CudaKernels {
+namespace detail {
+
+namespace {
+struct DeviceInfo {
+  int sms = 0;
+  int max_smem = 0;
+};
+std::mutex g_mutex;
+std::vector<DeviceInfo> g_devices;
+
+struct OccKey {
+  int device;
+  const void* kernel;
+  int block;
+  size_t smem;
+  int blocks_per_sm;
+};
+std::vector<OccKey> g_occ;
+
+const DeviceInfo& device_info(int dev) {
+  // caller holds g_mutex
+  if (static_cast<int>(g_devices.size()) <= dev) g_devices.resize(dev + 1);
+  DeviceInfo& d = g_devices[dev];
+  if (d.sms == 0) {
+    int v = 0;
+    cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev);
+    d.sms = v > 0 ? v : 1;
+    v = 0;
+    cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
+    d.max_smem = v > 0 ? v : 48 * 1024;
+  }
+  return d;
+}
+int current_device() {
+  int dev = 0;
+  cudaGetDevice(&dev);
+  return dev;
+}
+}  // namespace
+
+int sm_count() {
+  const int dev = current_device();
+  std::lock_guard<std::mutex> lock(g_mutex);
+  return device_info(dev).sms;
+}
+
+int max_dyn_smem() {
+  const int dev = current_device();
+  std::lock_guard<std::mutex> lock(g_mutex);
+  return device_info(dev).max_smem;
+}
+
+cudaError_t ensure_smem(const void* kernel, size_t smem) {
+  if (smem <= 48 * 1024) return cudaSuccess;
+  return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+}
+
+int persistent_grid(const void* kernel, int block, size_t smem, long long work_blocks) {
+  if (work_blocks <= 0) return 1;
+  const int dev = current_device();
+  int per_sm = 0, sms = 1;
+  {
+    std::lock_guard<std::mutex> lock(g_mutex);
+    sms = device_info(dev).sms;
+    for (const OccKey& o : g_occ)
+      if (o.device == dev && o.kernel == kernel && o.block == block && o.smem == smem) per_sm = o.blocks_per_sm;
+  }
+  if (per_sm == 0) {
+    int v = 0;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&v, kernel, block, smem) != cudaSuccess || v <= 0) {
+      cudaGetLastError();  // clear a failed query; the launch reports real errors
+      v = 1;
+    }
+    per_sm = v;
+    std::lock_guard<std::mutex> lock(g_mutex);
+    g_occ.push_back(OccKey{dev, kernel, block, smem, per_sm});
+  }
+  const long long cap = static_cast<long long>(per_sm) * sms;
+  return static_cast<int>(std::min<long long>(work_blocks, cap));
+}
+
+}  // namespace detail
+}  // namespace CudaKernels
+}  // namespace Impl
+}  // namespace KokkosMoE

@@ -1,0 +1,273 @@
+/*
+ * KokkosMoE: Mixture-of-Experts routing for Kokkos. SPDX-License-Identifier: Apache-2.0
+ */
+#ifndef KOKKOSMOE_ROUTER_CUDA_COMMON_CUH
+#define KOKKOSMOE_ROUTER_CUDA_COMMON_CUH
+
+// Private helpers of the native CUDA router kernels (router-spec §5-§12): dtype traits and 16-byte chunk
+// loads/stores, the order-preserving selection key of §7, segmented warp reductions, launch-geometry caches.
+// Nothing here needs Kokkos. Compiled without fast-math: expf/log1pf/sqrtf are the accurate versions and every
+// '/' is an IEEE division.
+
+#include <impl/KokkosMoE_Router_Args.hpp>
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#if defined(__CUDACC__) && defined(__FAST_MATH__)
+#error "KokkosMoE router kernels must be compiled without fast-math (router-spec §1)"
+#endif
+
+namespace KokkosMoE {
+namespace Impl {
+namespace CudaKernels {
+namespace detail {
+
+constexpr unsigned kFull = 0xffffffffu;
+constexpr int kDtF32 = static_cast<int>(DType::F32);
+constexpr int kDtF16 = static_cast<int>(DType::F16);
+constexpr int kDtBF16 = static_cast<int>(DType::BF16);
+
+// ------------------------------------------------------------------------------------------------------------
+// dtype traits: storage type, 16-byte vector width, widening/narrowing (round to nearest even, once, on store)
+// ------------------------------------------------------------------------------------------------------------
+template <int DT>
+struct Ty;
+template <>
+struct Ty<kDtF32> {
+  using S = float;
+  static constexpr int VW = 4;  // elements per 16 bytes
+  __device__ __forceinline__ static float to_f(S v) { return v; }
+  __device__ __forceinline__ static S from_f(float f) { return f; }
+};
+template <>
+struct Ty<kDtF16> {
+  using S = unsigned short;
+  static constexpr int VW = 8;
+  __device__ __forceinline__ static float to_f(S v) { return __half2float(__ushort_as_half(v)); }
+  __device__ __forceinline__ static S from_f(float f) { return __half_as_ushort(__float2half_rn(f)); }
+};
+template <>
+struct Ty<kDtBF16> {
+  using S = unsigned short;
+  static constexpr int VW = 8;
+  __device__ __forceinline__ static float to_f(S v) { return __uint_as_float(static_cast<unsigned>(v) << 16); }
+  __device__ __forceinline__ static S from_f(float f) { return __bfloat16_as_ushort(__float2bfloat16_rn(f)); }
+};
+
+/// Reads element i of a type-erased float/fp16/bf16 array (scalar, cached load).
+__device__ __forceinline__ float load_any(const void* p, int dt, long long i) {
+  if (dt == kDtF32) return __ldg(static_cast<const float*>(p) + i);
+  const unsigned short b = __ldg(static_cast<const unsigned short*>(p) + i);
+  if (dt == kDtF16) return Ty<kDtF16>::to_f(b);
+  return Ty<kDtBF16>::to_f(b);
+}
+/// Writes element i of a type-erased float/fp16/bf16 array.
+__device__ __forceinline__ void store_any(void* p, int dt, long long i, float v) {
+  if (dt == kDtF32)
+    static_cast<float*>(p)[i] = v;
+  else if (dt == kDtF16)
+    static_cast<unsigned short*>(p)[i] = Ty<kDtF16>::from_f(v);
+  else
+    static_cast<unsigned short*>(p)[i] = Ty<kDtBF16>::from_f(v);
+}
+
+template <int BYTES>
+struct RawT;
+template <>
+struct RawT<32> {
+  struct type {
+    uint4 a, b;
+  };
+};
+template <>
+struct RawT<16> {
+  using type = uint4;
+};
+template <>
+struct RawT<8> {
+  using type = uint2;
+};
+template <>
+struct RawT<4> {
+  using type = unsigned;
+};
+template <>
+struct RawT<2> {
+  using type = unsigned short;
+};
+template <>
+struct RawT<1> {
+  using type = unsigned char;
+};
+
+/// W contiguous elements of storage type S moved with one (or two) vector accesses. The address must be aligned
+/// to min(16, W*sizeof(S)) bytes (the launchers check this before picking a vector kernel).
+template <class S, int W>
+struct Vec {
+  static constexpr int BYTES = W * static_cast<int>(sizeof(S));
+  using R = typename RawT<BYTES>::type;
+  __device__ __forceinline__ static R ldg(const S* p) {
+    if constexpr (BYTES == 32) {
+      R r;
+      r.a = __ldg(reinterpret_cast<const uint4*>(p));
+      r.b = __ldg(reinterpret_cast<const uint4*>(p) + 1);
+      return r;
+    } else {
+      return __ldg(reinterpret_cast<const R*>(p));
+    }
+  }
+  __device__ __forceinline__ static void stcs(S* p, const R& r) {
+    if constexpr (BYTES == 32) {
+      __stcs(reinterpret_cast<uint4*>(p), r.a);
+      __stcs(reinterpret_cast<uint4*>(p) + 1, r.b);
+    } else {
+      __stcs(reinterpret_cast<R*>(p), r);
+    }
+  }
+  __device__ __forceinline__ static void to_array(const R& r, S (&s)[W]) { memcpy(s, &r, BYTES); }
+  __device__ __forceinline__ static R from_array(const S (&s)[W]) {
+    R r;
+    memcpy(&r, s, BYTES);
+    return r;
+  }
+};
+
+/// Loads W elements of dtype DT at p and widens them.
+template <int DT, int W>
+__device__ __forceinline__ void load_chunk(const typename Ty<DT>::S* p, float* out) {
+  using S = typename Ty<DT>::S;
+  using VV = Vec<S, W>;
+  S s[W];
+  VV::to_array(VV::ldg(p), s);
+#pragma unroll
+  for (int w = 0; w < W; ++w) out[w] = Ty<DT>::to_f(s[w]);
+}
+/// Narrows W floats to dtype DT and stores them at p (streaming store).
+template <int DT, int W>
+__device__ __forceinline__ void store_chunk(typename Ty<DT>::S* p, const float* in) {
+  using S = typename Ty<DT>::S;
+  using VV = Vec<S, W>;
+  S s[W];
+#pragma unroll
+  for (int w = 0; w < W; ++w) s[w] = Ty<DT>::from_f(in[w]);
+  VV::stcs(p, VV::from_array(s));
+}
+template <int W>
+__device__ __forceinline__ void store_bytes(unsigned char* p, const unsigned char* in) {
+  using VV = Vec<unsigned char, W>;
+  unsigned char s[W];
+#pragma unroll
+  for (int w = 0; w < W; ++w) s[w] = in[w];
+  VV::stcs(p, VV::from_array(s));
+}
+
+// ------------------------------------------------------------------------------------------------------------
+// Selection keys (router-spec §6, §7)
+// ------------------------------------------------------------------------------------------------------------
+/// Order-preserving unsigned key of an FP32 score: -0.0 == +0.0, -inf < finite < +inf, NaN (any sign or payload)
+/// maps to 1, below -inf (whose key is 0x007fffff). Key 0 is reserved for "not a candidate" (padding, ineligible
+/// experts, removed entries), so every real score outranks it.
+__device__ __forceinline__ unsigned okey(float s) {
+  unsigned u = __float_as_uint(s);
+  u = (u == 0x80000000u) ? 0u : u;
+  const unsigned k = (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+  return (s != s) ? 1u : k;
+}
+/// Inverse of okey for real scores; keys 0 and 1 decode to NaN.
+__device__ __forceinline__ float okey_decode(unsigned k) {
+  return __uint_as_float((k & 0x80000000u) ? (k & 0x7fffffffu) : ~k);
+}
+/// Selection order as one integer: larger is better; equal keys resolve to the lower index.
+__device__ __forceinline__ unsigned long long comp_key(unsigned key, unsigned idx) {
+  return (static_cast<unsigned long long>(key) << 32) | static_cast<unsigned long long>(0xffffffffu - idx);
+}
+__device__ __forceinline__ unsigned comp_idx(unsigned long long c) {
+  return 0xffffffffu - static_cast<unsigned>(c & 0xffffffffull);
+}
+
+// ------------------------------------------------------------------------------------------------------------
+// Score functions (router-spec §5.1), FP32, accurate math
+// ------------------------------------------------------------------------------------------------------------
+__device__ __forceinline__ float sigmoidf_(float x) { return 1.0f / (1.0f + expf(-x)); }
+__device__ __forceinline__ float sqrtsoftplusf_(float x) { return sqrtf(x > 20.0f ? x : log1pf(expf(x))); }
+
+/// Merge of two softmax partials (max, sum); a partial with no data (max -inf) contributes 0. Symmetric in its
+/// arguments, so butterfly reductions give every lane the same bits.
+__device__ __forceinline__ void softmax_merge(float& m, float& s, float mo, float so) {
+  const float M = fmaxf(m, mo);
+  const float a = (m == -INFINITY) ? 0.0f : s * expf(m - M);
+  const float b = (mo == -INFINITY) ? 0.0f : so * expf(mo - M);
+  m = M;
+  s = a + b;
+}
+
+// ------------------------------------------------------------------------------------------------------------
+// Segmented (TPT lanes per token) warp primitives. All 32 lanes must call them (full mask); a segment is the
+// aligned group of TPT lanes of one token. TPT == 32 uses the single-instruction redux.sync of sm_80+.
+// ------------------------------------------------------------------------------------------------------------
+template <int TPT>
+__device__ __forceinline__ unsigned seg_max_u32(unsigned v) {
+  if constexpr (TPT == 32) {
+    return __reduce_max_sync(kFull, v);
+  } else {
+#pragma unroll
+    for (int o = TPT / 2; o > 0; o >>= 1) v = max(v, __shfl_xor_sync(kFull, v, o));
+    return v;
+  }
+}
+template <int TPT>
+__device__ __forceinline__ int seg_add_i32(int v) {
+  if constexpr (TPT == 32) {
+    return __reduce_add_sync(kFull, v);
+  } else {
+#pragma unroll
+    for (int o = TPT / 2; o > 0; o >>= 1) v += __shfl_xor_sync(kFull, v, o);
+    return v;
+  }
+}
+/// Butterfly float sum: fixed order, every lane of the segment gets identical bits.
+template <int TPT>
+__device__ __forceinline__ float seg_add_f32(float v) {
+#pragma unroll
+  for (int o = TPT / 2; o > 0; o >>= 1) v += __shfl_xor_sync(kFull, v, o);
+  return v;
+}
+/// Exclusive prefix sum over the lanes of the segment (lane order).
+template <int TPT>
+__device__ __forceinline__ int seg_excl_scan(int v, int ls) {
+  int incl = v;
+#pragma unroll
+  for (int o = 1; o < TPT; o <<= 1) {
+    const int n = __shfl_up_sync(kFull, incl, o, TPT);
+    if (ls >= o) incl += n;
+  }
+  return incl - v;
+}
+
+// ------------------------------------------------------------------------------------------------------------
+// Host helpers
+// ------------------------------------------------------------------------------------------------------------
+inline bool aligned16(const void* p) { return (reinterpret_cast<std::uintptr_t>(p) & 15u) == 0; }
+
+/// Multiprocessor count of the current device (cached per device; host-only query, capture-safe).
+int sm_count();
+/// Largest dynamic shared memory a block may opt into on the current device.
+int max_dyn_smem();
+
+/// Grid for a persistent (grid-stride) kernel: enough blocks to cover `work_blocks` but no more than fit on the
+/// device at once. Occupancy is computed once per (kernel, block, smem) and cached.
+int persistent_grid(const void* kernel, int block, size_t smem, long long work_blocks);
+
+/// Opts a kernel into more than 48 KB of dynamic shared memory when needed.
+cudaError_t ensure_smem(const void* kernel, size_t smem);
+
+}  // namespace detail
+}  // namespace CudaKernels
+}  // namespace Impl
+}  // namespace KokkosMoE
+
+#endif

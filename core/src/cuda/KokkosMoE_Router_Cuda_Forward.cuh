@@ -1,0 +1,1280 @@
+/*
+ * KokkosMoE: Mixture-of-Experts routing for Kokkos. SPDX-License-Identifier: Apache-2.0
+ */
+#ifndef KOKKOSMOE_ROUTER_CUDA_FORWARD_CUH
+#define KOKKOSMOE_ROUTER_CUDA_FORWARD_CUH
+
+// Forward kernels of topk_router (all output kinds) and aux_scores (router-spec §5, §10).
+//
+// topk_fwd_reg<DT, TPT, NC, W>: the fast path for E <= 1024. TPT lanes (1..32) own one token; lane `ls` owns NC
+//   chunks of W contiguous experts, chunk c covering experts (c*TPT + ls)*W .. +W-1 (16-byte loads when W is the
+//   vector width). Scores and keys live in registers. Selection (exact, deterministic):
+//     1. tau = the k-th largest per-lane maximum (k <= TPT): a lower bound of the k-th largest key, found with
+//        k rounds of one redux.sync; candidates = keys >= tau (typically k + 1 or 2 of them);
+//     2. if there are too many candidates (ties, k > TPT, few eligible lanes) the exact k-th key is found by a
+//        32-step bitwise search with redux.sync counts, and ties at it are cut by index order (segment scan);
+//     3. candidates are compacted into shared memory and each is ranked by counting the candidates that beat it
+//        under (key desc, index asc): rank = slot. No float atomics, no data-dependent order.
+//   Weights are computed per slot (one division per slot, sums in slot order), then scattered through a
+//   per-token shared row so that every output row is written once with coalesced vector stores.
+// topk_fwd_generic<DT>: any E (block per token). Keys cached in shared memory when they fit, recomputed from
+//   the logits otherwise; group and expert selection by a block-wide bitwise threshold search with an index-order
+//   tie cut; the k selected are sorted (rank count or bitonic) in shared memory.
+
+#include <cuda/KokkosMoE_Router_Cuda_Common.cuh>
+
+namespace KokkosMoE {
+namespace Impl {
+namespace CudaKernels {
+namespace detail {
+
+constexpr int kFnSigmoid = static_cast<int>(ScoreFunction::Sigmoid);
+constexpr int kFnSoftmax = static_cast<int>(ScoreFunction::Softmax);
+constexpr int kFnSqrtSoftplus = static_cast<int>(ScoreFunction::SqrtSoftplus);
+constexpr int kOutBytemap = static_cast<int>(RoutingOutput::Bytemap);
+constexpr int kOutBitmap = static_cast<int>(RoutingOutput::BitmapU8);
+constexpr int kOutIndices = static_cast<int>(RoutingOutput::Indices);
+constexpr int kOutCompact = static_cast<int>(RoutingOutput::Compact);
+
+/// Candidate-list limit of the fast selection (above it, or with ties piling up, the exact search runs).
+constexpr int kCandLimit = 64;
+
+struct FwdParams {
+  long long T = 0;
+  int E = 0, k = 1;
+  int fn = 0;       // ScoreFunction
+  int pre = 0;      // Softmax pre
+  int aux = 0;      // aux_scores mode (scores out, map out; no probs)
+  int G = 0, gk = 0, gs = 0, kg = 0;  // grouping (gk == 0: off)
+  float scale = 1.0f;
+  int out = 0;       // RoutingOutput
+  int idx_type = 0;  // DType of dense indices
+  int bias_type = 0;
+  const void* logits = nullptr;
+  const void* bias = nullptr;
+  void* probs = nullptr;
+  unsigned char* map = nullptr;
+  void* indices = nullptr;
+  float* inter = nullptr;
+  int* ids = nullptr;
+  float* weights = nullptr;
+  float* scores = nullptr;
+  // fast path: per-token shared-memory region
+  int cap = 0;        // candidate entries
+  int tok_smem = 0;   // bytes per token
+  int off_slots = 0;  // byte offsets inside the token region
+  int off_ybuf = 0;
+  int off_fbuf = 0;
+  int fbuf_bytes = 0;
+  // generic path
+  int cache_keys = 0;  // keys/activations cached in shared memory
+  int cache_groups = 0;
+  int list_mode = 0;  // 0: rank count (k <= 64), 1: bitonic (pow2 >= k entries), 2: no list (k too large)
+  int list_n = 0;     // entries of the list buffer
+  int force_general = 0;  // testing only: skip the rounds kernel (the public launchers never set it)
+};
+
+__device__ __forceinline__ void store_index(void* p, int dt, long long i, int v) {
+  if (dt == static_cast<int>(DType::I16))
+    static_cast<short*>(p)[i] = static_cast<short>(v);
+  else if (dt == static_cast<int>(DType::I64))
+    static_cast<long long*>(p)[i] = v;
+  else
+    static_cast<int*>(p)[i] = v;
+}
+
+/// Inserts v into the descending list L[0..N) (values only; multiset semantics).
+template <int N>
+__device__ __forceinline__ void list_insert(unsigned (&L)[N], unsigned v) {
+#pragma unroll
+  for (int j = 0; j < N; ++j) {
+    const unsigned hi = max(L[j], v);
+    v = min(L[j], v);
+    L[j] = hi;
+  }
+}
+
+/// Front part of the per-token work shared by both register kernels: activations (§5.1), selection keys (§7),
+/// early outputs (intermediate, aux scores), the activation row in shared memory, group-limited eligibility (§5.3).
+template <int DT, int TPT, int NC, int W>
+__device__ __forceinline__ void token_front(const FwdParams& P, const float (&x)[NC * W], float (&y)[NC * W],
+                                            unsigned (&key)[NC * W], const bool (&cvalid)[NC],
+                                            const float (&bias)[NC * W], bool valid, long long rowE, int ls, int seg,
+                                            float* ybuf) {
+  constexpr int V = NC * W;
+  const int fn = P.fn;
+  const bool aux = P.aux != 0;
+  const bool compact = P.out == kOutCompact;
+  const bool softmax_rowstats = fn == kFnSoftmax && (P.pre || aux);
+  const bool softmax_post = fn == kFnSoftmax && !P.pre && !aux;
+  const bool has_bias = P.bias != nullptr;
+  // ---- activations, selection scores, early outputs --------------------------------------------------
+  if (fn == kFnSoftmax) {
+    if (softmax_rowstats) {
+      float m = -INFINITY;
+#pragma unroll
+      for (int c = 0; c < NC; ++c)
+#pragma unroll
+        for (int w = 0; w < W; ++w)
+          if (cvalid[c]) m = fmaxf(m, x[c * W + w]);
+      float s = 0.0f;
+#pragma unroll
+      for (int c = 0; c < NC; ++c)
+#pragma unroll
+        for (int w = 0; w < W; ++w)
+          if (cvalid[c] && x[c * W + w] != -INFINITY) s += expf(x[c * W + w] - m);
+#pragma unroll
+      for (int o = TPT / 2; o > 0; o >>= 1) {
+        const float mo = __shfl_xor_sync(kFull, m, o);
+        const float so = __shfl_xor_sync(kFull, s, o);
+        softmax_merge(m, s, mo, so);
+      }
+      const float inv = 1.0f / s;
+#pragma unroll
+      for (int p = 0; p < V; ++p) y[p] = expf(x[p] - m) * inv;
+    } else {
+#pragma unroll
+      for (int p = 0; p < V; ++p) y[p] = x[p];
+    }
+  } else if (fn == kFnSigmoid) {
+#pragma unroll
+    for (int p = 0; p < V; ++p) y[p] = sigmoidf_(x[p]);
+  } else {
+#pragma unroll
+    for (int p = 0; p < V; ++p) y[p] = sqrtsoftplusf_(x[p]);
+  }
+
+  if (aux && fn != kFnSoftmax) {
+    float rs = 0.0f;
+#pragma unroll
+    for (int c = 0; c < NC; ++c)
+#pragma unroll
+      for (int w = 0; w < W; ++w)
+        if (cvalid[c]) rs += y[c * W + w];
+    rs = seg_add_f32<TPT>(rs) + kEps;
+    float sc[V];
+#pragma unroll
+    for (int p = 0; p < V; ++p) sc[p] = y[p] / rs;
+#pragma unroll
+    for (int c = 0; c < NC; ++c) {
+      if (valid && cvalid[c]) store_chunk<kDtF32, W>(P.scores + rowE + (c * TPT + ls) * W, sc + c * W);
+#pragma unroll
+      for (int w = 0; w < W; ++w) key[c * W + w] = cvalid[c] ? okey(sc[c * W + w]) : 0u;
+    }
+  } else {
+    if (aux) {  // softmax aux: scores = probabilities
+#pragma unroll
+      for (int c = 0; c < NC; ++c)
+        if (valid && cvalid[c]) store_chunk<kDtF32, W>(P.scores + rowE + (c * TPT + ls) * W, y + c * W);
+    }
+#pragma unroll
+    for (int c = 0; c < NC; ++c)
+#pragma unroll
+      for (int w = 0; w < W; ++w) {
+        const int p = c * W + w;
+        const float sc = has_bias ? y[p] + bias[p] : y[p];
+        key[p] = cvalid[c] ? okey(sc) : 0u;
+      }
+  }
+  // intermediate (all modes but compact; Softmax post is written after selection)
+  if (!compact && valid && !softmax_post) {
+#pragma unroll
+    for (int c = 0; c < NC; ++c) {
+      float iv[W];
+#pragma unroll
+      for (int w = 0; w < W; ++w) iv[w] = (fn == kFnSqrtSoftplus) ? x[c * W + w] : y[c * W + w];
+      if (cvalid[c]) store_chunk<kDtF32, W>(P.inter + rowE + (c * TPT + ls) * W, iv);
+    }
+  }
+  // per-token shared row: activations for the slot weights, cleared flags
+  if (!aux) {
+#pragma unroll
+    for (int c = 0; c < NC; ++c) {
+      float* d = ybuf + (c * TPT + ls) * W;
+      if constexpr (W % 4 == 0) {
+#pragma unroll
+        for (int w = 0; w < W; w += 4)
+          *reinterpret_cast<float4*>(d + w) = make_float4(y[c * W + w], y[c * W + w + 1], y[c * W + w + 2], y[c * W + w + 3]);
+      } else {
+#pragma unroll
+        for (int w = 0; w < W; ++w) d[w] = y[c * W + w];
+      }
+    }
+  }
+
+  // ---- group-limited routing (§5.3) -------------------------------------------------------------------
+  if (P.gk > 0) {
+    const int sg = P.gs / W;  // lanes per group (a power of two <= TPT, checked by the launcher)
+    const int kg = P.kg;
+    unsigned gkey[NC];
+    int gid[NC];
+#pragma unroll
+    for (int c = 0; c < NC; ++c) {
+      gid[c] = ((c * TPT + ls) * W) / P.gs;
+      float gsum = 0.0f;
+      if (kg <= 2) {
+        unsigned a1 = 0, a2 = 0;
+#pragma unroll
+        for (int w = 0; w < W; ++w) {
+          const unsigned v = key[c * W + w];
+          a2 = max(a2, min(a1, v));
+          a1 = max(a1, v);
+        }
+        for (int o = 1; o < sg; o <<= 1) {
+          const unsigned b1 = __shfl_xor_sync(kFull, a1, o);
+          const unsigned b2 = __shfl_xor_sync(kFull, a2, o);
+          const unsigned n2 = max(min(a1, b1), max(a2, b2));
+          a1 = max(a1, b1);
+          a2 = n2;
+        }
+        gsum += okey_decode(a1);
+        if (kg == 2) gsum += okey_decode(a2);
+      } else {
+        unsigned L[8];
+#pragma unroll
+        for (int j = 0; j < 8; ++j) L[j] = 0;
+#pragma unroll
+        for (int w = 0; w < W; ++w) list_insert<8>(L, key[c * W + w]);
+        for (int o = 1; o < sg; o <<= 1) {
+          unsigned B[8];
+#pragma unroll
+          for (int j = 0; j < 8; ++j) B[j] = __shfl_xor_sync(kFull, L[j], o);
+#pragma unroll
+          for (int j = 0; j < 8; ++j) list_insert<8>(L, B[j]);
+        }
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+          if (j < kg) gsum += okey_decode(L[j]);
+      }
+      gkey[c] = okey(gsum);
+    }
+    int rank[NC];
+#pragma unroll
+    for (int c = 0; c < NC; ++c) rank[c] = 0;
+    const int gpc = TPT / sg;  // groups per chunk row
+#pragma unroll
+    for (int c2 = 0; c2 < NC; ++c2) {
+      for (int j = 0; j < gpc; ++j) {
+        const int g2 = c2 * gpc + j;
+        if (g2 >= P.G) break;  // uniform
+        const unsigned v = __shfl_sync(kFull, gkey[c2], seg * TPT + j * sg);
+#pragma unroll
+        for (int c = 0; c < NC; ++c) rank[c] += (v > gkey[c] || (v == gkey[c] && g2 < gid[c])) ? 1 : 0;
+      }
+    }
+#pragma unroll
+    for (int c = 0; c < NC; ++c) {
+      const bool elig = gid[c] < P.G && rank[c] < P.gk;
+#pragma unroll
+      for (int w = 0; w < W; ++w) key[c * W + w] = elig ? key[c * W + w] : 0u;
+    }
+  }
+
+}
+
+// =============================================================================================================
+// Fast path: TPT lanes per token, NC chunks of W experts per lane
+// =============================================================================================================
+template <int DT, int TPT, int NC, int W>
+__global__ void __launch_bounds__(128) topk_fwd_reg(const FwdParams P) {
+  using TT = Ty<DT>;
+  using S = typename TT::S;
+  constexpr int V = NC * W;
+  constexpr int TPW = 32 / TPT;  // tokens per warp
+  constexpr int ECAP = TPT * V;
+  static_assert(V <= 32, "selection masks are 32-bit");
+  extern __shared__ __align__(16) unsigned char smem[];
+
+  const int lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
+  const int seg = lane / TPT;
+  const int ls = lane % TPT;
+  const int E = P.E;
+  const int k = P.k;
+  const int fn = P.fn;
+  const bool aux = P.aux != 0;
+  const bool compact = P.out == kOutCompact;
+  const bool softmax_post = fn == kFnSoftmax && !P.pre && !aux;
+  const bool has_bias = P.bias != nullptr;
+
+  unsigned char* tok = smem + static_cast<size_t>(warp * TPW + seg) * P.tok_smem;
+  unsigned long long* cand = reinterpret_cast<unsigned long long*>(tok);
+  int* slot_idx = reinterpret_cast<int*>(tok + P.off_slots);
+  float* slot_y = reinterpret_cast<float*>(slot_idx + k);
+  float* slot_e = slot_y + k;
+  float* ybuf = reinterpret_cast<float*>(tok + P.off_ybuf);  // activations, then weights (same region)
+  unsigned char* fbuf = tok + P.off_fbuf;                    // selected flags
+
+  bool cvalid[NC];
+#pragma unroll
+  for (int c = 0; c < NC; ++c) cvalid[c] = (c * TPT + ls) * W < E;
+
+  float bias[V];
+#pragma unroll
+  for (int c = 0; c < NC; ++c)
+#pragma unroll
+    for (int w = 0; w < W; ++w) {
+      const int e = (c * TPT + ls) * W + w;
+      bias[c * W + w] = (has_bias && cvalid[c]) ? load_any(P.bias, P.bias_type, e) : 0.0f;
+    }
+
+  using VV = Vec<S, W>;
+  using Raw = typename VV::R;
+  const long long nwarps = static_cast<long long>(gridDim.x) * (blockDim.x >> 5);
+  const long long gwarp = static_cast<long long>(blockIdx.x) * (blockDim.x >> 5) + warp;
+  const long long stride = nwarps * TPW;
+
+  // software prefetch: the raw chunks of the next token are loaded while this one is processed
+  Raw raw[NC];
+  auto issue_loads = [&](long long tb, Raw (&r)[NC]) {
+    const long long t = tb + seg;
+    const S* row = static_cast<const S*>(P.logits) + t * static_cast<long long>(E);
+#pragma unroll
+    for (int c = 0; c < NC; ++c) {
+      if (t < P.T && cvalid[c])
+        r[c] = VV::ldg(row + (c * TPT + ls) * W);
+      else
+        memset(&r[c], 0, sizeof(Raw));
+    }
+  };
+  long long tb = gwarp * TPW;
+  if (tb < P.T) issue_loads(tb, raw);
+
+  for (; tb < P.T; tb += stride) {
+    const long long t = tb + seg;
+    const bool valid = t < P.T;
+    float x[V];
+#pragma unroll
+    for (int c = 0; c < NC; ++c) {
+      S s[W];
+      VV::to_array(raw[c], s);
+#pragma unroll
+      for (int w = 0; w < W; ++w) x[c * W + w] = TT::to_f(s[w]);
+    }
+    if (tb + stride < P.T) issue_loads(tb + stride, raw);
+
+    const long long rowE = t * static_cast<long long>(E);
+    float y[V];
+    unsigned key[V];
+    for (int i = ls * 16; i < P.fbuf_bytes; i += TPT * 16) *reinterpret_cast<uint4*>(fbuf + i) = make_uint4(0, 0, 0, 0);
+    token_front<DT, TPT, NC, W>(P, x, y, key, cvalid, bias, valid, rowE, ls, seg, ybuf);
+
+    // ---- top-k selection -------------------------------------------------------------------------------
+    unsigned cmask = 0;
+    int C = 0;
+    bool need_exact = false;
+    {
+      unsigned tau = 0;
+      if constexpr (ECAP <= kCandLimit) {
+        tau = 1;
+      } else {
+        if (k <= TPT) {
+          unsigned lm = 0;
+#pragma unroll
+          for (int p = 0; p < V; ++p) lm = max(lm, key[p]);
+          int cnt = 0;
+          bool done = false;
+          for (int r = 0; r < k; ++r) {
+            const unsigned M = seg_max_u32<TPT>(lm);
+            const int c = seg_add_i32<TPT>(lm == M ? 1 : 0);
+            if (!done) {
+              tau = M;
+              cnt += c;
+              done = cnt >= k || M == 0;
+            }
+            lm = (lm == M) ? 0u : lm;
+            if (__all_sync(kFull, done)) break;
+          }
+        }
+      }
+      if (tau != 0) {
+#pragma unroll
+        for (int p = 0; p < V; ++p) cmask |= (key[p] >= tau) ? (1u << p) : 0u;
+      }
+      C = seg_add_i32<TPT>(__popc(cmask));
+      need_exact = valid && (tau == 0 || C > kCandLimit);
+    }
+    if (__any_sync(kFull, need_exact)) {
+      unsigned T = 0;
+      for (int b = 31; b >= 0; --b) {
+        const unsigned cd = T | (1u << b);
+        int c = 0;
+#pragma unroll
+        for (int p = 0; p < V; ++p) c += (key[p] >= cd) ? 1 : 0;
+        c = seg_add_i32<TPT>(c);
+        if (c >= k) T = cd;
+      }
+      int gt = 0;
+      cmask = 0;
+#pragma unroll
+      for (int p = 0; p < V; ++p) {
+        const bool g = key[p] > T;
+        gt += g ? 1 : 0;
+        cmask |= g ? (1u << p) : 0u;
+      }
+      const int need = k - seg_add_i32<TPT>(gt);
+      int base = 0;
+#pragma unroll
+      for (int c = 0; c < NC; ++c) {
+        int tc = 0;
+#pragma unroll
+        for (int w = 0; w < W; ++w) tc += (key[c * W + w] == T) ? 1 : 0;
+        int r = base + seg_excl_scan<TPT>(tc, ls);
+#pragma unroll
+        for (int w = 0; w < W; ++w) {
+          if (key[c * W + w] == T) {
+            if (r < need) cmask |= 1u << (c * W + w);
+            ++r;
+          }
+        }
+        base += seg_add_i32<TPT>(tc);
+      }
+      C = k;
+    }
+    {  // compaction of the candidates
+      int off = seg_excl_scan<TPT>(__popc(cmask), ls);
+#pragma unroll
+      for (int c = 0; c < NC; ++c)
+#pragma unroll
+        for (int w = 0; w < W; ++w) {
+          const int p = c * W + w;
+          if (cmask & (1u << p)) cand[off++] = comp_key(key[p], static_cast<unsigned>((c * TPT + ls) * W + w));
+        }
+    }
+    __syncwarp();
+    // rank = slot: candidates beating this one under (key desc, index asc)
+    for (int j = ls; j < C; j += TPT) {
+      const unsigned long long me = cand[j];
+      int rank = 0;
+      int i = 0;
+      for (; i + 4 <= C; i += 4) {
+        rank += (cand[i] > me) ? 1 : 0;
+        rank += (cand[i + 1] > me) ? 1 : 0;
+        rank += (cand[i + 2] > me) ? 1 : 0;
+        rank += (cand[i + 3] > me) ? 1 : 0;
+      }
+      for (; i < C; ++i) rank += (cand[i] > me) ? 1 : 0;
+      if (rank < k) {
+        const int idx = static_cast<int>(comp_idx(me));
+        if (aux) {
+          fbuf[idx] = 1;
+        } else {
+          slot_idx[rank] = idx;
+          slot_y[rank] = ybuf[idx];
+        }
+      }
+    }
+    __syncwarp();
+
+    // ---- weights per slot (§5.2): sums in slot order ----------------------------------------------------
+    if (!aux) {
+      float x0 = 0.0f, inv = 0.0f, D = 0.0f;
+      if (softmax_post) {
+        x0 = slot_y[0];
+        for (int r = ls; r < k; r += TPT) slot_e[r] = expf(slot_y[r] - x0);
+        __syncwarp();
+        float sum = 0.0f;
+        for (int r = 0; r < k; ++r) {
+          const float xr = slot_y[r];
+          sum += (xr == -INFINITY) ? 0.0f : slot_e[r];
+        }
+        inv = 1.0f / sum;
+      } else if (fn != kFnSoftmax && k > 1) {
+        float sum = 0.0f;
+        for (int r = 0; r < k; ++r) sum += slot_y[r];
+        D = sum + kEps;
+      }
+      for (int r = ls; r < k; r += TPT) {
+        const int idx = slot_idx[r];
+        const float yr = slot_y[r];
+        float v;
+        if (fn == kFnSoftmax)
+          v = P.pre ? yr : slot_e[r] * inv;
+        else
+          v = (k > 1) ? yr / D : yr;
+        if (valid) {
+          const long long o = t * static_cast<long long>(k) + r;
+          if (compact) {
+            P.ids[o] = idx;
+            P.weights[o] = P.scale * v;
+          } else if (P.out == kOutIndices) {
+            store_index(P.indices, P.idx_type, o, idx);
+          }
+        }
+        if (valid) {  // (slots of a token beyond T were never written)
+          ybuf[idx] = v;  // weights row (activations are no longer read)
+          fbuf[idx] = 1;
+        }
+      }
+    }
+    __syncwarp();
+
+    // ---- dense outputs: one coalesced pass over the row ---------------------------------------------------
+    if (valid && !compact) {
+#pragma unroll
+      for (int c = 0; c < NC; ++c) {
+        if (!cvalid[c]) continue;
+        const int e0 = (c * TPT + ls) * W;
+        unsigned char f[W];
+        {
+          using VB = Vec<unsigned char, W>;
+          const typename VB::R rb = *reinterpret_cast<const typename VB::R*>(fbuf + e0);
+          VB::to_array(rb, f);
+        }
+        if (!aux) {
+          float wv[W], pv[W];
+#pragma unroll
+          for (int w = 0; w < W; ++w) {
+            wv[w] = ybuf[e0 + w];
+            pv[w] = f[w] ? P.scale * wv[w] : 0.0f;
+          }
+          store_chunk<DT, W>(static_cast<S*>(P.probs) + rowE + e0, pv);
+          if (softmax_post) {
+#pragma unroll
+            for (int w = 0; w < W; ++w) wv[w] = f[w] ? wv[w] : -INFINITY;
+            store_chunk<kDtF32, W>(P.inter + rowE + e0, wv);
+          }
+        }
+        if (P.out == kOutBytemap) store_bytes<W>(P.map + rowE + e0, f);
+      }
+      if (P.out == kOutBitmap) {
+        const int nb = (E + 7) >> 3;
+        for (int b = ls; b < nb; b += TPT) {
+          const uint2 q = *reinterpret_cast<const uint2*>(fbuf + 8 * b);
+          unsigned bits = 0;
+#pragma unroll
+          for (int j = 0; j < 4; ++j) {
+            bits |= ((q.x >> (8 * j)) & 1u) << j;
+            bits |= ((q.y >> (8 * j)) & 1u) << (j + 4);
+          }
+          P.map[t * static_cast<long long>(nb) + b] = static_cast<unsigned char>(bits);
+        }
+      }
+    }
+    __syncwarp();
+  }
+}
+
+
+/// Inserts (key, pos) into the descending top-Q list (Lk, Lp). Elements arrive in ascending pos, and a tie never
+/// displaces an earlier entry, so equal keys stay in index order. Key 0 ("no candidate") never enters.
+template <int Q>
+__device__ __forceinline__ void topq_insert(unsigned (&Lk)[Q], int (&Lp)[Q], unsigned key, int pos) {
+  bool g[Q];
+#pragma unroll
+  for (int j = 0; j < Q; ++j) g[j] = key > Lk[j];
+#pragma unroll
+  for (int j = Q - 1; j > 0; --j) {
+    Lk[j] = g[j - 1] ? Lk[j - 1] : (g[j] ? key : Lk[j]);
+    Lp[j] = g[j - 1] ? Lp[j - 1] : (g[j] ? pos : Lp[j]);
+  }
+  Lk[0] = g[0] ? key : Lk[0];
+  Lp[0] = g[0] ? pos : Lp[0];
+}
+
+template <int TPT>
+__device__ __forceinline__ unsigned seg_min_u32(unsigned v) {
+  if constexpr (TPT == 32) {
+    return __reduce_min_sync(kFull, v);
+  } else {
+#pragma unroll
+    for (int o = TPT / 2; o > 0; o >>= 1) v = min(v, __shfl_xor_sync(kFull, v, o));
+    return v;
+  }
+}
+
+// =============================================================================================================
+// Fast path for k <= TPT: k rounds of a segment arg-max over per-lane sorted top-3 lists (registers only).
+//   round r: M = max of the lane heads (one redux.sync for TPT == 32); the winner is the lowest lane whose head
+//   equals M (lowest index: lane order is index order inside a chunk row; across chunks a min-index reduction
+//   breaks the tie); the winner pops its head, recomputing its list only when it runs dry. Slot r's index goes
+//   to lane r; weights are computed by the slot lanes (sums in slot order via shuffles) and fetched by the
+//   owner lanes with one shuffle per expert. Shared memory holds only the activation row and a slot byte per
+//   selected expert.
+// =============================================================================================================
+template <int DT, int TPT, int NC, int W>
+__global__ void __launch_bounds__(128) topk_fwd_rounds(const FwdParams P) {
+  using TT = Ty<DT>;
+  using S = typename TT::S;
+  constexpr int V = NC * W;
+  constexpr int TPW = 32 / TPT;
+  constexpr int Q = 3;
+  static_assert(V <= 32, "selection masks are 32-bit");
+  extern __shared__ __align__(16) unsigned char smem[];
+
+  const int lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
+  const int seg = lane / TPT;
+  const int ls = lane % TPT;
+  const int sbase = seg * TPT;
+  const unsigned segmask = (TPT == 32) ? kFull : (((1u << TPT) - 1u) << sbase);
+  const int E = P.E;
+  const int k = P.k;
+  const int fn = P.fn;
+  const bool aux = P.aux != 0;
+  const bool compact = P.out == kOutCompact;
+  const bool softmax_post = fn == kFnSoftmax && !P.pre && !aux;
+  const bool has_bias = P.bias != nullptr;
+
+  unsigned char* tok = smem + static_cast<size_t>(warp * TPW + seg) * P.tok_smem;
+  float* ybuf = reinterpret_cast<float*>(tok);                // activations
+  unsigned char* sl = tok + P.off_fbuf;                      // slot of each selected expert
+
+  bool cvalid[NC];
+#pragma unroll
+  for (int c = 0; c < NC; ++c) cvalid[c] = (c * TPT + ls) * W < E;
+
+  float bias[V];
+#pragma unroll
+  for (int c = 0; c < NC; ++c)
+#pragma unroll
+    for (int w = 0; w < W; ++w) {
+      const int e = (c * TPT + ls) * W + w;
+      bias[c * W + w] = (has_bias && cvalid[c]) ? load_any(P.bias, P.bias_type, e) : 0.0f;
+    }
+
+  using VV = Vec<S, W>;
+  using Raw = typename VV::R;
+  const long long nwarps = static_cast<long long>(gridDim.x) * (blockDim.x >> 5);
+  const long long gwarp = static_cast<long long>(blockIdx.x) * (blockDim.x >> 5) + warp;
+  const long long stride = nwarps * TPW;
+
+  Raw raw[NC];
+  auto issue_loads = [&](long long tb, Raw (&r)[NC]) {
+    const long long t = tb + seg;
+    const S* row = static_cast<const S*>(P.logits) + t * static_cast<long long>(E);
+#pragma unroll
+    for (int c = 0; c < NC; ++c) {
+      if (t < P.T && cvalid[c])
+        r[c] = VV::ldg(row + (c * TPT + ls) * W);
+      else
+        memset(&r[c], 0, sizeof(Raw));
+    }
+  };
+  long long tb = gwarp * TPW;
+  if (tb < P.T) issue_loads(tb, raw);
+
+  for (; tb < P.T; tb += stride) {
+    const long long t = tb + seg;
+    const bool valid = t < P.T;
+    float x[V];
+#pragma unroll
+    for (int c = 0; c < NC; ++c) {
+      S s[W];
+      VV::to_array(raw[c], s);
+#pragma unroll
+      for (int w = 0; w < W; ++w) x[c * W + w] = TT::to_f(s[w]);
+    }
+    if (tb + stride < P.T) issue_loads(tb + stride, raw);
+    const long long rowE = t * static_cast<long long>(E);
+    float y[V];
+    unsigned key[V];
+    token_front<DT, TPT, NC, W>(P, x, y, key, cvalid, bias, valid, rowE, ls, seg, ybuf);
+
+    // ---- per-lane sorted top-Q (key desc, position asc) -------------------------------------------------
+    unsigned Lk[Q];
+    int Lp[Q];
+#pragma unroll
+    for (int j = 0; j < Q; ++j) {
+      Lk[j] = 0u;
+      Lp[j] = 0;
+    }
+#pragma unroll
+    for (int p = 0; p < V; ++p) topq_insert<Q>(Lk, Lp, key[p], p);
+
+    // ---- k rounds ---------------------------------------------------------------------------------------
+    unsigned selmask = 0;
+    int my_idx = 0;  // slot ls (ls < k): expert index
+    for (int r = 0; r < k; ++r) {
+      const unsigned head = Lk[0];
+      const int hp = Lp[0];
+      const int hidx = ((hp / W) * TPT + ls) * W + (hp % W);
+      const unsigned M = seg_max_u32<TPT>(head);
+      const unsigned b = __ballot_sync(kFull, head == M) & segmask;
+      int wl = __ffs(b) - 1;  // lowest lane with the maximum
+      if constexpr (NC > 1) {
+        // equal heads in different chunk rows: the lowest expert index wins
+        if (__any_sync(kFull, __popc(b) > 1)) {
+          const unsigned cand = (head == M) ? static_cast<unsigned>(hidx) : 0xffffffffu;
+          const unsigned mn = seg_min_u32<TPT>(cand);
+          wl = __ffs(__ballot_sync(kFull, cand == mn) & segmask) - 1;
+        }
+      }
+      const int widx = __shfl_sync(kFull, hidx, wl);
+      if (ls == r) my_idx = widx;
+      const bool win = lane == wl;
+      if (win) {
+        selmask |= 1u << hp;
+        if (!aux) sl[hidx] = static_cast<unsigned char>(r);
+#pragma unroll
+        for (int j = 0; j + 1 < Q; ++j) {
+          Lk[j] = Lk[j + 1];
+          Lp[j] = Lp[j + 1];
+        }
+        Lk[Q - 1] = 0u;
+        Lp[Q - 1] = 0;
+      }
+      const bool dry = win && Lk[0] == 0u && r + 1 < k;
+      if (__any_sync(kFull, dry)) {
+        if (dry) {
+#pragma unroll
+          for (int p = 0; p < V; ++p) topq_insert<Q>(Lk, Lp, (selmask & (1u << p)) ? 0u : key[p], p);
+        }
+      }
+    }
+    __syncwarp();
+
+    // ---- slot weights (§5.2): slot lanes, sums in slot order ---------------------------------------------
+    float vr = 0.0f;
+    if (!aux) {
+      const bool has = ls < k;
+      const float yr = has ? ybuf[my_idx] : 0.0f;
+      if (softmax_post) {
+        const float x0 = __shfl_sync(kFull, yr, sbase);
+        const float er = expf(yr - x0);
+        const float ez = (yr == -INFINITY) ? 0.0f : er;
+        float sum = 0.0f;
+        for (int r = 0; r < k; ++r) sum += __shfl_sync(kFull, ez, sbase + r);
+        vr = er * (1.0f / sum);
+      } else if (fn == kFnSoftmax) {
+        vr = yr;
+      } else if (k > 1) {
+        float sum = 0.0f;
+        for (int r = 0; r < k; ++r) sum += __shfl_sync(kFull, yr, sbase + r);
+        vr = yr / (sum + kEps);
+      } else {
+        vr = yr;
+      }
+      if (valid && has) {
+        const long long o = t * static_cast<long long>(k) + ls;
+        if (compact) {
+          P.ids[o] = my_idx;
+          P.weights[o] = P.scale * vr;
+        } else if (P.out == kOutIndices) {
+          store_index(P.indices, P.idx_type, o, my_idx);
+        }
+      }
+    }
+
+    // ---- dense outputs: one pass over the row ----------------------------------------------------------
+    if (!compact) {
+#pragma unroll
+      for (int c = 0; c < NC; ++c) {
+        const int e0 = (c * TPT + ls) * W;
+        const bool st = valid && cvalid[c];
+        unsigned char f[W];
+#pragma unroll
+        for (int w = 0; w < W; ++w) f[w] = (selmask >> (c * W + w)) & 1u;
+        if (!aux) {
+          unsigned char sv[W];
+          {
+            using VB = Vec<unsigned char, W>;
+            const typename VB::R rb = *reinterpret_cast<const typename VB::R*>(sl + e0);
+            VB::to_array(rb, sv);
+          }
+          float wv[W], pv[W];
+#pragma unroll
+          for (int w = 0; w < W; ++w) {
+            const int src = f[w] ? (sv[w] & (TPT - 1)) : 0;
+            wv[w] = __shfl_sync(kFull, vr, sbase + src);
+            pv[w] = f[w] ? P.scale * wv[w] : 0.0f;
+          }
+          if (st) store_chunk<DT, W>(static_cast<S*>(P.probs) + rowE + e0, pv);
+          if (softmax_post) {
+#pragma unroll
+            for (int w = 0; w < W; ++w) wv[w] = f[w] ? wv[w] : -INFINITY;
+            if (st) store_chunk<kDtF32, W>(P.inter + rowE + e0, wv);
+          }
+        }
+        if (P.out == kOutBytemap && st) store_bytes<W>(P.map + rowE + e0, f);
+      }
+      if (P.out == kOutBitmap) {
+        const long long nb = (E + 7) >> 3;
+        unsigned char* mrow = P.map + t * nb;
+#pragma unroll
+        for (int c = 0; c < NC; ++c) {
+          const unsigned bits = (selmask >> (c * W)) & ((W == 32) ? 0xffffffffu : ((1u << W) - 1u));
+          if constexpr (W == 8) {
+            if (valid && cvalid[c]) mrow[((c * TPT + ls) * W) >> 3] = static_cast<unsigned char>(bits);
+          } else if constexpr (W == 4) {
+            if constexpr (TPT == 1) {
+              if ((c & 1) == 0) {
+                const unsigned hi = (c + 1 < NC) ? ((selmask >> ((c + 1) * W)) & 0xfu) : 0u;
+                if (valid && cvalid[c]) mrow[c >> 1] = static_cast<unsigned char>(bits | (hi << 4));
+              }
+            } else {
+              const unsigned o = __shfl_xor_sync(kFull, bits, 1);
+              if ((ls & 1) == 0 && valid && cvalid[c])
+                mrow[((c * TPT + ls) * W) >> 3] = static_cast<unsigned char>(bits | (o << 4));
+            }
+          } else {
+            static_assert(W == 1 && TPT == 32, "scalar rounds kernel uses whole warps");
+            const unsigned bb = __ballot_sync(kFull, bits != 0u);
+            if ((ls & 7) == 0 && valid && cvalid[c])
+              mrow[(c * TPT + ls) >> 3] = static_cast<unsigned char>((bb >> ls) & 0xffu);
+          }
+        }
+      }
+    }
+    __syncwarp();
+  }
+}
+
+// =============================================================================================================
+// Generic path: one block (kGenBlock threads) per token, any E
+// =============================================================================================================
+constexpr int kGenBlock = 256;
+constexpr int kGenWarps = kGenBlock / 32;
+
+struct GenScratch {
+  unsigned long long red[2][kGenWarps];  // double-buffered block reductions (one barrier per reduction)
+  float fred[2][kGenWarps][2];
+  int misc[8];
+};
+
+__device__ __forceinline__ int block_add_i32(int v, GenScratch& sc, int& phase) {
+  v = __reduce_add_sync(kFull, v);
+  const int w = threadIdx.x >> 5;
+  if ((threadIdx.x & 31) == 0) sc.red[phase][w] = static_cast<unsigned long long>(static_cast<unsigned>(v));
+  __syncthreads();
+  int s = 0;
+#pragma unroll
+  for (int i = 0; i < kGenWarps; ++i) s += static_cast<int>(sc.red[phase][i]);
+  phase ^= 1;
+  return s;
+}
+__device__ __forceinline__ unsigned long long block_max_u64(unsigned long long v, GenScratch& sc, int& phase) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const unsigned long long u = __shfl_xor_sync(kFull, v, o);
+    v = u > v ? u : v;
+  }
+  const int w = threadIdx.x >> 5;
+  if ((threadIdx.x & 31) == 0) sc.red[phase][w] = v;
+  __syncthreads();
+  unsigned long long m = 0;
+#pragma unroll
+  for (int i = 0; i < kGenWarps; ++i) m = sc.red[phase][i] > m ? sc.red[phase][i] : m;
+  phase ^= 1;
+  return m;
+}
+/// Fixed-order block float sum (lane partials -> butterfly -> warps in order).
+__device__ __forceinline__ float block_add_f32(float v, GenScratch& sc, int& phase) {
+  v = seg_add_f32<32>(v);
+  const int w = threadIdx.x >> 5;
+  if ((threadIdx.x & 31) == 0) sc.fred[phase][w][0] = v;
+  __syncthreads();
+  float s = 0.0f;
+#pragma unroll
+  for (int i = 0; i < kGenWarps; ++i) s += sc.fred[phase][i][0];
+  phase ^= 1;
+  return s;
+}
+__device__ __forceinline__ void block_softmax_stats(float& m, float& s, GenScratch& sc, int& phase) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const float mo = __shfl_xor_sync(kFull, m, o);
+    const float so = __shfl_xor_sync(kFull, s, o);
+    softmax_merge(m, s, mo, so);
+  }
+  const int w = threadIdx.x >> 5;
+  if ((threadIdx.x & 31) == 0) {
+    sc.fred[phase][w][0] = m;
+    sc.fred[phase][w][1] = s;
+  }
+  __syncthreads();
+  float M = sc.fred[phase][0][0], Ssum = sc.fred[phase][0][1];
+#pragma unroll
+  for (int i = 1; i < kGenWarps; ++i) softmax_merge(M, Ssum, sc.fred[phase][i][0], sc.fred[phase][i][1]);
+  m = M;
+  s = Ssum;
+  phase ^= 1;
+}
+/// Exclusive block scan of per-thread counts (thread order), returns the prefix; total in *tot.
+__device__ __forceinline__ int block_excl_scan(int v, GenScratch& sc, int& phase, int* tot) {
+  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+  const int ex = seg_excl_scan<32>(v, lane);
+  if (lane == 31) sc.red[phase][w] = static_cast<unsigned long long>(static_cast<unsigned>(ex + v));
+  __syncthreads();
+  int before = 0, all = 0;
+#pragma unroll
+  for (int i = 0; i < kGenWarps; ++i) {
+    const int c = static_cast<int>(sc.red[phase][i]);
+    before += (i < w) ? c : 0;
+    all += c;
+  }
+  phase ^= 1;
+  *tot = all;
+  return before + ex;
+}
+
+/// Top-n of keyfn(0..count) under (key desc, index asc): returns the n-th key T and the index `cut` of the
+/// last selected element equal to T; selected(i) = key > T || (key == T && i <= cut).
+template <class KeyFn>
+__device__ void block_select(int n, int count, KeyFn keyfn, GenScratch& sc, int& phase, unsigned* Tout,
+                             int* cutout) {
+  unsigned T = 0;
+  for (int b = 31; b >= 0; --b) {
+    const unsigned cd = T | (1u << b);
+    int c = 0;
+    for (int i = threadIdx.x; i < count; i += kGenBlock) c += (keyfn(i) >= cd) ? 1 : 0;
+    c = block_add_i32(c, sc, phase);
+    if (c >= n) T = cd;
+  }
+  int gt = 0;
+  for (int i = threadIdx.x; i < count; i += kGenBlock) gt += (keyfn(i) > T) ? 1 : 0;
+  const int need = n - block_add_i32(gt, sc, phase);
+  // index-order tie cut: thread owns a contiguous range
+  const int per = (count + kGenBlock - 1) / kGenBlock;
+  const int lo = min(count, static_cast<int>(threadIdx.x) * per), hi = min(count, lo + per);
+  int tc = 0;
+  for (int i = lo; i < hi; ++i) tc += (keyfn(i) == T) ? 1 : 0;
+  int tot = 0;
+  const int ex = block_excl_scan(tc, sc, phase, &tot);
+  if (ex < need && ex + tc >= need) {
+    int r = ex;
+    for (int i = lo; i < hi; ++i) {
+      if (keyfn(i) == T) {
+        if (++r == need) {
+          sc.misc[0] = i;
+          break;
+        }
+      }
+    }
+  }
+  __syncthreads();
+  *Tout = T;
+  *cutout = sc.misc[0];
+  __syncthreads();
+}
+
+template <int DT>
+__global__ void __launch_bounds__(kGenBlock) topk_fwd_generic(const FwdParams P) {
+  using TT = Ty<DT>;
+  using S = typename TT::S;
+  extern __shared__ __align__(16) unsigned char smem[];
+  __shared__ GenScratch sc;
+  int phase = 0;
+
+  const int E = P.E, k = P.k, fn = P.fn;
+  const bool aux = P.aux != 0;
+  const bool compact = P.out == kOutCompact;
+  const bool softmax_rowstats = fn == kFnSoftmax && (P.pre || aux);
+  const bool softmax_post = fn == kFnSoftmax && !P.pre && !aux;
+  const bool grouped = P.gk > 0;
+  const int G = P.G, gs = P.gs;
+
+  // shared layout: [list][keys E][ys E][gkeys G]
+  unsigned long long* list = reinterpret_cast<unsigned long long*>(smem);
+  unsigned* skeys = reinterpret_cast<unsigned*>(list + P.list_n);
+  float* sys = reinterpret_cast<float*>(skeys + (P.cache_keys ? E : 0));
+  unsigned* sgkeys = reinterpret_cast<unsigned*>(sys + (P.cache_keys ? E : 0));
+
+  for (long long t = blockIdx.x; t < P.T; t += gridDim.x) {
+    const S* row = static_cast<const S*>(P.logits) + t * static_cast<long long>(E);
+    const long long rowE = t * static_cast<long long>(E);
+    auto xat = [&](int e) { return TT::to_f(row[e]); };
+
+    // row statistics
+    float M = 0.0f, inv = 0.0f, rsum = 0.0f;
+    if (softmax_rowstats) {
+      float m = -INFINITY;
+      for (int e = threadIdx.x; e < E; e += kGenBlock) m = fmaxf(m, xat(e));
+      float s = 0.0f;
+      for (int e = threadIdx.x; e < E; e += kGenBlock) {
+        const float xe = xat(e);
+        if (xe != -INFINITY) s += expf(xe - m);
+      }
+      block_softmax_stats(m, s, sc, phase);
+      M = m;
+      inv = 1.0f / s;
+    }
+    auto act = [&](int e) -> float {  // activation y (Softmax post: the logit)
+      const float xe = xat(e);
+      if (fn == kFnSoftmax) return softmax_rowstats ? expf(xe - M) * inv : xe;
+      if (fn == kFnSigmoid) return sigmoidf_(xe);
+      return sqrtsoftplusf_(xe);
+    };
+    if (aux && fn != kFnSoftmax) {
+      float s = 0.0f;
+      for (int e = threadIdx.x; e < E; e += kGenBlock) s += act(e);
+      rsum = block_add_f32(s, sc, phase) + kEps;
+    }
+    auto score = [&](int e, float ye) -> float {
+      if (aux) return fn == kFnSoftmax ? ye : ye / rsum;
+      if (fn != kFnSoftmax && P.bias) return ye + load_any(P.bias, P.bias_type, e);
+      return ye;
+    };
+    auto rawkey = [&](int e) -> unsigned {
+      if (P.cache_keys) return skeys[e];
+      return okey(score(e, act(e)));
+    };
+    auto yat = [&](int e) -> float {
+      if (P.cache_keys) return sys[e];
+      return act(e);
+    };
+    // pass: keys (cached), intermediate, aux scores
+    for (int e = threadIdx.x; e < E; e += kGenBlock) {
+      const float ye = act(e);
+      const float se = score(e, ye);
+      if (P.cache_keys) {
+        skeys[e] = okey(se);
+        sys[e] = ye;
+      }
+      if (aux) P.scores[rowE + e] = se;
+      if (!compact && !softmax_post) P.inter[rowE + e] = (fn == kFnSqrtSoftplus) ? xat(e) : ye;
+    }
+    __syncthreads();
+
+    // groups
+    unsigned gT = 0;
+    int gcut = -1;
+    auto gscore_key = [&](int g) -> unsigned {
+      // sum of the kg largest scores of group g, in selection order (descending), FP32 sequential
+      const int kg = P.kg;
+      float sum = 0.0f;
+      if (kg <= 8) {
+        unsigned L[8];
+#pragma unroll
+        for (int j = 0; j < 8; ++j) L[j] = 0;
+        for (int i = 0; i < gs; ++i) list_insert<8>(L, rawkey(g * gs + i));
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+          if (j < kg) sum += okey_decode(L[j]);
+      } else {
+        unsigned long long prev = 0x100000000ull;  // above every key
+        int rem = kg;
+        while (rem > 0) {
+          unsigned cur = 0;
+          int cnt = 0;
+          for (int i = 0; i < gs; ++i) {
+            const unsigned kk = rawkey(g * gs + i);
+            if (kk < prev) {
+              if (kk > cur) {
+                cur = kk;
+                cnt = 1;
+              } else if (kk == cur) {
+                ++cnt;
+              }
+            }
+          }
+          const int take = min(cnt, rem);
+          const float v = okey_decode(cur);
+          for (int j = 0; j < take; ++j) sum += v;
+          rem -= take;
+          prev = cur;
+        }
+      }
+      return okey(sum);
+    };
+    auto gkey_at = [&](int g) -> unsigned { return P.cache_groups ? sgkeys[g] : gscore_key(g); };
+    if (grouped) {
+      if (P.cache_groups) {
+        for (int g = threadIdx.x; g < G; g += kGenBlock) sgkeys[g] = gscore_key(g);
+        __syncthreads();
+      }
+      block_select(P.gk, G, gkey_at, sc, phase, &gT, &gcut);
+    }
+    auto elig = [&](int e) -> bool {
+      if (!grouped) return true;
+      const int g = e / gs;
+      const unsigned gk = gkey_at(g);
+      return gk > gT || (gk == gT && g <= gcut);
+    };
+    if (grouped && P.cache_keys) {  // mask ineligible experts in place
+      for (int e = threadIdx.x; e < E; e += kGenBlock)
+        if (!elig(e)) skeys[e] = 0;
+      __syncthreads();
+    }
+    auto keyf = [&](int e) -> unsigned {
+      if (P.cache_keys) return skeys[e];
+      return elig(e) ? rawkey(e) : 0u;
+    };
+    unsigned T = 0;
+    int cut = -1;
+    block_select(k, E, keyf, sc, phase, &T, &cut);
+    auto selected = [&](int e, unsigned ke) -> bool { return ke > T || (ke == T && e <= cut); };
+
+    // ordered list of the k selected (slot order)
+    if (P.list_mode != 2) {
+      // deterministic placement in index order
+      const int per = (E + kGenBlock - 1) / kGenBlock;
+      const int lo = min(E, static_cast<int>(threadIdx.x) * per), hi = min(E, lo + per);
+      int cnt = 0;
+      for (int e = lo; e < hi; ++e) cnt += selected(e, keyf(e)) ? 1 : 0;
+      int tot = 0;
+      int pos = block_excl_scan(cnt, sc, phase, &tot);
+      unsigned long long* src = (P.list_mode == 0) ? list + P.list_n / 2 : list;
+      for (int e = lo; e < hi; ++e) {
+        const unsigned ke = keyf(e);
+        if (selected(e, ke)) src[pos++] = comp_key(ke, static_cast<unsigned>(e));
+      }
+      if (P.list_mode == 1)
+        for (int i = k + threadIdx.x; i < P.list_n; i += kGenBlock) list[i] = 0ull;
+      __syncthreads();
+      if (P.list_mode == 0) {
+        unsigned long long mine[1];
+        int myrank = -1;
+        for (int j = threadIdx.x; j < k; j += kGenBlock) {  // k <= 64 < block: one entry per thread
+          mine[0] = src[j];
+          int r = 0;
+          for (int i = 0; i < k; ++i) r += (src[i] > mine[0]) ? 1 : 0;
+          myrank = r;
+        }
+        __syncthreads();
+        if (myrank >= 0) list[myrank] = mine[0];
+        __syncthreads();
+      } else {
+        const int n = P.list_n;  // bitonic sort, descending
+        for (int size = 2; size <= n; size <<= 1) {
+          for (int stride = size >> 1; stride > 0; stride >>= 1) {
+            for (int i = threadIdx.x; i < n; i += kGenBlock) {
+              const int j = i ^ stride;
+              if (j > i) {
+                const bool desc = (i & size) == 0;
+                const unsigned long long a = list[i], b = list[j];
+                if (desc ? (a < b) : (a > b)) {
+                  list[i] = b;
+                  list[j] = a;
+                }
+              }
+            }
+            __syncthreads();
+          }
+        }
+      }
+    }
+
+    // slot values and weight normalizers
+    float x0 = 0.0f, sinv = 0.0f, D = 0.0f;
+    if (!aux) {
+      if (P.list_mode != 2) {
+        if (threadIdx.x == 0) {
+          if (softmax_post) {
+            const float xf = yat(static_cast<int>(comp_idx(list[0])));
+            float sum = 0.0f;
+            for (int r = 0; r < k; ++r) {
+              const float xr = yat(static_cast<int>(comp_idx(list[r])));
+              sum += (xr == -INFINITY) ? 0.0f : expf(xr - xf);
+            }
+            sc.fred[0][0][0] = xf;
+            sc.fred[0][0][1] = 1.0f / sum;
+          } else if (fn != kFnSoftmax && k > 1) {
+            float sum = 0.0f;
+            for (int r = 0; r < k; ++r) sum += yat(static_cast<int>(comp_idx(list[r])));
+            sc.fred[0][0][0] = sum + kEps;
+          }
+        }
+        __syncthreads();
+        x0 = sc.fred[0][0][0];
+        sinv = sc.fred[0][0][1];
+        D = sc.fred[0][0][0];
+        __syncthreads();
+      } else {
+        // k too large for a shared list: index-order block sums (deterministic; within tolerance of slot order)
+        if (softmax_post) {
+          unsigned long long best = 0;
+          for (int e = threadIdx.x; e < E; e += kGenBlock) {
+            const unsigned ke = keyf(e);
+            if (selected(e, ke)) {
+              const unsigned long long c = comp_key(ke, e);
+              best = c > best ? c : best;
+            }
+          }
+          best = block_max_u64(best, sc, phase);
+          x0 = yat(static_cast<int>(comp_idx(best)));
+          float s = 0.0f;
+          for (int e = threadIdx.x; e < E; e += kGenBlock) {
+            const unsigned ke = keyf(e);
+            const float xe = yat(e);
+            if (selected(e, ke) && xe != -INFINITY) s += expf(xe - x0);
+          }
+          sinv = 1.0f / block_add_f32(s, sc, phase);
+        } else if (fn != kFnSoftmax && k > 1) {
+          float s = 0.0f;
+          for (int e = threadIdx.x; e < E; e += kGenBlock)
+            if (selected(e, keyf(e))) s += yat(e);
+          D = block_add_f32(s, sc, phase) + kEps;
+        }
+      }
+    }
+    auto weight = [&](int e) -> float {
+      const float ye = yat(e);
+      if (fn == kFnSoftmax) return P.pre ? ye : expf(ye - x0) * sinv;
+      return (k > 1) ? ye / D : ye;
+    };
+
+    // outputs
+    if (compact || P.out == kOutIndices) {
+      if (P.list_mode != 2) {
+        for (int r = threadIdx.x; r < k; r += kGenBlock) {
+          const int e = static_cast<int>(comp_idx(list[r]));
+          const long long o = t * static_cast<long long>(k) + r;
+          if (compact) {
+            P.ids[o] = e;
+            P.weights[o] = P.scale * weight(e);
+          } else {
+            store_index(P.indices, P.idx_type, o, e);
+          }
+        }
+      } else {
+        for (int e = threadIdx.x; e < E; e += kGenBlock) {
+          const unsigned ke = keyf(e);
+          if (!selected(e, ke)) continue;
+          const unsigned long long me = comp_key(ke, e);
+          int r = 0;
+          for (int i = 0; i < E; ++i) {
+            const unsigned ki = keyf(i);
+            if (selected(i, ki) && comp_key(ki, i) > me) ++r;
+          }
+          const long long o = t * static_cast<long long>(k) + r;
+          if (compact) {
+            P.ids[o] = e;
+            P.weights[o] = P.scale * weight(e);
+          } else {
+            store_index(P.indices, P.idx_type, o, e);
+          }
+        }
+      }
+    }
+    if (!compact) {
+      for (int e = threadIdx.x; e < E; e += kGenBlock) {
+        const bool sel = selected(e, keyf(e));
+        if (!aux) {
+          const float v = sel ? weight(e) : 0.0f;
+          static_cast<S*>(P.probs)[rowE + e] = TT::from_f(sel ? P.scale * v : 0.0f);
+          if (softmax_post) P.inter[rowE + e] = sel ? v : -INFINITY;
+        }
+        if (P.out == kOutBytemap) P.map[rowE + e] = sel ? 1 : 0;
+      }
+      if (P.out == kOutBitmap) {
+        const int nb = (E + 7) >> 3;
+        for (int b = threadIdx.x; b < nb; b += kGenBlock) {
+          unsigned bits = 0;
+          for (int j = 0; j < 8; ++j) {
+            const int e = 8 * b + j;
+            if (e < E && selected(e, keyf(e))) bits |= 1u << j;
+          }
+          P.map[t * static_cast<long long>(nb) + b] = static_cast<unsigned char>(bits);
+        }
+      }
+    }
+    __syncthreads();
+  }
+}
+
+// per-dtype launch entry points (defined in KokkosMoE_Router_Forward_<dtype>.cu)
+cudaError_t fwd_launch_f32(FwdParams& P, cudaStream_t st);
+cudaError_t fwd_launch_f16(FwdParams& P, cudaStream_t st);
+cudaError_t fwd_launch_bf16(FwdParams& P, cudaStream_t st);
+
+/// Shared launch logic, instantiated once per dtype.
+template <int DT>
+cudaError_t fwd_launch(FwdParams& P, cudaStream_t st);
+
+}  // namespace detail
+}  // namespace CudaKernels
+}  // namespace Impl
+}  // namespace KokkosMoE
+
+#endif

@@ -1,0 +1,78 @@
+/*
+ * KokkosMoE: Mixture-of-Experts routing for Kokkos. SPDX-License-Identifier: Apache-2.0
+ */
+// topk_forward and aux_scores_forward: lower the Args to the kernel parameters and dispatch on the logits dtype.
+
+#include <cuda/KokkosMoE_Router_Cuda_Forward.cuh>
+#include <cuda/KokkosMoE_Router_Kernels.hpp>
+
+namespace KokkosMoE {
+namespace Impl {
+namespace CudaKernels {
+
+namespace {
+cudaError_t dispatch(detail::FwdParams& P, DType dt, cudaStream_t st) {
+  switch (dt) {
+    case DType::F32: return detail::fwd_launch_f32(P, st);
+    case DType::F16: return detail::fwd_launch_f16(P, st);
+    case DType::BF16: return detail::fwd_launch_bf16(P, st);
+    default: return cudaErrorInvalidValue;
+  }
+}
+}  // namespace
+
+cudaError_t topk_forward(const TopkForwardArgs& a, cudaStream_t stream) {
+  if (a.num_tokens <= 0) return cudaSuccess;  // nothing per-token is launched (router-spec §4.3)
+  detail::FwdParams P;
+  P.T = a.num_tokens;
+  P.E = a.num_experts;
+  P.k = a.config.topk;
+  P.fn = static_cast<int>(a.config.score_function);
+  P.pre = (a.config.score_function == ScoreFunction::Softmax && a.config.use_pre_softmax) ? 1 : 0;
+  P.aux = 0;
+  if (a.config.group_topk > 0) {
+    P.G = a.config.num_groups;
+    P.gk = a.config.group_topk;
+    P.gs = P.E / P.G;
+    P.kg = P.k / P.gk;
+  }
+  P.scale = a.config.scaling_factor;
+  P.out = static_cast<int>(a.output);
+  P.idx_type = static_cast<int>(a.indices_type);
+  P.bias_type = static_cast<int>(a.bias_type);
+  P.logits = a.logits;
+  P.bias = (a.config.score_function == ScoreFunction::Softmax) ? nullptr : a.bias;
+  if (a.output == RoutingOutput::Compact) {
+    P.ids = a.ids;
+    P.weights = a.weights;
+  } else {
+    P.probs = a.probs;
+    P.inter = a.intermediate;
+    if (a.output == RoutingOutput::Indices)
+      P.indices = a.indices;
+    else
+      P.map = a.routing_map;
+  }
+  return dispatch(P, a.logits_type, stream);
+}
+
+cudaError_t aux_scores_forward(const AuxScoresArgs& a, cudaStream_t stream) {
+  if (a.num_tokens <= 0) return cudaSuccess;
+  detail::FwdParams P;
+  P.T = a.num_tokens;
+  P.E = a.num_experts;
+  P.k = a.topk;
+  P.fn = static_cast<int>(a.score_function);
+  P.pre = 0;
+  P.aux = 1;
+  P.out = static_cast<int>(a.output);
+  P.logits = a.logits;
+  P.scores = a.scores;
+  P.map = a.routing_map;
+  P.inter = a.intermediate;
+  return dispatch(P, a.logits_type, stream);
+}
+
+}  // namespace CudaKernels
+}  // namespace Impl
+}  // namespace KokkosMoE

@@ -1,0 +1,18 @@
+/*
+ * KokkosMoE: Mixture-of-Experts routing for Kokkos. SPDX-License-Identifier: Apache-2.0
+ */
+// Forward kernels (topk_router, aux_scores) instantiated for bf16 logits.
+
+#include <cuda/KokkosMoE_Router_Cuda_ForwardLaunch.cuh>
+
+namespace KokkosMoE {
+namespace Impl {
+namespace CudaKernels {
+namespace detail {
+
+cudaError_t fwd_launch_bf16(FwdParams& P, cudaStream_t st) { return fwd_launch<kDtBF16>(P, st); }
+
+}  // namespace detail
+}  // namespace CudaKernels
+}  // namespace Impl
+}  // namespace KokkosMoE

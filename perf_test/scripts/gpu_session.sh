@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# One batched GPU session (tests, sanitizers, topology check, main job, benchmarks, PyTorch reference), as run on the
+# project's H200 machine through the device tool. Usage: gpu_session.sh BIN_DIR OUT_DIR
+# BIN_DIR holds the CUDA-build binaries (KokkosMoE_CoreTests, KokkosMoE_ShardingTests, KokkosMoE_ShardingLiveTest,
+# kokkosmoe-topo, kokkosmoe-plan, kokkosmoe-route, KokkosMoE_RouterBenchmarks, libbenchmark.so.1debian) plus
+# router_reference.py; every log and result lands in OUT_DIR. PHASE: tests (tests, sanitizers, topology, main job),
+# bench (benchmarks and the PyTorch reference, back to back) or all. Each phase fits one 10-minute device call.
+set -u
+bin=$(cd "$1" && pwd)
+out=$2
+phase=${3:-all}
+mkdir -p "$out"
+export NCCL_NVLS_ENABLE=0 OMP_PROC_BIND=false LD_LIBRARY_PATH="$bin${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+step() { echo "=== $(date -u +%H:%M:%S) $*"; }
+cd "$out"
+
+step "device"; nvidia-smi -L; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
+nvidia-smi topo -m | tee nvidia-smi-topo.txt
+
+if [ "$phase" != bench ]; then
+step "core tests (Serial + Cuda, specialization and generic path)"
+"$bin/KokkosMoE_CoreTests" --report_level=short --log_level=warning >core-tests.log 2>&1
+echo "core tests exit $?"; tail -5 core-tests.log
+
+step "compute-sanitizer memcheck / racecheck (router suites)"
+timeout 120 compute-sanitizer --tool memcheck --error-exitcode 9 "$bin/KokkosMoE_CoreTests" \
+  --run_test=router_ties,router_nonfinite,router_edges,aux_loss,router_cuda_graph --report_level=short >memcheck.log 2>&1
+echo "memcheck exit $?"; tail -4 memcheck.log
+timeout 60 compute-sanitizer --tool racecheck --error-exitcode 9 "$bin/KokkosMoE_CoreTests" \
+  --run_test=router_ties,router_nonfinite --report_level=short >racecheck.log 2>&1
+echo "racecheck exit $?"; tail -4 racecheck.log
+
+step "topology"
+"$bin/kokkosmoe-topo" | tee topo.txt
+"$bin/kokkosmoe-topo" --capture h200_capture.xml; echo "capture exit $?"
+"$bin/kokkosmoe-topo" --xml h200_capture.xml --json >topo-capture.json; echo "reload exit $?"
+"$bin/KokkosMoE_ShardingLiveTest" >sharding-live.log 2>&1; echo "sharding live test exit $?"; tail -5 sharding-live.log
+"$bin/kokkosmoe-plan" --preset deepseek-v3 --tokens-per-rank 4096 | tee plan.txt
+
+step "main job"
+"$bin/kokkosmoe-route" --preset deepseek-v3 --tokens 262144 --dtype bf16 | tee route.txt
+
+fi
+if [ "$phase" != tests ]; then
+step "benchmarks"
+(cd "$bin" && ./KokkosMoE_RouterBenchmarks --benchmark_out="$out/h200_router.json" --benchmark_out_format=json \
+   >"$out/bench.log" 2>&1); echo "bench exit $?"; tail -3 bench.log
+
+step "pytorch reference"
+PYTHONUNBUFFERED=1 timeout 240 python3 "$bin/router_reference.py" --dtypes bf16 --out h200_torch.json >torch.log 2>&1
+echo "torch exit $?"; tail -3 torch.log
+fi
+step "done"

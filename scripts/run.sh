@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# KokkosMoE quick start. Sets everything up if needed (scripts/setup.sh), configures and builds, then:
+#   scripts/run.sh route [kokkosmoe-route options]   route a synthetic batch (default preset deepseek-v3) fwd + bwd
+#   scripts/run.sh test  [ctest options]             build and run the whole test suite with ctest
+#   scripts/run.sh bench [benchmark options]         run the router perf tests (Google Benchmark, JSON to stdout file)
+# Environment: Kokkos_ROOT (your Kokkos wins), KOKKOSMOE_BUILD_DIR (default: build), KOKKOSMOE_JOBS.
+set -euo pipefail
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cmd=${1:-route}
+shift || true
+
+kokkos_root=$(bash "$root/scripts/setup.sh" | sed -n 's/^KOKKOS_ROOT=//p' | tail -n 1)
+build=${KOKKOSMOE_BUILD_DIR:-$root/build}
+jobs=${KOKKOSMOE_JOBS:-$(nproc)}
+gen=(); command -v ninja >/dev/null && [ ! -f "$build/Makefile" ] && gen=(-G Ninja)
+if [ ! -f "$build/CMakeCache.txt" ]; then
+  cmake -S "$root" -B "$build" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release -DKokkos_ROOT="$kokkos_root" >"$root/.configure.log" 2>&1 \
+    || { cat "$root/.configure.log"; exit 1; }
+fi
+cmake --build "$build" -j"$jobs"
+
+export OMP_PROC_BIND=${OMP_PROC_BIND:-false}
+export NCCL_NVLS_ENABLE=0
+case "$cmd" in
+  route) exec "$build/core/app/kokkosmoe-route" "$@" ;;
+  test) exec ctest --test-dir "$build" --output-on-failure "$@" ;;
+  bench) exec "$build/perf_test/KokkosMoE_RouterBenchmarks" "$@" ;;
+  *) echo "usage: scripts/run.sh route|test|bench [options]" >&2; exit 2 ;;
+esac

@@ -1,0 +1,82 @@
+/*
+ * KokkosMoE: Mixture-of-Experts routing for Kokkos. SPDX-License-Identifier: Apache-2.0
+ */
+#ifndef KOKKOSMOE_PLANNER_INTERNAL_HPP
+#define KOKKOSMOE_PLANNER_INTERNAL_HPP
+
+// Internals shared by the planner's translation units (not API).
+
+#include <KokkosMoE_Planner.hpp>
+
+#include <string>
+#include <vector>
+
+namespace KokkosMoE {
+namespace Impl {
+
+[[noreturn]] inline void plan_fail(const char* param, Rule rule, const std::string& msg) {
+  throw InvalidArgument("make_plan", param, rule, msg);
+}
+
+/// Validates a layer (router-spec §4 rules plus the planner's own). \p fn names the public function.
+void validate_layer(const char* fn, const MoeLayerConfig& layer);
+
+/// The pair (i, j) of a topology whose pairs vector make_plan() has validated (n*n). The planner reads the data
+/// members only, so it needs no symbol of the topology library.
+inline const GpuPair& pair_of(const NvlinkTopology& t, int i, int j) {
+  return t.pairs[static_cast<std::size_t>(i) * t.gpus.size() + static_cast<std::size_t>(j)];
+}
+
+/// Checks the parts of a node topology the planner reads (pairs is n*n, ids dense) and throws
+/// InvalidArgument(Rule::TopologyMalformed) naming what is wrong.
+void validate_node(const char* fn, const NvlinkTopology& node);
+
+/// The routing model actually used for a layer (Auto resolved).
+RoutingModel resolve_model(const MoeLayerConfig& layer);
+
+/// How two GPUs of one node exchange data and at what effective rate. For the shared classes (switch, PCIe) `gbps`
+/// is the pair's width (switch_links * rate * efficiency, or the PCIe rate); the cost model shares a GPU's port.
+struct PairLink {
+  LinkClass cls = LinkClass::Pcie;
+  double gbps = 0;
+  bool nvlink = false;  ///< nvlink_p2p
+};
+PairLink pair_link(const NvlinkTopology& node, int i, int j, const CostModel& cost);
+
+/// A GPU's shared egress/ingress rate for switch traffic: its links to the fabric * rate * efficiency.
+double switch_port_gbps(const NvlinkTopology& node, int gpu, const CostModel& cost);
+
+/// Disjoint EP groups of one node.
+struct NodeGrouping {
+  std::vector<std::vector<int>> groups;  ///< ascending members; groups ordered by their first member
+  bool all_nvlink = false;               ///< every pair of every group is an NVLink peer
+  double min_pair_gbps = 0;              ///< the slowest pair over all groups (0 for groups of one)
+  int numa_straddles = 0;                ///< groups whose GPUs sit in more than one NUMA node
+  bool search_limited = false;           ///< the search hit its step limit (the result is still valid)
+  std::string note;                      ///< why not NVLink cliques, when not
+};
+
+/// Partitions the node's GPUs into groups of \p group_size (which divides the GPU count). Lexicographic choice:
+/// every pair an NVLink peer (hard when possible), then the largest minimum pair bandwidth, then the fewest groups
+/// straddling NUMA nodes, then the lowest GPU ids (PCI order) first.
+NodeGrouping group_node(const NvlinkTopology& node, int group_size, const CostModel& cost);
+
+/// The node's maximal NVLink cliques: node.cliques when the loader filled them, computed from the pairs otherwise
+/// (members ascending, cliques in lexicographic order, as nvlink_cliques()).
+std::vector<std::vector<int>> node_cliques(const NvlinkTopology& node);
+
+/// The distinct NUMA key of a GPU (its first local NUMA node), -1 when unknown.
+int numa_key(const NvlinkTopology& node, int gpu);
+
+/// "0-3", "0,2,5".
+std::string ids_text(const std::vector<int>& ids);
+
+/// Fixed-notation number with \p digits decimals.
+std::string fmt(double v, int digits);
+/// Bytes as "272.4 MB" (decimal units).
+std::string fmt_bytes(double b);
+
+}  // namespace Impl
+}  // namespace KokkosMoE
+
+#endif

@@ -1,0 +1,594 @@
+/*
+ * KokkosMoE: Mixture-of-Experts routing for Kokkos. SPDX-License-Identifier: Apache-2.0
+ */
+// make_plan(): candidate EP sizes, EP groups, the cost model and the ranking (docs/planner.md §2, §4).
+//
+// Cost model of one dispatch (combine is the same with the directions swapped and the combine dtype): rank s sends
+// T * row_bytes * P[t] to every peer t of its EP group, where P[t] is the probability that a token goes to rank t
+// (rank_hit_probabilities, deduplicated per destination rank as in DeepEP's normal kernels). A rank's time is its
+// slowest resource: a dedicated NVLink bundle to one peer (bytes / bundle rate), or a shared port (the sum over
+// the peers it serves / port rate): the NVSwitch links of the GPU, its PCIe x16 link, its inter-node bandwidth.
+// Egress and ingress are both checked; the phase takes the slowest rank. Local bytes (own experts) cost nothing.
+
+#include <impl/KokkosMoE_Partition_Rules.hpp>
+#include <impl/KokkosMoE_Planner_Internal.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace KokkosMoE {
+
+const char* to_string(LinkClass c) noexcept {
+  switch (c) {
+    case LinkClass::Local:
+      return "local";
+    case LinkClass::NvlinkDirect:
+      return "nvlink-direct";
+    case LinkClass::NvlinkSwitch:
+      return "nvlink-switch";
+    case LinkClass::Pcie:
+      return "pcie";
+    case LinkClass::Network:
+      return "network";
+  }
+  return "unknown";
+}
+
+MoeLayerConfig moe_layer_from_preset(const RouterPreset& preset, std::int64_t tokens_per_rank) {
+  MoeLayerConfig l;
+  l.num_experts = preset.num_experts;
+  l.topk = preset.config.topk;
+  l.num_groups = preset.config.grouped() ? preset.config.num_groups : 0;
+  l.group_topk = preset.config.grouped() ? preset.config.group_topk : 0;
+  l.hidden_size = preset.hidden_size;
+  l.tokens_per_rank = tokens_per_rank;
+  l.name = preset.name;
+  return l;
+}
+
+bool MoeLayerConfig::operator==(const MoeLayerConfig& o) const {
+  return num_experts == o.num_experts && topk == o.topk && num_groups == o.num_groups && group_topk == o.group_topk &&
+         hidden_size == o.hidden_size && dispatch_dtype == o.dispatch_dtype && combine_dtype == o.combine_dtype &&
+         tokens_per_rank == o.tokens_per_rank && routing_model == o.routing_model && name == o.name;
+}
+bool ClusterSummary::operator==(const ClusterSummary& o) const {
+  return num_nodes == o.num_nodes && gpus_per_node == o.gpus_per_node && inter_node_gbps == o.inter_node_gbps &&
+         gpu_model == o.gpu_model && topology_source == o.topology_source && gpu_pci == o.gpu_pci &&
+         node_cliques == o.node_cliques;
+}
+bool RankPlacement::operator==(const RankPlacement& o) const {
+  return rank == o.rank && node == o.node && gpu == o.gpu && pci == o.pci && dp_index == o.dp_index &&
+         ep_index == o.ep_index && first_expert == o.first_expert && num_local_experts == o.num_local_experts &&
+         dispatch_bytes_sent == o.dispatch_bytes_sent && dispatch_bytes_received == o.dispatch_bytes_received &&
+         combine_bytes_sent == o.combine_bytes_sent && combine_bytes_received == o.combine_bytes_received;
+}
+bool EpGroupInfo::operator==(const EpGroupInfo& o) const {
+  return ranks == o.ranks && nvlink_clique == o.nvlink_clique && num_nodes == o.num_nodes &&
+         min_pair_gbps == o.min_pair_gbps && numa_nodes == o.numa_nodes;
+}
+bool PhaseEstimate::operator==(const PhaseEstimate& o) const {
+  return row_bytes == o.row_bytes && bytes_sent == o.bytes_sent && bytes_received == o.bytes_received &&
+         bytes_local == o.bytes_local && bytes_nvlink == o.bytes_nvlink && bytes_pcie == o.bytes_pcie &&
+         bytes_network == o.bytes_network && time_us == o.time_us && bottleneck == o.bottleneck;
+}
+bool TrafficEstimate::operator==(const TrafficEstimate& o) const {
+  return model == o.model && destinations_per_token == o.destinations_per_token &&
+         remote_destinations_per_token == o.remote_destinations_per_token && dispatch == o.dispatch &&
+         combine == o.combine && time_us == o.time_us;
+}
+bool PlanCandidate::operator==(const PlanCandidate& o) const {
+  return dp_size == o.dp_size && ep_size == o.ep_size && local_experts == o.local_experts &&
+         nvlink_clique_groups == o.nvlink_clique_groups && nodes_per_group == o.nodes_per_group &&
+         node_groups == o.node_groups && traffic == o.traffic && note == o.note;
+}
+bool Plan::operator==(const Plan& o) const {
+  return layer == o.layer && constraints == o.constraints && cost_model == o.cost_model && cluster == o.cluster &&
+         mesh == o.mesh && local_experts == o.local_experts && ranks == o.ranks && ep_groups == o.ep_groups &&
+         traffic == o.traffic && router_shardings == o.router_shardings && global_num_tokens == o.global_num_tokens &&
+         alternatives == o.alternatives && reason == o.reason && warnings == o.warnings;
+}
+
+namespace {
+
+using Impl::fmt;
+using Impl::plan_fail;
+
+bool positive_finite(double v) { return std::isfinite(v) && v > 0; }
+
+void validate_request(const PlanRequest& r) {
+  Impl::validate_layer("make_plan", r.layer);
+  const ClusterSpec& c = r.cluster;
+  if (c.num_nodes < 1)
+    plan_fail("num_nodes", Rule::ConfigValue, "num_nodes (" + std::to_string(c.num_nodes) + ") must be >= 1");
+  if (c.node.num_gpus() < 1)
+    plan_fail("cluster", Rule::PlanInfeasible,
+              "the node topology has no GPUs (source: " + std::string(to_string(c.node.source)) +
+                  "); load a fixture with GPUs (kokkosmoe-plan --xml FILE) or plan on a machine that has them");
+  Impl::validate_node("make_plan", c.node);
+  if (!std::isfinite(c.inter_node_gbps) || c.inter_node_gbps < 0)
+    plan_fail("inter_node_gbps", Rule::ConfigValue, "inter_node_gbps (" + fmt(c.inter_node_gbps, 3) + ") must be >= 0");
+  if (c.num_nodes > 1 && c.inter_node_gbps <= 0)
+    plan_fail("inter_node_gbps", Rule::ConfigValue,
+              "planning " + std::to_string(c.num_nodes) +
+                  " nodes needs the inter-node bandwidth: set inter_node_gbps to the effective GB/s per GPU per "
+                  "direction (e.g. 48 for one 400 Gb/s NIC per GPU; kokkosmoe-plan --inter-node-gbps)");
+  const PlanConstraints& k = r.constraints;
+  if (k.fixed_ep_size < 0)
+    plan_fail("fixed_ep_size", Rule::ConfigValue,
+              "fixed_ep_size (" + std::to_string(k.fixed_ep_size) + ") must be >= 0 (0 = choose)");
+  if (k.max_ep_size < 0)
+    plan_fail("max_ep_size", Rule::ConfigValue,
+              "max_ep_size (" + std::to_string(k.max_ep_size) + ") must be >= 0 (0 = no limit)");
+  if (k.local_expert_alignment < 1)
+    plan_fail("local_expert_alignment", Rule::ConfigValue,
+              "local_expert_alignment (" + std::to_string(k.local_expert_alignment) + ") must be >= 1");
+  const CostModel& m = r.cost_model;
+  if (!positive_finite(m.nvlink_link_gbps) || !positive_finite(m.pcie_gbps))
+    plan_fail("cost_model", Rule::ConfigValue,
+              "cost-model bandwidths must be positive and finite (nvlink_link_gbps = " + fmt(m.nvlink_link_gbps, 3) +
+                  ", pcie_gbps = " + fmt(m.pcie_gbps, 3) + ")");
+  if (!(m.nvlink_efficiency > 0 && m.nvlink_efficiency <= 1) || !(m.pcie_efficiency > 0 && m.pcie_efficiency <= 1))
+    plan_fail("cost_model", Rule::ConfigValue,
+              "cost-model efficiencies must be in (0, 1] (nvlink_efficiency = " + fmt(m.nvlink_efficiency, 3) +
+                  ", pcie_efficiency = " + fmt(m.pcie_efficiency, 3) + ")");
+}
+
+// One member of an EP group: (node, node-local GPU), in ep_index order.
+struct Member {
+  int node = 0;
+  int gpu = 0;
+};
+using Group = std::vector<Member>;
+
+struct RankLoad {
+  double out[5] = {0, 0, 0, 0, 0};  // by LinkClass
+  double in[5] = {0, 0, 0, 0, 0};
+  double direct_out_time = 0, direct_in_time = 0;
+  int direct_out_peer = -1, direct_in_peer = -1;
+};
+
+class CostEvaluator {
+ public:
+  CostEvaluator(const PlanRequest& r) : m_req(r), m_node(r.cluster.node), m_n(r.cluster.node.num_gpus()) {
+    const CostModel& c = r.cost_model;
+    m_link.assign(m_n, std::vector<Impl::PairLink>(m_n));
+    for (int i = 0; i < m_n; ++i) {
+      m_port.push_back(Impl::switch_port_gbps(m_node, i, c));
+      for (int j = 0; j < m_n; ++j)
+        if (i != j) m_link[i][j] = Impl::pair_link(m_node, i, j, c);
+    }
+    m_pcie = c.pcie_gbps * c.pcie_efficiency;
+    m_net = r.cluster.inter_node_gbps;
+  }
+
+  // One phase over the representative groups. reverse = combine (rows flow back to their source ranks).
+  PhaseEstimate phase(const std::vector<Group>& groups, const std::vector<double>& P, double row_bytes,
+                      bool reverse) const {
+    PhaseEstimate ph;
+    ph.row_bytes = row_bytes;
+    const double unit = static_cast<double>(m_req.layer.tokens_per_rank) * row_bytes;
+    double worst = -1;
+    double total_p = 0;
+    for (double p : P) total_p += p;
+    for (const Group& g : groups) {
+      const int R = static_cast<int>(g.size());
+      // members per node: a rank's NVLink/PCIe peers are the members on its node (O(R * n), not O(R^2))
+      std::map<int, std::vector<int>> by_node;
+      for (int b = 0; b < R; ++b) by_node[g[b].node].push_back(b);
+      for (int a = 0; a < R; ++a) {
+        const Member s = g[a];
+        RankLoad L;
+        double on_node_p = 0;
+        int on_node = 0;
+        for (int b : by_node[s.node]) {
+          if (b == a) continue;
+          ++on_node;
+          on_node_p += P[b];
+          const double out = unit * (reverse ? P[a] : P[b]), in = unit * (reverse ? P[b] : P[a]);
+          const Impl::PairLink& lk = m_link[s.gpu][g[b].gpu];
+          const int cls = static_cast<int>(lk.cls);
+          L.out[cls] += out;
+          L.in[cls] += in;
+          if (lk.cls == LinkClass::NvlinkDirect) {
+            if (out / lk.gbps > L.direct_out_time) L.direct_out_time = out / lk.gbps, L.direct_out_peer = b;
+            if (in / lk.gbps > L.direct_in_time) L.direct_in_time = in / lk.gbps, L.direct_in_peer = b;
+          }
+        }
+        const int off = R - 1 - on_node;
+        const double off_p = total_p - P[a] - on_node_p;
+        const int net = static_cast<int>(LinkClass::Network);
+        L.out[net] = unit * (reverse ? P[a] * off : off_p);
+        L.in[net] = unit * (reverse ? off_p : P[a] * off);
+        // The rank's slowest resource: the time and (lazily, for the phase's worst rank only) what it is.
+        const int sw = static_cast<int>(LinkClass::NvlinkSwitch), pc = static_cast<int>(LinkClass::Pcie);
+        enum Kind { Direct, Switch, Pcie, Net };
+        double t = 0;
+        Kind kind = Direct;
+        int peer = -1;
+        bool egress = true;
+        auto consider = [&](double x, Kind k, int p, bool out) {
+          if (x > t) t = x, kind = k, peer = p, egress = out;
+        };
+        consider(L.direct_out_time, Direct, L.direct_out_peer, true);
+        consider(L.direct_in_time, Direct, L.direct_in_peer, false);
+        consider(L.out[sw] / m_port[s.gpu], Switch, -1, true);
+        consider(L.in[sw] / m_port[s.gpu], Switch, -1, false);
+        consider(L.out[pc] / m_pcie, Pcie, -1, true);
+        consider(L.in[pc] / m_pcie, Pcie, -1, false);
+        if (L.out[net] > 0) consider(L.out[net] / m_net, Net, -1, true);
+        if (L.in[net] > 0) consider(L.in[net] / m_net, Net, -1, false);
+        auto describe = [&]() {
+          const std::string where = "GPU " + std::to_string(s.gpu) +
+                                    (m_req.cluster.num_nodes > 1 ? " of node " + std::to_string(s.node) : "");
+          std::string what;
+          double gbps = 0;
+          switch (kind) {
+            case Direct:
+              gbps = m_link[s.gpu][g[peer].gpu].gbps;
+              what = "NVLink " + where + " <-> GPU " + std::to_string(g[peer].gpu);
+              break;
+            case Switch:
+              gbps = m_port[s.gpu];
+              what = "NVSwitch port of " + where;
+              break;
+            case Pcie:
+              gbps = m_pcie;
+              what = "PCIe of " + where;
+              break;
+            case Net:
+              gbps = m_net;
+              what = "inter-node link of " + where;
+              break;
+          }
+          return what + " (" + fmt(gbps, 1) + " GB/s), " + (egress ? "egress" : "ingress");
+        };
+        double sent = 0, recv = 0;
+        for (int c = 1; c < 5; ++c) sent += L.out[c], recv += L.in[c];
+        ph.bytes_sent = std::max(ph.bytes_sent, sent);
+        ph.bytes_received = std::max(ph.bytes_received, recv);
+        ph.bytes_local = std::max(ph.bytes_local, unit * P[a]);
+        if (t > worst) {
+          worst = t;
+          ph.time_us = t / 1e9 * 1e6;
+          ph.bottleneck = t > 0 ? describe() : std::string();
+          ph.bytes_nvlink = L.out[1] + L.out[2];
+          ph.bytes_pcie = L.out[pc];
+          ph.bytes_network = L.out[net];
+        }
+      }
+    }
+    if (ph.time_us == 0) ph.bottleneck = "none (no remote traffic)";
+    return ph;
+  }
+
+ private:
+  const PlanRequest& m_req;
+  const NvlinkTopology& m_node;
+  int m_n;
+  std::vector<std::vector<Impl::PairLink>> m_link;
+  std::vector<double> m_port;
+  double m_pcie = 0, m_net = 0;
+};
+
+struct Candidate {
+  PlanCandidate c;
+  std::vector<Group> groups;  // representative groups (node 0 for in-node, the first group across nodes)
+  std::vector<double> P;
+  int tier = 0;
+};
+
+int tier_of(const PlanCandidate& c) { return c.ep_size > 1 ? (c.nvlink_clique_groups ? 0 : 1) : 2; }
+
+bool ranks_before(const Candidate& x, const Candidate& y) {
+  if (x.tier != y.tier) return x.tier < y.tier;
+  const double tx = x.c.traffic.time_us, ty = y.c.traffic.time_us;
+  if (x.tier == 0 && x.c.ep_size != y.c.ep_size) return x.c.ep_size > y.c.ep_size;
+  if (tx != ty) return tx < ty;
+  return x.c.ep_size > y.c.ep_size;
+}
+
+std::string us(double t) { return fmt(t, 1) + " us"; }
+
+}  // namespace
+
+Plan make_plan(const PlanRequest& req) {
+  validate_request(req);
+  const MoeLayerConfig& layer = req.layer;
+  const NvlinkTopology& node = req.cluster.node;
+  const PlanConstraints& k = req.constraints;
+  const int n = node.num_gpus(), nodes = req.cluster.num_nodes, W = n * nodes, E = layer.num_experts;
+  const std::string Etext = std::to_string(E), Wtext = std::to_string(W) + " GPUs (" + std::to_string(nodes) +
+                                                       (nodes == 1 ? " node" : " nodes") + " x " + std::to_string(n) +
+                                                       ")";
+
+  // Why an EP size is not a candidate ("" when it is).
+  auto exclusion = [&](int R) -> std::string {
+    if (W % R != 0) return "EP" + std::to_string(R) + " does not divide the " + Wtext;
+    if (E % R != 0) return "num_experts (" + Etext + ") is not a multiple of " + std::to_string(R);
+    if ((E / R) % k.local_expert_alignment != 0)
+      return "E/EP = " + std::to_string(E / R) + " local experts is not a multiple of local_expert_alignment (" +
+             std::to_string(k.local_expert_alignment) + ")";
+    if (n % R != 0 && R % n != 0)
+      return "EP" + std::to_string(R) + " neither divides a node's " + std::to_string(n) +
+             " GPUs nor is a multiple of it (EP groups are node subsets or whole nodes)";
+    if (k.max_ep_size > 0 && R > k.max_ep_size && R != k.fixed_ep_size)
+      return "EP" + std::to_string(R) + " exceeds max_ep_size (" + std::to_string(k.max_ep_size) + ")";
+    return {};
+  };
+
+  if (k.fixed_ep_size > 0) {
+    const int R = k.fixed_ep_size;
+    if (R > W)
+      plan_fail("fixed_ep_size", Rule::PlanInfeasible,
+                "fixed_ep_size (" + std::to_string(R) + ") exceeds the " + Wtext + "; lower it to a divisor of " +
+                    std::to_string(W) + " or plan more nodes");
+    if (k.max_ep_size > 0 && R > k.max_ep_size)
+      plan_fail("fixed_ep_size", Rule::PlanInfeasible,
+                "fixed_ep_size (" + std::to_string(R) + ") exceeds max_ep_size (" + std::to_string(k.max_ep_size) +
+                    "); drop one of the two constraints");
+    const std::string why = exclusion(R);
+    if (!why.empty()) {
+      std::string ok;
+      for (int r = 1; r <= W; ++r)
+        if (exclusion(r).empty()) ok += (ok.empty() ? "" : ", ") + std::to_string(r);
+      plan_fail("fixed_ep_size", Rule::PlanInfeasible,
+                "fixed_ep_size (" + std::to_string(R) + ") is infeasible: " + why +
+                    "; feasible EP sizes here: " + (ok.empty() ? "none" : ok));
+    }
+  }
+
+  CostEvaluator cost(req);
+  const RoutingModel model = Impl::resolve_model(layer);
+  const double bd = token_row_bytes(layer.dispatch_dtype, layer.hidden_size);
+  const double bc = token_row_bytes(layer.combine_dtype, layer.hidden_size);
+  const auto cliques = Impl::node_cliques(node);
+  int largest_clique = 1;
+  for (const auto& c : cliques) largest_clique = std::max<int>(largest_clique, static_cast<int>(c.size()));
+
+  std::vector<Candidate> cands;
+  std::map<int, std::string> excluded;
+  std::vector<std::string> warnings;
+  for (int R = 1; R <= W; ++R) {
+    if (W % R != 0) continue;
+    const std::string why = exclusion(R);
+    if (!why.empty()) {
+      excluded[R] = why;
+      continue;
+    }
+    Candidate cd;
+    PlanCandidate& c = cd.c;
+    c.ep_size = R;
+    c.dp_size = W / R;
+    c.local_experts = E / R;
+    if (R <= n) {
+      const Impl::NodeGrouping ng = Impl::group_node(node, R, req.cost_model);
+      c.node_groups = ng.groups;
+      c.nvlink_clique_groups = ng.all_nvlink;
+      c.nodes_per_group = 1;
+      for (const auto& g : ng.groups) {
+        Group grp;
+        for (int v : g) grp.push_back({0, v});
+        cd.groups.push_back(grp);
+      }
+      if (R == 1)
+        c.note = "EP1: every GPU holds all " + Etext + " experts; no dispatch/combine traffic";
+      else if (ng.all_nvlink) {
+        std::string gs;
+        for (const auto& g : ng.groups) gs += (gs.empty() ? "{" : ", {") + Impl::ids_text(g) + "}";
+        c.note =
+            "groups inside NVLink cliques: " + gs + " per node (slowest pair " + fmt(ng.min_pair_gbps, 1) + " GB/s)";
+        if (ng.numa_straddles > 0) c.note += "; " + std::to_string(ng.numa_straddles) + " group(s) span NUMA nodes";
+      } else {
+        c.note = ng.note;
+      }
+      if (ng.search_limited) warnings.push_back("EP" + std::to_string(R) + ": the group search hit its step limit");
+    } else {
+      c.nodes_per_group = R / n;
+      c.nvlink_clique_groups = false;
+      Group grp;
+      for (int d = 0; d < c.nodes_per_group; ++d)
+        for (int v = 0; v < n; ++v) grp.push_back({d, v});
+      cd.groups.push_back(grp);
+      c.note = "EP groups span " + std::to_string(c.nodes_per_group) + " nodes: " + fmt(100.0 * (R - n) / (R - 1), 0) +
+               "% of the remote traffic crosses the network at " + fmt(req.cluster.inter_node_gbps, 1) +
+               " GB/s per GPU";
+    }
+    cd.P = rank_hit_probabilities(layer, R);
+    TrafficEstimate& tr = c.traffic;
+    tr.model = model;
+    double D = 0;
+    for (double p : cd.P) D += p;
+    tr.destinations_per_token = D;
+    double remote = 0;  // the largest over ranks of the others' hit probabilities (equal P: D * (R - 1) / R)
+    for (int a = 0; a < R && R > 1; ++a) remote = std::max(remote, D - cd.P[a]);
+    tr.remote_destinations_per_token = remote;
+    tr.dispatch = cost.phase(cd.groups, cd.P, bd, false);
+    tr.combine = cost.phase(cd.groups, cd.P, bc, true);
+    tr.time_us = tr.dispatch.time_us + tr.combine.time_us;
+    cd.tier = tier_of(c);
+    cands.push_back(std::move(cd));
+  }
+  if (cands.empty()) {
+    std::string all;
+    for (const auto& [R, why] : excluded) all += "; " + why;
+    plan_fail("constraints", Rule::PlanInfeasible,
+              "no EP size is feasible for num_experts = " + Etext + " on " + Wtext + all +
+                  ". Change local_expert_alignment or num_experts");
+  }
+  std::stable_sort(cands.begin(), cands.end(), ranks_before);
+  std::size_t chosen = 0;
+  if (k.fixed_ep_size > 0)
+    for (std::size_t i = 0; i < cands.size(); ++i)
+      if (cands[i].c.ep_size == k.fixed_ep_size) chosen = i;
+  if (chosen != 0) std::rotate(cands.begin(), cands.begin() + chosen, cands.begin() + chosen + 1);
+  const Candidate& best = cands[0];
+  const int R = best.c.ep_size, DP = best.c.dp_size, L = best.c.local_experts;
+
+  Plan plan;
+  plan.layer = layer;
+  plan.constraints = k;
+  plan.cost_model = req.cost_model;
+  ClusterSummary& cs = plan.cluster;
+  cs.num_nodes = nodes;
+  cs.gpus_per_node = n;
+  cs.inter_node_gbps = req.cluster.inter_node_gbps;
+  cs.gpu_model = node.gpus[0].model;
+  cs.topology_source = to_string(node.source);
+  for (const auto& g : node.gpus) cs.gpu_pci.push_back(g.pci.str());
+  cs.node_cliques = cliques;
+  plan.mesh = Mesh({{"dp", DP, AxisKind::Data}, {"ep", R, AxisKind::Expert}});
+  plan.local_experts = L;
+  plan.traffic = best.c.traffic;
+  for (const Candidate& c : cands) plan.alternatives.push_back(c.c);
+
+  // Ranks and EP groups. In-node groups: node-major, groups in node order; cross-node groups: whole nodes.
+  std::vector<Group> all_groups;
+  if (R <= n) {
+    for (int d = 0; d < nodes; ++d)
+      for (const auto& g : best.c.node_groups) {
+        Group grp;
+        for (int v : g) grp.push_back({d, v});
+        all_groups.push_back(grp);
+      }
+  } else {
+    const int m = R / n;
+    for (int q = 0; q < nodes / m; ++q) {
+      Group grp;
+      for (int d = q * m; d < (q + 1) * m; ++d)
+        for (int v = 0; v < n; ++v) grp.push_back({d, v});
+      all_groups.push_back(grp);
+    }
+  }
+  double sumP = 0;
+  for (double p : best.P) sumP += p;
+  const double T = static_cast<double>(layer.tokens_per_rank);
+  plan.ranks.resize(W);
+  for (int q = 0; q < static_cast<int>(all_groups.size()); ++q) {
+    EpGroupInfo info;
+    const Group& g = all_groups[q];
+    std::vector<std::pair<int, int>> numa;
+    double min_bw = 0;
+    bool first = true, nvl = true;
+    for (int a = 0; a < R; ++a) {
+      RankPlacement& rp = plan.ranks[q * R + a];
+      rp.rank = q * R + a;
+      rp.node = g[a].node;
+      rp.gpu = g[a].gpu;
+      rp.pci = cs.gpu_pci[g[a].gpu];
+      rp.dp_index = q;
+      rp.ep_index = a;
+      rp.first_expert = a * L;
+      rp.num_local_experts = L;
+      const double pa = best.P[a];
+      rp.dispatch_bytes_sent = T * bd * (sumP - pa);
+      rp.dispatch_bytes_received = T * bd * (R - 1) * pa;
+      rp.combine_bytes_sent = T * bc * (R - 1) * pa;
+      rp.combine_bytes_received = T * bc * (sumP - pa);
+      info.ranks.push_back(rp.rank);
+      const int nk = Impl::numa_key(node, g[a].gpu);
+      if (nk >= 0 && std::find(numa.begin(), numa.end(), std::make_pair(g[a].node, nk)) == numa.end())
+        numa.push_back({g[a].node, nk});
+      // members are node-major: the pairs on a's node follow it; pairs across nodes all use the network
+      for (int b = a + 1; b < R && g[b].node == g[a].node; ++b) {
+        const Impl::PairLink lk = Impl::pair_link(node, g[a].gpu, g[b].gpu, req.cost_model);
+        nvl = nvl && lk.nvlink;
+        min_bw = first ? lk.gbps : std::min(min_bw, lk.gbps);
+        first = false;
+      }
+    }
+    info.num_nodes = 1;  // node-major members: count the node changes
+    for (int b = 1; b < R; ++b) info.num_nodes += g[b].node != g[b - 1].node ? 1 : 0;
+    if (info.num_nodes > 1) {
+      nvl = false;
+      min_bw = first ? req.cluster.inter_node_gbps : std::min(min_bw, req.cluster.inter_node_gbps);
+    }
+    info.nvlink_clique = nvl;
+    info.min_pair_gbps = min_bw;
+    info.numa_nodes = static_cast<int>(numa.size());
+    plan.ep_groups.push_back(info);
+  }
+
+  // Router sharding specs from the partition rules on the plan's mesh: tokens split over (dp, ep).
+  {
+    const std::vector<std::string> tok{"dp", "ep"};
+    const ShardingSpec rows = ShardingSpec::split_dim0(tok, 2);
+    auto add = [&](const RouterOpSpec& op, const std::vector<ShardingSpec>& in) {
+      const ShardingDecision d = router_sharding_rule(plan.mesh, op, in);
+      for (std::size_t i = 0; i < d.arguments.size(); ++i)
+        plan.router_shardings.push_back({to_string(op.op), d.argument_names[i], d.arguments[i]});
+      for (std::size_t i = 0; i < d.outputs.size(); ++i)
+        plan.router_shardings.push_back({to_string(op.op), d.output_names[i], d.outputs[i]});
+    };
+    RouterOpSpec fwd;
+    fwd.op = RouterOp::Forward;
+    add(fwd, {rows, ShardingSpec::replicated(1)});
+    RouterOpSpec bwd;
+    bwd.op = RouterOp::Backward;
+    add(bwd, {rows, rows, rows});
+    plan.global_num_tokens = layer.tokens_per_rank * W;
+    if (plan.global_num_tokens >= 1) {
+      RouterOpSpec aux;
+      aux.op = RouterOp::AuxLoss;
+      aux.global_num_tokens = plan.global_num_tokens;
+      add(aux, {rows, ShardingSpec::replicated(1)});
+    }
+  }
+
+  // Why.
+  std::string reason;
+  const std::string eptext = "EP" + std::to_string(R);
+  auto best_of_tier = [&](int tier, int not_R) -> const Candidate* {
+    for (const Candidate& c : cands)
+      if (c.tier == tier && c.c.ep_size != not_R) return &c;
+    return nullptr;
+  };
+  if (k.fixed_ep_size > 0) {
+    reason = eptext + " forced by fixed_ep_size";
+    if (R > 1 && !best.c.nvlink_clique_groups) reason += ": " + best.c.note;
+    const Candidate* alt = cands.size() > 1 ? &cands[1] : nullptr;
+    if (alt)
+      reason += "; predicted " + us(best.c.traffic.time_us) + " per dispatch + combine, vs " +
+                us(alt->c.traffic.time_us) + " for the best unforced plan (DP" + std::to_string(alt->c.dp_size) +
+                " x EP" + std::to_string(alt->c.ep_size) + ")";
+  } else if (best.tier == 0) {
+    reason = eptext + ": the largest feasible EP size whose groups fit inside NVLink cliques (largest clique: " +
+             std::to_string(largest_clique) + " GPUs per node)";
+    std::string limits;
+    for (const auto& [r, why] : excluded)
+      if (r > R && r <= std::min(n, largest_clique)) limits += "; " + why;
+    reason += limits;
+    if (nodes > 1) {
+      reason += "; DP" + std::to_string(DP) + " across the " + std::to_string(nodes) +
+                " nodes keeps dispatch and combine on NVLink";
+      for (const Candidate& c : cands)
+        if (c.c.nodes_per_group > 1) {
+          reason += " (EP" + std::to_string(c.c.ep_size) + " across nodes: " + us(c.c.traffic.time_us) + " vs " +
+                    us(best.c.traffic.time_us) + "; force it with fixed_ep_size)";
+          break;
+        }
+    }
+  } else if (best.tier == 1) {
+    reason = "no EP size > 1 fits inside an NVLink clique (largest clique: " + std::to_string(largest_clique) +
+             " GPUs per node); " + eptext + " is the fastest alternative: " + best.c.note;
+  } else {
+    reason = "EP1 (experts replicated): no EP size > 1 is feasible";
+    for (const auto& [r, why] : excluded) reason += "; " + why;
+  }
+  if (const Candidate* c1 = best_of_tier(1, R); best.tier == 0 && c1 && nodes == 1)
+    reason +=
+        "; the best non-clique alternative is EP" + std::to_string(c1->c.ep_size) + " at " + us(c1->c.traffic.time_us);
+  plan.reason = reason;
+
+  if (!node.nvlink_known && node.source != NvlinkTopology::Source::None)
+    warnings.push_back(
+        "the topology has no NVLink information (no NVML or no NVLinkBandwidth matrix): every pair "
+        "is planned as PCIe");
+  for (const auto& w : node.warnings) warnings.push_back("topology: " + w);
+  plan.warnings = warnings;
+  return plan;
+}
+
+}  // namespace KokkosMoE

@@ -1,0 +1,18 @@
+# cmake -P script run by ctest (see CMakeLists.txt beside it).
+file(REMOVE_RECURSE ${WORK_DIR})
+function(run)
+  execute_process(COMMAND ${ARGN} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "install test: '${ARGN}' failed (${rc}):\n${out}\n${err}")
+  endif()
+  message("${out}")
+endfunction()
+run(${CMAKE_COMMAND} --install ${BINARY_DIR} --prefix ${WORK_DIR}/prefix)
+set(_arch)
+if(CUDA_ARCHITECTURES)
+  set(_arch -DCMAKE_CUDA_ARCHITECTURES=${CUDA_ARCHITECTURES})
+endif()
+run(${CMAKE_COMMAND} -S ${CONSUMER_DIR} -B ${WORK_DIR}/build -G ${GENERATOR} -DCMAKE_PREFIX_PATH=${WORK_DIR}/prefix
+    ${_arch})
+run(${CMAKE_COMMAND} --build ${WORK_DIR}/build)
+run(${WORK_DIR}/build/consumer)
