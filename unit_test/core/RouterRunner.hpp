@@ -303,7 +303,7 @@ void run_router_case(const RouterCase<D, S>& c, RunFlags flags) {
     std::vector<std::vector<double>> gref(T), cref(T);
     std::vector<double> gw;  // compact grad_weights
     if (flags.backward) {
-      gw = random_values<S>(static_cast<std::size_t>(T) * k, mix_seed(0x6A11, T * 7 + k));
+      gw = random_values<float>(static_cast<std::size_t>(T) * k, mix_seed(0x6A11, T * 7 + k));
       for (int t = 0; t < T; ++t) {
         gref[t] =
             Oracle::backward_row(c.attr, c.ref[t].routed, c.ref[t].inter, gp.data() + static_cast<std::size_t>(t) * E);

@@ -225,4 +225,28 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(strided_offset_and_overloads, DeviceType, KOKKOSMO
   BOOST_TEST(bytes_equal(download(map), base.map));
 }
 
+// The bias type is independent of the logits type (router-spec §2: float, fp16 or bf16, widened to FP32).
+template <class D, class S, class B>
+void mixed_bias_case(Score f, std::uint64_t seed) {
+  const Oracle::Attr a = make_attr(f, false, 8, 8, 4, 2.5);
+  const RouterInputs in = generate_router_inputs<S, B>(a, 45, 256, true, seed);
+  const auto ref = oracle_forward(a, in);
+  const auto logits = device_values<D, S>("logits", in.T, in.E, in.x);
+  const V1<D, const B> bias = device_vector<D, B>("bias", in.b);
+  for (const auto impl : kImpls) {
+    KokkosMoE::RouterConfig cfg = to_config(a);
+    cfg.implementation = impl;
+    for (const Out out : {Out::Bytemap, Out::I32, Out::Compact})
+      check_forward_output(
+          std::string(Num<S>::name) + " logits, " + Num<B>::name + " bias, " + impl_name(impl) + " " + out_name(out),
+          out, fetch(run_forward<D, S, B>(cfg, out, logits, bias)), ref, in.T, in.E, a.topk);
+  }
+}
+
+BOOST_AUTO_TEST_CASE_TEMPLATE(bias_type_independent_of_logits_type, DeviceType, KOKKOSMOE_DEVICE_TYPES) {
+  mixed_bias_case<DeviceType, fp16_t, float>(Score::Sigmoid, 1);
+  mixed_bias_case<DeviceType, float, bf16_t>(Score::Sigmoid, 2);
+  mixed_bias_case<DeviceType, bf16_t, fp16_t>(Score::SqrtSoftplus, 3);
+}
+
 BOOST_AUTO_TEST_SUITE_END()

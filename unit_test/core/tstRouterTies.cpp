@@ -327,4 +327,45 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(check_finite_names_first_offender, DeviceType, KOK
   }
 }
 
+// Fewer finite scores than k: k distinct experts are still selected, in the total order of §7 (finite, then -inf by
+// index, then NaN by index); the reference's small-k path may pick an expert twice here.
+BOOST_AUTO_TEST_CASE_TEMPLATE(fewer_finite_scores_than_k, DeviceType, KOKKOSMOE_DEVICE_TYPES) {
+  const std::vector<double> x = {-kInf, 2.0, kNaN, -kInf, kNaN, 1.0};
+  for (const ModeT& m : kAllModes) {
+    if (m.f == Score::Softmax && m.pre) continue;  // a NaN logit makes the whole pre-softmax row NaN
+    hand_case<DeviceType, float>("fewer finite than k", make_attr(m.f, m.pre, 5), 6, x, {}, {{1, 5, 0, 3, 2}});
+    hand_case<DeviceType, float>("fewer finite than k", make_attr(m.f, m.pre, 6), 6, x, {}, {{1, 5, 0, 3, 2, 4}});
+  }
+  hand_case<DeviceType, float>("pre-softmax NaN row", make_attr(Score::Softmax, true, 5), 6, x, {}, {{0, 1, 2, 3, 4}});
+  // finite scores and -inf only: Softmax post gives the -inf experts weight exactly 0
+  const auto c = hand_case<DeviceType, float>("-inf in the selection", make_attr(Score::Softmax, false, 3), 4,
+                                              {1.0, -kInf, -kInf, -kInf}, {}, {{0, 1, 2}});
+  BOOST_TEST(c.ref[0].probs[0] == 1.0);
+  BOOST_TEST(c.ref[0].probs[1] == 0.0);
+}
+
+// style.md §2.6: exception messages name the function. NonFiniteInput from config.check_finite must name the entry
+// point that was called (topk_router, topk_router_indices, topk_router_compact).
+BOOST_AUTO_TEST_CASE_TEMPLATE(check_finite_message_names_entry_point, DeviceType, KOKKOSMOE_DEVICE_TYPES) {
+  using D = DeviceType;
+  std::vector<double> x(2 * 4, 0.5);
+  x[5] = kNaN;
+  const auto logits = device_values<D, float>("logits", 2, 4, x);
+  KokkosMoE::RouterConfig cfg = to_config(make_attr(Score::Softmax, false, 2));
+  cfg.check_finite = true;
+  const std::pair<Out, const char*> calls[] = {{Out::Bytemap, "KokkosMoE::topk_router:"},
+                                               {Out::I32, "KokkosMoE::topk_router_indices:"},
+                                               {Out::Compact, "KokkosMoE::topk_router_compact:"}};
+  for (const auto& [out, prefix] : calls) {
+    try {
+      run_forward<D, float, float>(cfg, out, logits, V1<D, const float>());
+      BOOST_TEST(false, "no NonFiniteInput");
+    } catch (const KokkosMoE::NonFiniteInput& e) {
+      BOOST_TEST((e.row() == 1 && e.col() == 1));
+      BOOST_TEST(std::string(e.what()).rfind(prefix, 0) == 0u,
+                 out_name(out) << ": the message must start with '" << prefix << "': " << e.what());
+    }
+  }
+}
+
 BOOST_AUTO_TEST_SUITE_END()

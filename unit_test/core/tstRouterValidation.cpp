@@ -565,4 +565,92 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(aux_loss_rules, DeviceType, KOKKOSMOE_DEVICE_TYPES
   BOOST_TEST((cb[0] == kSentinel && cb[1] == kSentinel), "a rejected aux_loss wrote const_buf");
 }
 
+// Contiguity of every operand (router-spec §4.1), row limits of the aux loss, and options documented as ignored.
+BOOST_AUTO_TEST_CASE_TEMPLATE(contiguity_limits_and_ignored_options, DeviceType, KOKKOSMOE_DEVICE_TYPES) {
+  using D = DeviceType;
+  using Exec = typename D::execution_space;
+  const Exec exec{};
+  const int T = 4, E = 8;
+  // a LayoutLeft [T, E] View is column-major
+  ForwardOperands<D> o;
+  const Kokkos::View<float**, Kokkos::LayoutLeft, D> left("left", T, E);
+  expect_rule(
+      Rule::NotContiguous, "LayoutLeft probs",
+      [&] { KokkosMoE::topk_router(exec, o.cfg(), o.logits, left, o.map, o.inter); }, "topk_router", "probs");
+  expect_rule(
+      Rule::NotContiguous, "LayoutLeft intermediate (backward)",
+      [&] {
+        KokkosMoE::topk_router_backward(exec, o.cfg(), o.map, left, make2<D, float>("g", T, E, 0.f),
+                                        make2<D, float>("gl", T, E, 0.f));
+      },
+      "topk_router_backward", "intermediate");
+  // a bias with stride 2
+  const auto bias_mem = make1<D, float>("bias_mem", 2 * E, 0.f);
+  const Kokkos::View<float*, Kokkos::LayoutStride, D> bias2(bias_mem.data(), Kokkos::LayoutStride(E, 2));
+  expect_rule(
+      Rule::NotContiguous, "strided expert_bias",
+      [&] { KokkosMoE::topk_router(exec, o.cfg(), o.logits, bias2, o.probs, o.map, o.inter); }, "topk_router",
+      "expert_bias");
+  // aux loss: tokens_per_expert and workspace with stride 2
+  const int R = 5, C = 8;
+  KokkosMoE::AuxLossConfig c;
+  c.num_experts = E;
+  c.topk = 2;
+  c.coeff = 0.01f;
+  const auto probs = make2<D, float>("probs", R, C, 0.1f);
+  const std::size_t need = KokkosMoE::aux_loss_workspace_size(R, C);
+  const auto ws_mem = make1<D, float>("ws_mem", static_cast<std::int64_t>(2 * need), 0.f);
+  const auto tpe_mem = make1<D, std::int32_t>("tpe_mem", 2 * C, 1);
+  const auto tpe = make1<D, std::int32_t>("tpe", C, 1);
+  const auto cbuf = make1<D, float>("cb", 2, 0.f);
+  V0<D, float> loss("loss");
+  const Kokkos::View<std::int32_t*, Kokkos::LayoutStride, D> tpe2(tpe_mem.data(), Kokkos::LayoutStride(C, 2));
+  const Kokkos::View<float*, Kokkos::LayoutStride, D> ws2(ws_mem.data(), Kokkos::LayoutStride(need, 2));
+  expect_rule(
+      Rule::NotContiguous, "strided tokens_per_expert",
+      [&] {
+        KokkosMoE::aux_loss(exec, c, probs, tpe2, std::int64_t(10), loss, cbuf, make1<D, float>("ws", need, 0.f));
+      },
+      "aux_loss", "tokens_per_expert");
+  expect_rule(
+      Rule::NotContiguous, "strided workspace",
+      [&] { KokkosMoE::aux_loss(exec, c, probs, tpe, std::int64_t(10), loss, cbuf, ws2); }, "aux_loss", "workspace");
+  // R >= 2^31 rows (unmanaged Views over a small allocation: never dereferenced)
+  const std::int64_t big = std::int64_t(1) << 31;
+  const auto scratch = make1<D, float>("scratch", 16, 0.f);
+  const V2<D, float> tall(scratch.data(), big, 1);
+  auto c1 = c;
+  c1.num_experts = 1;
+  c1.topk = 1;
+  expect_rule(
+      Rule::TokenCountRange, "aux_loss R = 2^31",
+      [&] {
+        const V1<D, float> ws(scratch.data(), big);  // large enough by extent
+        KokkosMoE::aux_loss(exec, c1, V2<D, const float>(tall), make1<D, std::int32_t>("t", 1, 1), std::int64_t(10),
+                            loss, cbuf, ws);
+      },
+      "aux_loss", "probs");
+  expect_rule(
+      Rule::TokenCountRange, "aux_loss_backward R = 2^31",
+      [&] { KokkosMoE::aux_loss_backward(exec, c1, cbuf, make1<D, std::int32_t>("t", 1, 1), V0<D, float>("g"), tall); },
+      "aux_loss_backward", "grad_probs");
+  expect_rule(
+      Rule::TokenCountRange, "aux_scores T = 2^31",
+      [&] {
+        KokkosMoE::AuxScoresConfig ac;
+        KokkosMoE::aux_scores(exec, ac, V2<D, const float>(tall), tall, V2<D, std::uint8_t>("m", 1, 1), tall);
+      },
+      "aux_scores", "logits");
+  // config.map_format is ignored by the dense-indices and compact variants (KokkosMoE_Router.hpp)
+  auto cm = o.cfg();
+  cm.map_format = static_cast<KokkosMoE::RoutingMapFormat>(7);
+  try {
+    KokkosMoE::topk_router_indices(exec, cm, o.logits, o.no_bias, o.probs, o.idx, o.inter);
+    KokkosMoE::topk_router_compact(exec, cm, o.logits, o.no_bias, o.ids, o.weights);
+    exec.fence();
+  } catch (const std::exception& e) {
+    BOOST_TEST(false, "map_format must be ignored by the indices/compact variants: " << e.what());
+  }
+}
+
 BOOST_AUTO_TEST_SUITE_END()
