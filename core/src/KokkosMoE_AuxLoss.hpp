@@ -91,6 +91,7 @@ AuxLossArgs lower_aux_loss(const char* fn, const AuxLossConfig& config, const Pr
   check_contiguous(fn, "probs", probs);
   check_shape1(fn, "tokens_per_expert", tokens_per_expert, C);
   check_shape1(fn, "const_buf", const_buf, 2);
+  check_contiguous(fn, "workspace", workspace);
   const std::size_t need = aux_loss_workspace_floats(R, C);
   if (workspace.extent(0) < need)
     fail(fn, "workspace", Rule::WorkspaceTooSmall,

@@ -64,7 +64,7 @@ void topk_router(const ExecSpace& exec, const RouterConfig& config, const Logits
   a.probs = probs.data();
   a.routing_map = routing_map.data();
   a.intermediate = intermediate.data();
-  Impl::run_topk_forward(exec, a, logits);
+  Impl::run_topk_forward(fn, exec, a, logits);
 }
 
 /// \brief topk_router without an expert bias.
@@ -109,7 +109,7 @@ void topk_router_indices(const ExecSpace& exec, const RouterConfig& config, cons
   a.indices_type = Impl::dtype_of<Index>();
   a.indices = indices.data();
   a.intermediate = intermediate.data();
-  Impl::run_topk_forward(exec, a, logits);
+  Impl::run_topk_forward(fn, exec, a, logits);
 }
 
 /// \brief Compact forward for inference (router-spec §5.5): ids [T, k] int32 in selection order and
@@ -133,7 +133,7 @@ void topk_router_compact(const ExecSpace& exec, const RouterConfig& config, cons
   a.output = Impl::RoutingOutput::Compact;
   a.ids = ids.data();
   a.weights = weights.data();
-  Impl::run_topk_forward(exec, a, logits);
+  Impl::run_topk_forward(fn, exec, a, logits);
 }
 
 /// \brief Backward of topk_router (router-spec §9) from the saved routing map (config.map_format) and

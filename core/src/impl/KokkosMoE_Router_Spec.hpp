@@ -134,9 +134,8 @@ void run_check_finite(const ExecSpace& exec, const char* fn, const char* param, 
 }
 
 template <class ExecSpace, class LogitsView>
-void run_topk_forward(const ExecSpace& exec, const TopkForwardArgs& a, const LogitsView& logits) {
-  if (a.config.check_finite)
-    run_check_finite(exec, "topk_router", "logits", logits.data(), a.num_tokens, a.num_experts);
+void run_topk_forward(const char* fn, const ExecSpace& exec, const TopkForwardArgs& a, const LogitsView& logits) {
+  if (a.config.check_finite) run_check_finite(exec, fn, "logits", logits.data(), a.num_tokens, a.num_experts);
   if (a.num_tokens == 0) return;
   if (a.config.implementation == Implementation::Portable)
     PortableRouter<ExecSpace>::topk_forward(exec, a);
