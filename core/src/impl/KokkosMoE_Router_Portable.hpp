@@ -155,6 +155,26 @@ KOKKOS_INLINE_FUNCTION std::uint64_t team_topk_keys(const Member& m, int n, int 
   return prev;
 }
 
+/// Fills row(e), e < n, with the softmax of load(e) (router-spec §5.1: max, then sum of exp(x - M), then a multiply
+/// by 1/sum). Team-collective; each entry is read and rewritten by the thread that owns it in TeamThreadRange.
+template <class Member, class Load, class Row>
+KOKKOS_INLINE_FUNCTION void team_row_softmax(const Member& m, int n, const Load& load, const Row& row) {
+  float M = 0;
+  Kokkos::parallel_reduce(
+      Kokkos::TeamThreadRange(m, n),
+      [&](const int e, float& acc) {
+        const float x = load(e);
+        row(e) = x;
+        if (x > acc) acc = x;
+      },
+      Kokkos::Max<float>(M));
+  float sum = 0;
+  Kokkos::parallel_reduce(
+      Kokkos::TeamThreadRange(m, n), [&](const int e, float& acc) { acc += softmax_term(row(e), M); }, sum);
+  const float inv = 1.0f / sum;
+  Kokkos::parallel_for(Kokkos::TeamThreadRange(m, n), [&](const int e) { row(e) = softmax_term(row(e), M) * inv; });
+}
+
 /// Two sums reduced together (nested multi-value reductions are not in Kokkos 3.4).
 struct Sum2 {
   float a = 0.0f, b = 0.0f;
@@ -208,27 +228,16 @@ struct TopkForwardFunctor {
 
     // 1. activations and selection scores (router-spec §5.1)
     if (f == ScoreFunction::Softmax) {
-      float M = 0;
-      Kokkos::parallel_reduce(
-          Kokkos::TeamThreadRange(m, E),
-          [&](const int e, float& acc) {
-            const float x = to_float(logits[row + e]);
-            y(e) = x;
-            if (x > acc) acc = x;
-          },
-          Kokkos::Max<float>(M));
       if (pre) {
-        float sum = 0;
-        Kokkos::parallel_reduce(
-            Kokkos::TeamThreadRange(m, E), [&](const int e, float& acc) { acc += softmax_term(y(e), M); }, sum);
-        const float inv = 1.0f / sum;
-        Kokkos::parallel_for(Kokkos::TeamThreadRange(m, E), [&](const int e) {
-          const float p = softmax_term(y(e), M) * inv;
-          y(e) = p;
-          s(e) = p;
-        });
-      } else {
+        team_row_softmax(
+            m, E, [&](const int e) { return to_float(logits[row + e]); }, y);
         Kokkos::parallel_for(Kokkos::TeamThreadRange(m, E), [&](const int e) { s(e) = y(e); });
+      } else {
+        Kokkos::parallel_for(Kokkos::TeamThreadRange(m, E), [&](const int e) {
+          const float x = to_float(logits[row + e]);
+          y(e) = x;
+          s(e) = x;
+        });
       }
     } else {
       Kokkos::parallel_for(Kokkos::TeamThreadRange(m, E), [&](const int e) {
@@ -503,24 +512,9 @@ struct TopkBackwardFunctor {
     FloatScratch rowact(m.team_scratch(scratch_level), E);
     FloatScratch act(m.team_scratch(scratch_level), k);
     GradTerms g = terms();
-    if (pre) {  // full-row softmax
-      float M = 0;
-      Kokkos::parallel_reduce(
-          Kokkos::TeamThreadRange(m, E),
-          [&](const int e, float& acc) {
-            const float x = load_as_float(a.logits, a.logits_type, row + e);
-            rowact(e) = x;
-            if (x > acc) acc = x;
-          },
-          Kokkos::Max<float>(M));
-      float sum = 0;
-      Kokkos::parallel_reduce(
-          Kokkos::TeamThreadRange(m, E), [&](const int e, float& acc) { acc += softmax_term(rowact(e), M); }, sum);
-      const float inv = 1.0f / sum;
-      m.team_barrier();
-      Kokkos::parallel_for(Kokkos::TeamThreadRange(m, E),
-                           [&](const int e) { rowact(e) = softmax_term(rowact(e), M) * inv; });
-    }
+    if (pre)
+      team_row_softmax(
+          m, E, [&](const int e) { return load_as_float(a.logits, a.logits_type, row + e); }, rowact);
     m.team_barrier();
     Kokkos::single(Kokkos::PerTeam(m), [&]() {
       // activations of the selected experts, as the forward computed them
@@ -588,24 +582,9 @@ struct AuxScoresFunctor {
     const std::int64_t row = t * E;
     FloatScratch s(m.team_scratch(scratch_level), E);
     if (a.score_function == ScoreFunction::Softmax) {
-      float M = 0;
-      Kokkos::parallel_reduce(
-          Kokkos::TeamThreadRange(m, E),
-          [&](const int e, float& acc) {
-            const float x = load_as_float(a.logits, a.logits_type, row + e);
-            s(e) = x;
-            if (x > acc) acc = x;
-          },
-          Kokkos::Max<float>(M));
-      float sum = 0;
-      Kokkos::parallel_reduce(
-          Kokkos::TeamThreadRange(m, E), [&](const int e, float& acc) { acc += softmax_term(s(e), M); }, sum);
-      const float inv = 1.0f / sum;
-      Kokkos::parallel_for(Kokkos::TeamThreadRange(m, E), [&](const int e) {
-        const float p = softmax_term(s(e), M) * inv;
-        s(e) = p;
-        a.intermediate[row + e] = p;
-      });
+      team_row_softmax(
+          m, E, [&](const int e) { return load_as_float(a.logits, a.logits_type, row + e); }, s);
+      Kokkos::parallel_for(Kokkos::TeamThreadRange(m, E), [&](const int e) { a.intermediate[row + e] = s(e); });
     } else {
       const bool sig = a.score_function == ScoreFunction::Sigmoid;
       float sum = 0;
