@@ -194,12 +194,14 @@ __device__ __forceinline__ unsigned comp_idx(unsigned long long c) {
 __device__ __forceinline__ float sigmoidf_(float x) { return 1.0f / (1.0f + expf(-x)); }
 __device__ __forceinline__ float sqrtsoftplusf_(float x) { return sqrtf(x > 20.0f ? x : log1pf(expf(x))); }
 
-/// Merge of two softmax partials (max, sum); a partial with no data (max -inf) contributes 0. Symmetric in its
-/// arguments, so butterfly reductions give every lane the same bits.
+/// Merge of two softmax partials (max, sum). A partial whose max is -inf contributes its sum unscaled: 0 when it
+/// holds no data or only -inf, NaN when it holds a NaN (fmaxf skips NaN, so the max of such a partial stays -inf
+/// while its sum is NaN, and the NaN must reach the row, §7.4). Symmetric in its arguments, so butterfly reductions
+/// give every lane the same bits.
 __device__ __forceinline__ void softmax_merge(float& m, float& s, float mo, float so) {
   const float M = fmaxf(m, mo);
-  const float a = (m == -INFINITY) ? 0.0f : s * expf(m - M);
-  const float b = (mo == -INFINITY) ? 0.0f : so * expf(mo - M);
+  const float a = (m == -INFINITY) ? s : s * expf(m - M);
+  const float b = (mo == -INFINITY) ? so : so * expf(mo - M);
   m = M;
   s = a + b;
 }

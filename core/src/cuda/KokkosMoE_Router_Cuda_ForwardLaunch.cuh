@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cuda/KokkosMoE_Router_Cuda_Forward.cuh>
+#include <cuda/KokkosMoE_Router_Cuda_ForwardLane.cuh>
 
 namespace KokkosMoE {
 namespace Impl {
@@ -77,6 +78,77 @@ cudaError_t launch_best(FwdParams& P, cudaStream_t st) {
   return launch_reg<DT, TPT, NC, W>(P, st);
 }
 
+template <int DT, int TPT, int W, int K = 0>
+cudaError_t launch_lane(FwdParams& P, cudaStream_t st) {
+  constexpr int TPW = 32 / TPT;
+  const int warps = 4;
+  const size_t smem = static_cast<size_t>(warps) * TPW * 2 * TPT * W * sizeof(float);  // activations + keys
+  auto kern = topk_fwd_lane<DT, TPT, W, K>;
+  const long long tok_per_block = static_cast<long long>(warps) * TPW;
+  const long long work = (P.T + tok_per_block - 1) / tok_per_block;
+  const int grid = persistent_grid(reinterpret_cast<const void*>(kern), warps * 32, smem, work);
+  kern<<<grid, warps * 32, smem, st>>>(P);
+  return cudaGetLastError();
+}
+
+/// The lane kernel (KokkosMoE_Router_Cuda_ForwardLane.cuh) applies when a token fits TPT <= 32 lanes of W
+/// contiguous experts with k <= TPT, groups (if any) span whole lanes, a power-of-two count of them, and are scored
+/// by at most 2 experts. Picks the fewest lanes per token: W = 8, or W = 4 when k needs more lanes.
+template <int DT>
+bool try_launch_lane(FwdParams& P, cudaStream_t st, cudaError_t* err) {
+  if (P.aux || P.force_general) return false;
+  const int E = P.E, k = P.k;
+  for (const int W : {8, 4}) {
+    if (E % W != 0) continue;
+    int tpt = 1;
+    while (tpt * W < E || tpt < k) tpt <<= 1;
+    if (tpt > 32) continue;
+    if (P.gk > 0 && (P.kg > 2 || P.gs % W != 0 || !is_pow2(P.gs / W))) continue;
+    if (W == 8) {
+      switch (tpt) {
+        case 2:
+          *err = launch_lane<DT, 2, 8>(P, st);
+          return true;
+        case 4:
+          *err = launch_lane<DT, 4, 8>(P, st);
+          return true;
+        case 8:
+          *err = launch_lane<DT, 8, 8>(P, st);
+          return true;
+        case 16:
+          *err = k == 8 ? launch_lane<DT, 16, 8, 8>(P, st) : launch_lane<DT, 16, 8>(P, st);
+          return true;
+        case 32:
+          *err = k == 8 ? launch_lane<DT, 32, 8, 8>(P, st) : launch_lane<DT, 32, 8>(P, st);
+          return true;
+        default:
+          break;
+      }
+    } else {
+      switch (tpt) {
+        case 2:
+          *err = launch_lane<DT, 2, 4>(P, st);
+          return true;
+        case 4:
+          *err = launch_lane<DT, 4, 4>(P, st);
+          return true;
+        case 8:
+          *err = launch_lane<DT, 8, 4>(P, st);
+          return true;
+        case 16:
+          *err = launch_lane<DT, 16, 4>(P, st);
+          return true;
+        case 32:
+          *err = launch_lane<DT, 32, 4>(P, st);
+          return true;
+        default:
+          break;
+      }
+    }
+  }
+  return false;
+}
+
 template <int DT>
 cudaError_t launch_generic(FwdParams& P, cudaStream_t st) {
   const int budget = max_dyn_smem() - static_cast<int>(sizeof(GenScratch)) - 1024;
@@ -122,6 +194,8 @@ cudaError_t fwd_launch(FwdParams& P, cudaStream_t st) {
   const bool vec = (E % VW == 0) && aligned16(P.logits) && aligned16(P.probs) && aligned16(P.inter) &&
                    aligned16(P.scores) && aligned16(P.map);
   if (E <= 1024) {
+    cudaError_t err = cudaSuccess;
+    if (vec && try_launch_lane<DT>(P, st, &err)) return err;
     // small E with k above the default lanes per token: 4-wide chunks, more lanes, so the rounds kernel applies
     if (vec && E % 4 == 0 && E <= 32 && !P.force_general) {
       const int tpt_default = E <= 8 ? 1 : (E <= 16 ? 2 : 4);
