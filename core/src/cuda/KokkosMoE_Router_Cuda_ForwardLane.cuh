@@ -4,24 +4,29 @@
 #ifndef KOKKOSMOE_ROUTER_CUDA_FORWARDLANE_CUH
 #define KOKKOSMOE_ROUTER_CUDA_FORWARDLANE_CUH
 
-// topk_fwd_lane<DT, TPT, W>: the forward fast path of topk_router for E <= TPT*W (E % W == 0) and k <= TPT, every
-// routing output kind (not aux_scores). It was written to cut the instructions per token of the register kernels
-// of KokkosMoE_Router_Cuda_Forward.cuh, which ncu showed issue-bound (DRAM 16 %, ~1290 warp instructions per token
-// for DeepSeek-V3, mostly integer selection work).
+// topk_fwd_lane<DT, TPT, NC, W, K>: the forward fast path of topk_router (every routing output kind, not
+// aux_scores) for E <= TPT*NC*W (E % W == 0), k <= TPT, NC*W <= 32, groups only with NC == 1. It replaces the
+// register kernels of KokkosMoE_Router_Cuda_Forward.cuh where it applies: ncu showed those issue-bound (DRAM 16 %,
+// ~1290 warp instructions per token for DeepSeek-V3, mostly integer selection work); this one needs ~770.
 //
-// Mapping: TPT lanes own one token; lane `ls` owns the W contiguous experts ls*W .. ls*W+W-1 (one 16- or 32-byte
-// load), so lane order is expert order. Per token:
-//   1. activations and order-preserving keys in registers (router-spec §5.1, §7), early FP32 outputs;
-//   2. per lane the two best keys with their positions (one pass, ties to the lower position);
-//   3. group-limited routing (§5.3, kg <= 2): the lane top-2 lists merged over the lanes of a group, groups ranked
-//      by shuffles; an ineligible lane simply offers nothing;
-//   4. k rounds of a segment arg-max over the lane heads (one redux.sync for a whole warp): the lowest lane holding
-//      the maximum wins (lower index on ties), pops its head, and refills its list from its unselected keys only
-//      when both entries are gone. Round r fixes slot r, so the slot order of §6 comes out directly;
+// Mapping: TPT lanes own one token; lane `ls` owns NC chunks of W contiguous experts, chunk c covering experts
+// (c*TPT + ls)*W .. +W-1 (16- or 32-byte loads). Per token:
+//   1. activations, order-preserving keys (router-spec §5.1, §7) and early FP32 outputs, chunk by chunk; the
+//      activation and key rows also go to a per-token shared row. Only the packed keys stay in registers: the
+//      key's upper 32-IB bits over the inverted expert index (IB = index bits of the row), unique per token;
+//   2. group-limited routing (§5.3, NC == 1, kg <= 2): lane top-2 keys merged over the lanes of a group, the gk
+//      best groups picked by gk rounds of a segment max (lowest group on equal scores);
+//   3. k rounds of a segment max over per-lane top-3 lists of packed keys: one redux.sync names the winner (no
+//      ballot, no index shuffle); a lane whose list runs dry refills from its keys below the round's maximum.
+//      Round r fixes slot r, so the slot order of §6 comes out directly;
+//   4. exactness check: packed order equals the selection order unless two of slots 0..k (slot k = best
+//      unselected) share a coarse key with different full keys, or the boundary cuts a run of equal coarse keys
+//      with different full keys; such tokens (a few % of random rows) redo the selection on full keys;
 //   5. slot lane r computes the weight of slot r (sums in slot order via shuffles, one division per lane), writes
-//      ids/weights/indices coalesced, and drops the weight into a per-token shared row from which the owners build
-//      their dense outputs (probs, map, Softmax-post intermediate) with one vector store per lane and output.
-// Bit-identical to the other CUDA forward kernels (same keys, same slot order, same FP32 expressions).
+//      ids/weights/indices coalesced, and drops the weight into the shared row from which the owners build their
+//      dense outputs (probs, map, Softmax-post intermediate) with vector stores.
+// Bit-identical to the other CUDA forward kernels (same keys, slot order and FP32 expressions) except Softmax pre,
+// whose row sum is associated per lane layout (last-bit differences, within router-spec §16.1).
 
 #include <cuda/KokkosMoE_Router_Cuda_Forward.cuh>
 
@@ -33,7 +38,7 @@ namespace detail {
 /// okey() for scores that are never -0.0 (s = y + b with y >= +0 or NaN, or y + 0.0f), with NaN mapped to
 /// kLaneNaNKey instead of 1: still below -inf (0x007fffff) and above "no candidate" (0), but with a nonzero coarse
 /// part, so that a NaN score keeps a nonzero packed key (below).
-constexpr unsigned kLaneNaNKey = 0x100u;
+constexpr unsigned kLaneNaNKey = 0x1000u;
 __device__ __forceinline__ unsigned okey_lane(float s) {
   const unsigned u = __float_as_uint(s);
   const unsigned k = u ^ (static_cast<unsigned>(static_cast<int>(u) >> 31) | 0x80000000u);
@@ -90,18 +95,24 @@ __device__ __forceinline__ void top3_below(const unsigned (&v)[W], unsigned lim,
 }
 
 /// Exact selection on full keys (the slow path of topk_fwd_lane, taken when packed keys cannot decide): k rounds
-/// of a segment arg-max over per-lane top-2 lists with positions; the lowest lane with the maximum wins. Returns the
-/// selected positions of the lane and, on slot lanes, the expert index of slot ls.
-template <int TPT, int W>
-__device__ __forceinline__ void lane_select_exact(const unsigned (&key)[W], bool elig, int k, int lane, int ls, int e0,
-                                                  unsigned segmask, unsigned& selm, int& my_idx) {
+/// of a segment arg-max over per-lane top-2 lists with positions; among lanes holding the maximum the lowest
+/// expert index wins. Returns the selected positions of the lane and, on slot lanes, the expert index of slot ls.
+template <int TPT, int NC, int W>
+__device__ __forceinline__ void lane_select_exact(const unsigned* kbuf, const bool (&cvalid)[NC], bool elig, int k,
+                                                  int ls, unsigned& selm, int& my_idx) {
+  constexpr int V = NC * W;
+  unsigned key[V];
+#pragma unroll
+  for (int c = 0; c < NC; ++c)
+#pragma unroll
+    for (int w = 0; w < W; ++w) key[c * W + w] = (elig && cvalid[c]) ? kbuf[(c * TPT + ls) * W + w] : 0u;
   auto top2 = [&](unsigned excl, unsigned& a1, int& p1, unsigned& a2, int& p2) {
     a1 = 0u;
     a2 = 0u;
     p1 = 0;
     p2 = 0;
 #pragma unroll
-    for (int p = 0; p < W; ++p) {
+    for (int p = 0; p < V; ++p) {
       const unsigned v = ((excl >> p) & 1u) ? 0u : key[p];
       const bool g1 = v > a1;
       const bool g2 = v > a2;
@@ -111,22 +122,19 @@ __device__ __forceinline__ void lane_select_exact(const unsigned (&key)[W], bool
       p1 = g1 ? p : p1;
     }
   };
+  auto index_of = [&](int p) { return ((p / W) * TPT + ls) * W + (p % W); };
   unsigned h, n;
   int hp, np;
   top2(0u, h, hp, n, np);
-  if (!elig) {
-    h = 0u;
-    n = 0u;
-  }
   selm = 0u;
   my_idx = 0;
   for (int r = 0; r < k; ++r) {
     const unsigned M = seg_max_u32<TPT>(h);
-    const unsigned b = __ballot_sync(kFull, h == M) & segmask;
-    const int wl = __ffs(b) - 1;
-    const int widx = __shfl_sync(kFull, e0 + hp, wl);
+    const int hidx = index_of(hp);
+    const unsigned cand = (h == M) ? static_cast<unsigned>(hidx) : 0xffffffffu;
+    const int widx = static_cast<int>(seg_min_u32<TPT>(cand));
     if (ls == r) my_idx = widx;
-    const bool win = lane == wl;
+    const bool win = h == M && hidx == widx;
     if (win) {
       selm |= 1u << hp;
       h = n;
@@ -139,15 +147,17 @@ __device__ __forceinline__ void lane_select_exact(const unsigned (&key)[W], bool
   }
 }
 
-template <int DT, int TPT, int W, int K>
-__global__ void __launch_bounds__(128, 6) topk_fwd_lane(const FwdParams P) {
+template <int DT, int TPT, int NC, int W, int K>
+// (register budget: 64 per thread for one chunk per lane, 8 blocks of 128 per SM; 128 with several chunks)
+__global__ void __launch_bounds__(128, NC == 1 ? 8 : 4) topk_fwd_lane(const FwdParams P) {
   using TT = Ty<DT>;
   using S = typename TT::S;
+  constexpr int V = NC * W;                                       // experts per lane
   constexpr int TPW = 32 / TPT;                                   // tokens per warp
-  constexpr int ROW = TPT * W;                                    // experts covered by one token's lanes
+  constexpr int ROW = TPT * V;                                    // experts covered by one token's lanes
   constexpr int IB = ROW <= 2 ? 1 : 32 - __builtin_clz(ROW - 1);  // index bits of a packed key
   constexpr unsigned IMASK = (1u << IB) - 1u;
-  static_assert(W <= 32 && IB <= 8, "packed keys keep at least 24 key bits");
+  static_assert(V <= 32 && IB <= 10, "selection masks are 32-bit; packed keys keep at least 22 key bits");
   extern __shared__ __align__(16) unsigned char smem[];
 
   const int lane = threadIdx.x & 31;
@@ -162,9 +172,11 @@ __global__ void __launch_bounds__(128, 6) topk_fwd_lane(const FwdParams P) {
   const bool compact = P.out == kOutCompact;
   const bool softmax_pre = fn == kFnSoftmax && P.pre;
   const bool softmax_post = fn == kFnSoftmax && !P.pre;
-  const int e0 = ls * W;
-  const bool lvalid = e0 < E;              // E % W == 0: a lane is wholly inside the row or wholly outside
-  const int sg = P.gk > 0 ? P.gs / W : 1;  // lanes per group (a power of two)
+  bool cvalid[NC];  // E % W == 0: a chunk is wholly inside the row or wholly outside
+#pragma unroll
+  for (int c = 0; c < NC; ++c) cvalid[c] = (c * TPT + ls) * W < E;
+  const bool lvalid = cvalid[0];
+  const int sg = P.gk > 0 ? P.gs / W : 1;  // lanes per group (a power of two; NC == 1)
   const int sgs = __ffs(sg) - 1;
   const int gid = ls >> sgs;
 
@@ -172,9 +184,11 @@ __global__ void __launch_bounds__(128, 6) topk_fwd_lane(const FwdParams P) {
   unsigned* kbuf = reinterpret_cast<unsigned*>(ybuf + ROW);
 
   // bias (Sigmoid/SqrtSoftplus only, §4); +0.0f otherwise, so that s = y + b also turns -0.0 into +0.0
-  float bias[W];
+  // (kept in registers with one chunk per lane; re-read per token, from L1, with several)
+  const bool has_bias = P.bias != nullptr;
+  float bias1[W];
 #pragma unroll
-  for (int w = 0; w < W; ++w) bias[w] = (P.bias != nullptr && lvalid) ? load_any(P.bias, P.bias_type, e0 + w) : 0.0f;
+  for (int w = 0; w < W; ++w) bias1[w] = (has_bias && lvalid) ? load_any(P.bias, P.bias_type, ls * W + w) : 0.0f;
 
   using VV = Vec<S, W>;
   using Raw = typename VV::R;
@@ -182,94 +196,118 @@ __global__ void __launch_bounds__(128, 6) topk_fwd_lane(const FwdParams P) {
   const long long gwarp = static_cast<long long>(blockIdx.x) * (blockDim.x >> 5) + warp;
   const long long stride = nwarps * TPW;
 
-  // t, its row offset t*E + e0 and the logits pointer advance incrementally (no 64-bit multiply per token)
+  // t, its row offset t*E and the logits pointer advance incrementally (no 64-bit multiply per token)
   const long long strideE = stride * static_cast<long long>(E);
   long long t = gwarp * TPW + seg;
   long long rowE = t * static_cast<long long>(E);
-  const S* lp = static_cast<const S*>(P.logits) + rowE + e0;
-  Raw raw;
-  memset(&raw, 0, sizeof(Raw));
-  if (t < P.T && lvalid) raw = VV::ldg(lp);
+  const S* lp = static_cast<const S*>(P.logits) + rowE + ls * W;
+  Raw raw[NC];
+#pragma unroll
+  for (int c = 0; c < NC; ++c) {
+    memset(&raw[c], 0, sizeof(Raw));
+    if (t < P.T && cvalid[c]) raw[c] = VV::ldg(lp + c * TPT * W);
+  }
 
   for (long long tb = gwarp * TPW; tb < P.T; tb += stride, t += stride, rowE += strideE) {
     const bool valid = t < P.T;
-    float x[W];
-    {
+    Raw cur[NC];
+#pragma unroll
+    for (int c = 0; c < NC; ++c) cur[c] = raw[c];
+    lp += strideE;
+#pragma unroll
+    for (int c = 0; c < NC; ++c)  // prefetch of the next token's row
+      if (t + stride < P.T && cvalid[c]) raw[c] = VV::ldg(lp + c * TPT * W);
+    auto widen = [&](int c, float(&x)[W]) {
       S s[W];
-      VV::to_array(raw, s);
+      VV::to_array(cur[c], s);
 #pragma unroll
       for (int w = 0; w < W; ++w) x[w] = TT::to_f(s[w]);
-    }
-    lp += strideE;
-    if (t + stride < P.T && lvalid) raw = VV::ldg(lp);  // prefetch of the next token's row
+    };
 
-    // ---- 1. activations, keys, early outputs ----------------------------------------------------------------
-    float y[W];
-    if (fn == kFnSigmoid) {
-      sigmoid_lane<W>(x, y);
-    } else if (fn == kFnSqrtSoftplus) {
-#pragma unroll
-      for (int w = 0; w < W; ++w) y[w] = sqrtsoftplusf_(x[w]);
-    } else if (softmax_pre) {
-      float m = -INFINITY;
-#pragma unroll
-      for (int w = 0; w < W; ++w) m = lvalid ? fmaxf(m, x[w]) : m;
+    // ---- 1. activations, keys, early outputs, chunk by chunk ----------------------------------------------
+    float m = -INFINITY, inv = 0.0f;  // Softmax pre row statistics
+    if (softmax_pre) {
       float s = 0.0f;
 #pragma unroll
-      for (int w = 0; w < W; ++w) s += (lvalid && x[w] != -INFINITY) ? expf(x[w] - m) : 0.0f;
+      for (int c = 0; c < NC; ++c) {
+        float x[W];
+        widen(c, x);
+#pragma unroll
+        for (int w = 0; w < W; ++w) m = cvalid[c] ? fmaxf(m, x[w]) : m;
+      }
+#pragma unroll
+      for (int c = 0; c < NC; ++c) {
+        float x[W];
+        widen(c, x);
+#pragma unroll
+        for (int w = 0; w < W; ++w) s += (cvalid[c] && x[w] != -INFINITY) ? expf(x[w] - m) : 0.0f;
+      }
 #pragma unroll
       for (int o = TPT / 2; o > 0; o >>= 1) {
         const float mo = __shfl_xor_sync(kFull, m, o);
         const float so = __shfl_xor_sync(kFull, s, o);
         softmax_merge(m, s, mo, so);
       }
-      const float inv = 1.0f / s;
-#pragma unroll
-      for (int w = 0; w < W; ++w) y[w] = expf(x[w] - m) * inv;
-    } else {
-#pragma unroll
-      for (int w = 0; w < W; ++w) y[w] = x[w];
+      inv = 1.0f / s;
     }
-    // full keys (§7) and packed keys: the key's upper 32-IB bits over the inverted expert index. Packed keys are
-    // unique per token, so one max reduction names the winner; their order is the selection order wherever the
-    // coarse parts differ (checked below).
-    unsigned key[W], pk[W];
+    unsigned pk[V];
+    unsigned g1 = 0u, g2 = 0u;  // lane top-2 full keys (group scores, NC == 1)
 #pragma unroll
-    for (int w = 0; w < W; ++w) {
-      // (a lane outside the row is never eligible, so its keys need no masking)
-      key[w] = okey_lane(y[w] + bias[w]);
-      pk[w] = (key[w] & ~IMASK) | (IMASK - static_cast<unsigned>(e0 + w));
-    }
-    if (!compact && !softmax_post && valid && lvalid) {
-      if (fn == kFnSqrtSoftplus)
-        store_chunk<kDtF32, W>(P.inter + rowE + e0, x);
-      else
-        store_chunk<kDtF32, W>(P.inter + rowE + e0, y);
-    }
-    // activation and key rows for the slot lanes
-    if constexpr (W % 4 == 0) {
+    for (int c = 0; c < NC; ++c) {
+      const int e0 = (c * TPT + ls) * W;
+      float x[W], y[W];
+      widen(c, x);
+      if (fn == kFnSigmoid) {
+        sigmoid_lane<W>(x, y);
+      } else if (fn == kFnSqrtSoftplus) {
 #pragma unroll
-      for (int w = 0; w < W; w += 4) {
-        *reinterpret_cast<float4*>(ybuf + e0 + w) = make_float4(y[w], y[w + 1], y[w + 2], y[w + 3]);
-        *reinterpret_cast<uint4*>(kbuf + e0 + w) = make_uint4(key[w], key[w + 1], key[w + 2], key[w + 3]);
+        for (int w = 0; w < W; ++w) y[w] = sqrtsoftplusf_(x[w]);
+      } else if (softmax_pre) {
+#pragma unroll
+        for (int w = 0; w < W; ++w) y[w] = expf(x[w] - m) * inv;
+      } else {
+#pragma unroll
+        for (int w = 0; w < W; ++w) y[w] = x[w];
       }
-    } else {
+      unsigned key[W];
 #pragma unroll
       for (int w = 0; w < W; ++w) {
-        ybuf[e0 + w] = y[w];
-        kbuf[e0 + w] = key[w];
+        // (a chunk outside the row is never eligible, so its keys need no masking)
+        const float b = (NC == 1 || !has_bias) ? bias1[w] : load_any(P.bias, P.bias_type, e0 + w);
+        key[w] = okey_lane(y[w] + b);
+        pk[c * W + w] = (key[w] & ~IMASK) | (IMASK - static_cast<unsigned>(e0 + w));
+      }
+      if (NC == 1 && P.gk > 0) {
+#pragma unroll
+        for (int w = 0; w < W; ++w) {
+          g2 = max(g2, min(g1, key[w]));
+          g1 = max(g1, key[w]);
+        }
+      }
+      if (!compact && !softmax_post && valid && cvalid[c]) {
+        if (fn == kFnSqrtSoftplus)
+          store_chunk<kDtF32, W>(P.inter + rowE + e0, x);
+        else
+          store_chunk<kDtF32, W>(P.inter + rowE + e0, y);
+      }
+      if constexpr (W % 4 == 0) {
+#pragma unroll
+        for (int w = 0; w < W; w += 4) {
+          *reinterpret_cast<float4*>(ybuf + e0 + w) = make_float4(y[w], y[w + 1], y[w + 2], y[w + 3]);
+          *reinterpret_cast<uint4*>(kbuf + e0 + w) = make_uint4(key[w], key[w + 1], key[w + 2], key[w + 3]);
+        }
+      } else {
+#pragma unroll
+        for (int w = 0; w < W; ++w) {
+          ybuf[e0 + w] = y[w];
+          kbuf[e0 + w] = key[w];
+        }
       }
     }
 
-    // ---- 2. group-limited routing (§5.3): kg <= 2, a group spans sg lanes -------------------------------------
+    // ---- 2. group-limited routing (§5.3): NC == 1, kg <= 2, a group spans sg lanes ----------------------------
     bool elig = lvalid;
-    if (P.gk > 0) {
-      unsigned g1 = 0u, g2 = 0u;
-#pragma unroll
-      for (int w = 0; w < W; ++w) {
-        g2 = max(g2, min(g1, key[w]));
-        g1 = max(g1, key[w]);
-      }
+    if (NC == 1 && P.gk > 0) {
       for (int o = 1; o < sg; o <<= 1) {
         const unsigned b1 = __shfl_xor_sync(kFull, g1, o);
         const unsigned b2 = __shfl_xor_sync(kFull, g2, o);
@@ -291,10 +329,16 @@ __global__ void __launch_bounds__(128, 6) topk_fwd_lane(const FwdParams P) {
       }
       elig = elig && lvalid;
     }
+    if constexpr (NC > 1) {
+#pragma unroll
+      for (int c = 1; c < NC; ++c)
+#pragma unroll
+        for (int w = 0; w < W; ++w) pk[c * W + w] = cvalid[c] ? pk[c * W + w] : 0u;
+    }
 
     // ---- 3. k rounds of a segment max over packed keys ---------------------------------------------------------
     unsigned h, n, n3;
-    top3_below<W>(pk, 0xffffffffu, h, n, n3);
+    top3_below<V>(pk, 0xffffffffu, h, n, n3);
     if (!elig) {
       h = 0u;
       n = 0u;
@@ -312,16 +356,17 @@ __global__ void __launch_bounds__(128, 6) topk_fwd_lane(const FwdParams P) {
       // a lane whose list ran dry refills from its keys below M (it pops in descending order); also after the
       // last round, so that Mk below is exact
       if (__any_sync(kFull, win && h == 0u)) {
-        if (win && h == 0u) top3_below<W>(pk, M, h, n, n3);
+        if (win && h == 0u) top3_below<V>(pk, M, h, n, n3);
       }
       Mlast = M;
     }
     const unsigned Mk = seg_max_u32<TPT>(h);  // the best unselected packed key (0: none)
+    __syncwarp();
 
     // ---- 4. exactness check: packed order == selection order over slots 0..k and at the boundary --------------
     const bool has = ls < k;
     int my_idx = static_cast<int>(IMASK - (myP & IMASK));
-    unsigned fk = has ? kbuf[my_idx] : 0u;
+    const unsigned fk = has ? kbuf[my_idx] : 0u;
     unsigned nP = __shfl_down_sync(kFull, myP, 1, TPT);
     unsigned nK = __shfl_down_sync(kFull, fk, 1, TPT);
     const bool last = ls == k - 1;
@@ -338,14 +383,19 @@ __global__ void __launch_bounds__(128, 6) topk_fwd_lane(const FwdParams P) {
       const unsigned cb = __shfl_sync(kFull, myP, src) & ~IMASK;
       const unsigned fb = __shfl_sync(kFull, fk, src);
 #pragma unroll
-      for (int w = 0; w < W; ++w) bad = bad || (bnd && elig && (key[w] & ~IMASK) == cb && key[w] != fb);
+      for (int c = 0; c < NC; ++c)
+#pragma unroll
+        for (int w = 0; w < W; ++w) {
+          const unsigned kw = kbuf[(c * TPT + ls) * W + w];
+          bad = bad || (bnd && elig && cvalid[c] && (kw & ~IMASK) == cb && kw != fb);
+        }
     }
     unsigned selm = 0u;
     if (__any_sync(kFull, bad)) {
-      lane_select_exact<TPT, W>(key, elig, k, lane, ls, e0, segmask, selm, my_idx);
+      lane_select_exact<TPT, NC, W>(kbuf, cvalid, elig, k, ls, selm, my_idx);
     } else {
 #pragma unroll
-      for (int w = 0; w < W; ++w) selm |= (elig && pk[w] >= Mlast) ? (1u << w) : 0u;
+      for (int p = 0; p < V; ++p) selm |= (elig && pk[p] >= Mlast) ? (1u << p) : 0u;
     }
     __syncwarp();
 
@@ -378,50 +428,55 @@ __global__ void __launch_bounds__(128, 6) topk_fwd_lane(const FwdParams P) {
       }
     }
 
-    // ---- dense outputs: one vector store per lane and output --------------------------------------------------
+    // ---- dense outputs: vector stores per chunk and output ----------------------------------------------------
     if (!compact) {
       if (has) ybuf[my_idx] = vr;  // every read of ybuf above is by the lane that now writes the entry
       __syncwarp();
-      const bool st = valid && lvalid;
-      float wv[W], pv[W];
-      if constexpr (W % 4 == 0) {
 #pragma unroll
-        for (int w = 0; w < W; w += 4) {
-          const float4 q = *reinterpret_cast<const float4*>(ybuf + e0 + w);
-          wv[w] = q.x;
-          wv[w + 1] = q.y;
-          wv[w + 2] = q.z;
-          wv[w + 3] = q.w;
-        }
-      } else {
+      for (int c = 0; c < NC; ++c) {
+        const int e0 = (c * TPT + ls) * W;
+        const bool st = valid && cvalid[c];
+        const unsigned cm = (selm >> (c * W)) & ((W == 32) ? 0xffffffffu : ((1u << W) - 1u));
+        float wv[W], pv[W];
+        if constexpr (W % 4 == 0) {
 #pragma unroll
-        for (int w = 0; w < W; ++w) wv[w] = ybuf[e0 + w];
-      }
-#pragma unroll
-      for (int w = 0; w < W; ++w) pv[w] = ((selm >> w) & 1u) ? P.scale * wv[w] : 0.0f;
-      if (st) store_chunk<DT, W>(static_cast<S*>(P.probs) + rowE + e0, pv);
-      if (softmax_post) {
-#pragma unroll
-        for (int w = 0; w < W; ++w) wv[w] = ((selm >> w) & 1u) ? wv[w] : -INFINITY;
-        if (st) store_chunk<kDtF32, W>(P.inter + rowE + e0, wv);
-      }
-      if (P.out == kOutBytemap && st) {
-        // bit j of a nibble to byte j: the multiplier's four shifts (0, 7, 14, 21) never collide
-        const unsigned lo = ((selm & 0xfu) * 0x00204081u) & 0x01010101u;
-        if constexpr (W == 8) {
-          const unsigned hi = (((selm >> 4) & 0xfu) * 0x00204081u) & 0x01010101u;
-          __stcs(reinterpret_cast<uint2*>(P.map + rowE + e0), make_uint2(lo, hi));
+          for (int w = 0; w < W; w += 4) {
+            const float4 q = *reinterpret_cast<const float4*>(ybuf + e0 + w);
+            wv[w] = q.x;
+            wv[w + 1] = q.y;
+            wv[w + 2] = q.z;
+            wv[w + 3] = q.w;
+          }
         } else {
-          static_assert(W == 4, "bytemap rows are built from 8- or 4-expert lanes");
-          __stcs(reinterpret_cast<unsigned*>(P.map + rowE + e0), lo);
+#pragma unroll
+          for (int w = 0; w < W; ++w) wv[w] = ybuf[e0 + w];
         }
-      } else if (P.out == kOutBitmap) {
-        unsigned char* mrow = P.map + t * static_cast<long long>((E + 7) >> 3);
-        if constexpr (W == 8) {
-          if (st) mrow[ls] = static_cast<unsigned char>(selm);
-        } else {
-          const unsigned o = __shfl_xor_sync(kFull, selm, 1);
-          if ((ls & 1) == 0 && st) mrow[ls >> 1] = static_cast<unsigned char>(selm | (o << 4));
+#pragma unroll
+        for (int w = 0; w < W; ++w) pv[w] = ((cm >> w) & 1u) ? P.scale * wv[w] : 0.0f;
+        if (st) store_chunk<DT, W>(static_cast<S*>(P.probs) + rowE + e0, pv);
+        if (softmax_post) {
+#pragma unroll
+          for (int w = 0; w < W; ++w) wv[w] = ((cm >> w) & 1u) ? wv[w] : -INFINITY;
+          if (st) store_chunk<kDtF32, W>(P.inter + rowE + e0, wv);
+        }
+        if (P.out == kOutBytemap && st) {
+          // bit j of a nibble to byte j: the multiplier's four shifts (0, 7, 14, 21) never collide
+          const unsigned lo = ((cm & 0xfu) * 0x00204081u) & 0x01010101u;
+          if constexpr (W == 8) {
+            const unsigned hi = (((cm >> 4) & 0xfu) * 0x00204081u) & 0x01010101u;
+            __stcs(reinterpret_cast<uint2*>(P.map + rowE + e0), make_uint2(lo, hi));
+          } else {
+            static_assert(W == 4, "bytemap rows are built from 8- or 4-expert chunks");
+            __stcs(reinterpret_cast<unsigned*>(P.map + rowE + e0), lo);
+          }
+        } else if (P.out == kOutBitmap) {
+          unsigned char* mrow = P.map + t * static_cast<long long>((E + 7) >> 3);
+          if constexpr (W == 8) {
+            if (st) mrow[e0 >> 3] = static_cast<unsigned char>(cm);
+          } else {
+            const unsigned o = __shfl_xor_sync(kFull, cm, 1);
+            if ((ls & 1) == 0 && st) mrow[e0 >> 3] = static_cast<unsigned char>(cm | (o << 4));
+          }
         }
       }
     }

@@ -78,12 +78,15 @@ cudaError_t launch_best(FwdParams& P, cudaStream_t st) {
   return launch_reg<DT, TPT, NC, W>(P, st);
 }
 
-template <int DT, int TPT, int W, int K = 0>
+template <int DT, int TPT, int NC, int W, int K = 0>
 cudaError_t launch_lane(FwdParams& P, cudaStream_t st) {
   constexpr int TPW = 32 / TPT;
   const int warps = 4;
-  const size_t smem = static_cast<size_t>(warps) * TPW * 2 * TPT * W * sizeof(float);  // activations + keys
-  auto kern = topk_fwd_lane<DT, TPT, W, K>;
+  // per token: the activation row and the key row
+  const size_t smem = static_cast<size_t>(warps) * TPW * 2 * TPT * NC * W * sizeof(float);
+  auto kern = topk_fwd_lane<DT, TPT, NC, W, K>;
+  cudaError_t err = ensure_smem(reinterpret_cast<const void*>(kern), smem);
+  if (err != cudaSuccess) return err;
   const long long tok_per_block = static_cast<long long>(warps) * TPW;
   const long long work = (P.T + tok_per_block - 1) / tok_per_block;
   const int grid = persistent_grid(reinterpret_cast<const void*>(kern), warps * 32, smem, work);
@@ -91,9 +94,10 @@ cudaError_t launch_lane(FwdParams& P, cudaStream_t st) {
   return cudaGetLastError();
 }
 
-/// The lane kernel (KokkosMoE_Router_Cuda_ForwardLane.cuh) applies when a token fits TPT <= 32 lanes of W
-/// contiguous experts with k <= TPT, groups (if any) span whole lanes, a power-of-two count of them, and are scored
-/// by at most 2 experts. Picks the fewest lanes per token: W = 8, or W = 4 when k needs more lanes.
+/// The lane kernel (KokkosMoE_Router_Cuda_ForwardLane.cuh) applies when a token fits TPT <= 32 lanes of NC chunks
+/// of W contiguous experts (NC*W <= 32) with k <= TPT; with groups, NC == 1, a group spans a power-of-two number of
+/// whole lanes and is scored by at most 2 experts. Picks W = 8 (or 4 when E % 8 != 0 or k needs more lanes), the
+/// fewest lanes per token, then the fewest chunks.
 template <int DT>
 bool try_launch_lane(FwdParams& P, cudaStream_t st, cudaError_t* err) {
   if (P.aux || P.force_general) return false;
@@ -101,45 +105,55 @@ bool try_launch_lane(FwdParams& P, cudaStream_t st, cudaError_t* err) {
   for (const int W : {8, 4}) {
     if (E % W != 0) continue;
     int tpt = 1;
-    while (tpt * W < E || tpt < k) tpt <<= 1;
-    if (tpt > 32) continue;
-    if (P.gk > 0 && (P.kg > 2 || P.gs % W != 0 || !is_pow2(P.gs / W))) continue;
+    while (tpt < 32 && (tpt * W < E || tpt < k)) tpt <<= 1;
+    if (tpt < k) continue;
+    int nc = 1;
+    while (tpt * nc * W < E) nc <<= 1;
+    if (P.gk > 0 && (nc > 1 || P.kg > 2 || P.gs % W != 0 || !is_pow2(P.gs / W))) continue;
     if (W == 8) {
-      switch (tpt) {
-        case 2:
-          *err = launch_lane<DT, 2, 8>(P, st);
-          return true;
-        case 4:
-          *err = launch_lane<DT, 4, 8>(P, st);
-          return true;
-        case 8:
-          *err = launch_lane<DT, 8, 8>(P, st);
-          return true;
-        case 16:
-          *err = k == 8 ? launch_lane<DT, 16, 8, 8>(P, st) : launch_lane<DT, 16, 8>(P, st);
-          return true;
-        case 32:
-          *err = k == 8 ? launch_lane<DT, 32, 8, 8>(P, st) : launch_lane<DT, 32, 8>(P, st);
-          return true;
-        default:
-          break;
+      if (nc == 1) {
+        switch (tpt) {
+          case 2:
+            *err = launch_lane<DT, 2, 1, 8>(P, st);
+            return true;
+          case 4:
+            *err = launch_lane<DT, 4, 1, 8>(P, st);
+            return true;
+          case 8:
+            *err = launch_lane<DT, 8, 1, 8>(P, st);
+            return true;
+          case 16:
+            *err = k == 8 ? launch_lane<DT, 16, 1, 8, 8>(P, st) : launch_lane<DT, 16, 1, 8>(P, st);
+            return true;
+          case 32:
+            *err = k == 8 ? launch_lane<DT, 32, 1, 8, 8>(P, st) : launch_lane<DT, 32, 1, 8>(P, st);
+            return true;
+          default:
+            break;
+        }
+      } else if (nc == 2) {
+        *err = launch_lane<DT, 32, 2, 8>(P, st);
+        return true;
+      } else if (nc == 4) {
+        *err = launch_lane<DT, 32, 4, 8>(P, st);
+        return true;
       }
-    } else {
+    } else if (nc == 1) {
       switch (tpt) {
         case 2:
-          *err = launch_lane<DT, 2, 4>(P, st);
+          *err = launch_lane<DT, 2, 1, 4>(P, st);
           return true;
         case 4:
-          *err = launch_lane<DT, 4, 4>(P, st);
+          *err = launch_lane<DT, 4, 1, 4>(P, st);
           return true;
         case 8:
-          *err = launch_lane<DT, 8, 4>(P, st);
+          *err = launch_lane<DT, 8, 1, 4>(P, st);
           return true;
         case 16:
-          *err = launch_lane<DT, 16, 4>(P, st);
+          *err = launch_lane<DT, 16, 1, 4>(P, st);
           return true;
         case 32:
-          *err = launch_lane<DT, 32, 4>(P, st);
+          *err = launch_lane<DT, 32, 1, 4>(P, st);
           return true;
         default:
           break;

@@ -1791,6 +1791,10 @@ int main(int argc, char** argv) {
       F("E1024-k8-g8/4-ssp", 1024, 8, SF::SqrtSoftplus, false, 8, 4, true, 1.0f, 400),
       F("E200-k64-post", 200, 64, SF::Softmax, false, 0, 0, false, 1.0f, 300),
       F("E96-k6-g3/1-bias", 96, 6, SF::Sigmoid, false, 3, 1, true, 1.0f, 600),
+      // several chunks per lane in the lane kernel (NC = 2, 4; E = 768 leaves the last chunk row empty)
+      F("E512-k8-sigmoid-bias", 512, 8, SF::Sigmoid, false, 0, 0, true, 1.0f, 400),
+      F("E768-k20-pre", 768, 20, SF::Softmax, true, 0, 0, false, 1.0f, 300),
+      F("E1024-k4-ssp-bias", 1024, 4, SF::SqrtSoftplus, false, 0, 0, true, 1.3f, 300),
   };
   std::uint64_t seed = 1;
   for (const FwdCfg& c : fwd) {
