@@ -4,7 +4,8 @@
 # BIN_DIR holds the CUDA-build binaries (KokkosMoE_CoreTests, KokkosMoE_ShardingTests, KokkosMoE_ShardingLiveTest,
 # kokkosmoe-topo, kokkosmoe-plan, kokkosmoe-route, KokkosMoE_RouterBenchmarks, libbenchmark.so.1debian) plus
 # router_reference.py; every log and result lands in OUT_DIR. PHASE: tests (tests, sanitizers, topology, main job),
-# bench (benchmarks and the PyTorch reference, back to back) or all. Each phase fits one 10-minute device call.
+# bench (benchmarks and the PyTorch reference, back to back), profile (ncu of the DeepSeek-V3 forward and backward)
+# or all. Each phase fits one 10-minute device call; steps whose binaries are not in BIN_DIR are skipped.
 set -u
 bin=$(cd "$1" && pwd)
 out=$2
@@ -17,7 +18,7 @@ cd "$out"
 step "device"; nvidia-smi -L; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
 nvidia-smi topo -m | tee nvidia-smi-topo.txt
 
-if [ "$phase" != bench ]; then
+if [ "$phase" = tests ] || [ "$phase" = all ]; then
 step "core tests (Serial + Cuda, specialization and generic path)"
 "$bin/KokkosMoE_CoreTests" --report_level=short --log_level=warning >core-tests.log 2>&1
 echo "core tests exit $?"; tail -5 core-tests.log
@@ -30,18 +31,20 @@ timeout 60 compute-sanitizer --tool racecheck --error-exitcode 9 "$bin/KokkosMoE
   --run_test=router_ties,router_nonfinite --report_level=short >racecheck.log 2>&1
 echo "racecheck exit $?"; tail -4 racecheck.log
 
+if [ -x "$bin/kokkosmoe-topo" ]; then
 step "topology"
 "$bin/kokkosmoe-topo" | tee topo.txt
 "$bin/kokkosmoe-topo" --capture h200_capture.xml; echo "capture exit $?"
 "$bin/kokkosmoe-topo" --xml h200_capture.xml --json >topo-capture.json; echo "reload exit $?"
 "$bin/KokkosMoE_ShardingLiveTest" >sharding-live.log 2>&1; echo "sharding live test exit $?"; tail -5 sharding-live.log
 "$bin/kokkosmoe-plan" --preset deepseek-v3 --tokens-per-rank 4096 | tee plan.txt
+fi
 
 step "main job"
 "$bin/kokkosmoe-route" --preset deepseek-v3 --tokens 262144 --dtype bf16 | tee route.txt
 
 fi
-if [ "$phase" != tests ]; then
+if [ "$phase" = bench ] || [ "$phase" = all ]; then
 step "benchmarks"
 (cd "$bin" && ./KokkosMoE_RouterBenchmarks --benchmark_out="$out/h200_router.json" --benchmark_out_format=json \
    >"$out/bench.log" 2>&1); echo "bench exit $?"; tail -3 bench.log
@@ -49,5 +52,15 @@ step "benchmarks"
 step "pytorch reference"
 PYTHONUNBUFFERED=1 timeout 240 python3 "$bin/router_reference.py" --dtypes bf16 --out h200_torch.json >torch.log 2>&1
 echo "torch exit $?"; tail -3 torch.log
+fi
+if [ "$phase" = profile ] || [ "$phase" = all ]; then
+step "ncu: DeepSeek-V3 bf16 T=65536 dense forward and backward (full set, one launch each)"
+for op in fwd_dense bwd_dense; do
+  kern=topk_fwd; [ $op = bwd_dense ] && kern=bwd_
+  (cd "$bin" && timeout 240 ncu --set full -k regex:$kern --launch-count 1 ./KokkosMoE_RouterBenchmarks \
+     --benchmark_filter="router/$op/deepseek-v3/bf16/auto/warm/T:65536/") >"ncu_${op}_deepseek_bf16_T65536.txt" 2>&1
+  echo "ncu $op exit $?"
+  grep -E "Duration|DRAM Throughput|Issue Slots Busy|Executed Instructions  |Registers Per" "ncu_${op}_deepseek_bf16_T65536.txt"
+done
 fi
 step "done"

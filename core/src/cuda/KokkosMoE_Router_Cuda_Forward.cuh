@@ -571,6 +571,37 @@ __device__ __forceinline__ void topq_insert(unsigned (&Lk)[Q], int (&Lp)[Q], uns
   Lp[0] = g[0] ? pos : Lp[0];
 }
 
+/// Weight of the slot held by a slot lane (router-spec §5.2): yr is the slot's activation (Softmax post: its logit;
+/// idle lanes pass 1, a value that keeps the division on its fast path). Sums run over the k slot lanes of the
+/// segment starting at lane sbase, in slot order, through shuffles; one division per lane. All lanes must call it.
+__device__ __forceinline__ float slot_weight(const FwdParams& P, int k, bool softmax_post, float yr, int sbase) {
+  if (softmax_post) {
+    const float x0 = __shfl_sync(kFull, yr, sbase);
+    const float er = expf(yr - x0);
+    const float ez = (yr == -INFINITY) ? 0.0f : er;
+    float sum = 0.0f;
+#pragma unroll
+    for (int r = 0; r < k; ++r) sum += __shfl_sync(kFull, ez, sbase + r);
+    return er * (1.0f / sum);
+  }
+  if (P.fn == kFnSoftmax || k == 1) return yr;
+  float sum = 0.0f;
+#pragma unroll
+  for (int r = 0; r < k; ++r) sum += __shfl_sync(kFull, yr, sbase + r);
+  return yr / (sum + kEps);
+}
+
+/// Writes slot `slot` of token t (expert idx, weight v before scaling) to the compact ids/weights or dense indices.
+__device__ __forceinline__ void store_slot(const FwdParams& P, int k, long long t, int slot, int idx, float v) {
+  const long long o = t * static_cast<long long>(k) + slot;
+  if (P.out == kOutCompact) {
+    P.ids[o] = idx;
+    P.weights[o] = P.scale * v;
+  } else if (P.out == kOutIndices) {
+    store_index(P.indices, P.idx_type, o, idx);
+  }
+}
+
 template <int TPT>
 __device__ __forceinline__ unsigned seg_min_u32(unsigned v) {
   if constexpr (TPT == 32) {
@@ -727,32 +758,8 @@ __global__ void __launch_bounds__(128) topk_fwd_rounds(const FwdParams P) {
     float vr = 0.0f;
     if (!aux) {
       const bool has = ls < k;
-      const float yr = has ? ybuf[my_idx] : 0.0f;
-      if (softmax_post) {
-        const float x0 = __shfl_sync(kFull, yr, sbase);
-        const float er = expf(yr - x0);
-        const float ez = (yr == -INFINITY) ? 0.0f : er;
-        float sum = 0.0f;
-        for (int r = 0; r < k; ++r) sum += __shfl_sync(kFull, ez, sbase + r);
-        vr = er * (1.0f / sum);
-      } else if (fn == kFnSoftmax) {
-        vr = yr;
-      } else if (k > 1) {
-        float sum = 0.0f;
-        for (int r = 0; r < k; ++r) sum += __shfl_sync(kFull, yr, sbase + r);
-        vr = yr / (sum + kEps);
-      } else {
-        vr = yr;
-      }
-      if (valid && has) {
-        const long long o = t * static_cast<long long>(k) + ls;
-        if (compact) {
-          P.ids[o] = my_idx;
-          P.weights[o] = P.scale * vr;
-        } else if (P.out == kOutIndices) {
-          store_index(P.indices, P.idx_type, o, my_idx);
-        }
-      }
+      vr = slot_weight(P, k, softmax_post, has ? ybuf[my_idx] : 1.0f, sbase);
+      if (valid && has) store_slot(P, k, t, ls, my_idx, vr);
     }
 
     // ---- dense outputs: one pass over the row ----------------------------------------------------------

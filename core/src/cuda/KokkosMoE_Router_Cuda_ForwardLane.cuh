@@ -400,33 +400,8 @@ __global__ void __launch_bounds__(128, NC == 1 ? 8 : 4) topk_fwd_lane(const FwdP
     __syncwarp();
 
     // ---- 5. slot weights (§5.2), sums in slot order ------------------------------------------------------------
-    const float yr = has ? ybuf[my_idx] : 1.0f;  // (1, not 0: an idle lane must not take the division's slow path)
-    float vr;
-    if (softmax_post) {
-      const float x0 = __shfl_sync(kFull, yr, sbase);
-      const float er = expf(yr - x0);
-      const float ez = (yr == -INFINITY) ? 0.0f : er;
-      float sum = 0.0f;
-#pragma unroll
-      for (int r = 0; r < k; ++r) sum += __shfl_sync(kFull, ez, sbase + r);
-      vr = er * (1.0f / sum);
-    } else if (fn == kFnSoftmax || k == 1) {
-      vr = yr;
-    } else {
-      float sum = 0.0f;
-#pragma unroll
-      for (int r = 0; r < k; ++r) sum += __shfl_sync(kFull, yr, sbase + r);
-      vr = yr / (sum + kEps);
-    }
-    if (valid && has) {
-      const long long o = t * static_cast<long long>(k) + ls;
-      if (compact) {
-        P.ids[o] = my_idx;
-        P.weights[o] = P.scale * vr;
-      } else if (P.out == kOutIndices) {
-        store_index(P.indices, P.idx_type, o, my_idx);
-      }
-    }
+    const float vr = slot_weight(P, k, softmax_post, has ? ybuf[my_idx] : 1.0f, sbase);
+    if (valid && has) store_slot(P, k, t, ls, my_idx, vr);
 
     // ---- dense outputs: vector stores per chunk and output ----------------------------------------------------
     if (!compact) {

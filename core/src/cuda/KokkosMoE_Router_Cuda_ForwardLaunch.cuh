@@ -28,6 +28,18 @@ inline bool reg_group_ok(const FwdParams& P, int W, int TPT) {
   return is_pow2(sg) && sg <= TPT;
 }
 
+/// Launches a persistent token kernel: `warps` warps per block, `tpw` tokens per warp, `smem` dynamic bytes.
+template <class Kern>
+cudaError_t launch_persistent(Kern kern, const FwdParams& P, int warps, int tpw, size_t smem, cudaStream_t st) {
+  cudaError_t err = ensure_smem(reinterpret_cast<const void*>(kern), smem);
+  if (err != cudaSuccess) return err;
+  const long long tok_per_block = static_cast<long long>(warps) * tpw;
+  const long long work = (P.T + tok_per_block - 1) / tok_per_block;
+  const int grid = persistent_grid(reinterpret_cast<const void*>(kern), warps * 32, smem, work);
+  kern<<<grid, warps * 32, smem, st>>>(P);
+  return cudaGetLastError();
+}
+
 template <int DT, int TPT, int NC, int W>
 cudaError_t launch_reg(FwdParams& P, cudaStream_t st) {
   constexpr int ECAP = TPT * NC * W;
@@ -41,14 +53,7 @@ cudaError_t launch_reg(FwdParams& P, cudaStream_t st) {
   const size_t per_warp = static_cast<size_t>(TPW) * P.tok_smem;
   int warps = static_cast<int>(std::max<size_t>(1, std::min<size_t>(4, (48 * 1024) / per_warp)));
   const size_t smem = per_warp * warps;
-  auto kern = topk_fwd_reg<DT, TPT, NC, W>;
-  cudaError_t err = ensure_smem(reinterpret_cast<const void*>(kern), smem);
-  if (err != cudaSuccess) return err;
-  const long long tok_per_block = static_cast<long long>(warps) * TPW;
-  const long long work = (P.T + tok_per_block - 1) / tok_per_block;
-  const int grid = persistent_grid(reinterpret_cast<const void*>(kern), warps * 32, smem, work);
-  kern<<<grid, warps * 32, smem, st>>>(P);
-  return cudaGetLastError();
+  return launch_persistent(topk_fwd_reg<DT, TPT, NC, W>, P, warps, TPW, smem, st);
 }
 
 template <int DT, int TPT, int NC, int W>
@@ -60,12 +65,7 @@ cudaError_t launch_rounds(FwdParams& P, cudaStream_t st) {
   P.tok_smem = P.off_fbuf + P.fbuf_bytes;
   const int warps = 4;
   const size_t smem = static_cast<size_t>(TPW) * P.tok_smem * warps;
-  auto kern = topk_fwd_rounds<DT, TPT, NC, W>;
-  const long long tok_per_block = static_cast<long long>(warps) * TPW;
-  const long long work = (P.T + tok_per_block - 1) / tok_per_block;
-  const int grid = persistent_grid(reinterpret_cast<const void*>(kern), warps * 32, smem, work);
-  kern<<<grid, warps * 32, smem, st>>>(P);
-  return cudaGetLastError();
+  return launch_persistent(topk_fwd_rounds<DT, TPT, NC, W>, P, warps, TPW, smem, st);
 }
 
 /// Kernel choice (measured on the H200, bf16/f32, T = 262144; both kernels give bit-identical outputs):
@@ -84,20 +84,45 @@ cudaError_t launch_lane(FwdParams& P, cudaStream_t st) {
   const int warps = 4;
   // per token: the activation row and the key row
   const size_t smem = static_cast<size_t>(warps) * TPW * 2 * TPT * NC * W * sizeof(float);
-  auto kern = topk_fwd_lane<DT, TPT, NC, W, K>;
-  cudaError_t err = ensure_smem(reinterpret_cast<const void*>(kern), smem);
-  if (err != cudaSuccess) return err;
-  const long long tok_per_block = static_cast<long long>(warps) * TPW;
-  const long long work = (P.T + tok_per_block - 1) / tok_per_block;
-  const int grid = persistent_grid(reinterpret_cast<const void*>(kern), warps * 32, smem, work);
-  kern<<<grid, warps * 32, smem, st>>>(P);
-  return cudaGetLastError();
+  return launch_persistent(topk_fwd_lane<DT, TPT, NC, W, K>, P, warps, TPW, smem, st);
+}
+
+/// Launches topk_fwd_lane for a run-time lanes-per-token count (2..32); k == 8 gets the compile-time-k variant when
+/// KEIGHT (16 and 32 lanes, the common MoE shapes).
+template <int DT, int NC, int W, bool KEIGHT>
+bool launch_lane_tpt(FwdParams& P, int tpt, cudaStream_t st, cudaError_t* err) {
+  if constexpr (KEIGHT) {
+    if (P.k == 8 && (tpt == 16 || tpt == 32)) {
+      *err = tpt == 16 ? launch_lane<DT, 16, NC, W, 8>(P, st) : launch_lane<DT, 32, NC, W, 8>(P, st);
+      return true;
+    }
+  }
+  switch (tpt) {
+    case 2:
+      *err = launch_lane<DT, 2, NC, W>(P, st);
+      break;
+    case 4:
+      *err = launch_lane<DT, 4, NC, W>(P, st);
+      break;
+    case 8:
+      *err = launch_lane<DT, 8, NC, W>(P, st);
+      break;
+    case 16:
+      *err = launch_lane<DT, 16, NC, W>(P, st);
+      break;
+    case 32:
+      *err = launch_lane<DT, 32, NC, W>(P, st);
+      break;
+    default:
+      return false;
+  }
+  return true;
 }
 
 /// The lane kernel (KokkosMoE_Router_Cuda_ForwardLane.cuh) applies when a token fits TPT <= 32 lanes of NC chunks
 /// of W contiguous experts (NC*W <= 32) with k <= TPT; with groups, NC == 1, a group spans a power-of-two number of
 /// whole lanes and is scored by at most 2 experts. Picks W = 8 (or 4 when E % 8 != 0 or k needs more lanes), the
-/// fewest lanes per token, then the fewest chunks.
+/// fewest lanes per token, then the fewest chunks (several chunks only with 32 lanes of 8).
 template <int DT>
 bool try_launch_lane(FwdParams& P, cudaStream_t st, cudaError_t* err) {
   if (P.aux || P.force_general) return false;
@@ -110,54 +135,15 @@ bool try_launch_lane(FwdParams& P, cudaStream_t st, cudaError_t* err) {
     int nc = 1;
     while (tpt * nc * W < E) nc <<= 1;
     if (P.gk > 0 && (nc > 1 || P.kg > 2 || P.gs % W != 0 || !is_pow2(P.gs / W))) continue;
-    if (W == 8) {
-      if (nc == 1) {
-        switch (tpt) {
-          case 2:
-            *err = launch_lane<DT, 2, 1, 8>(P, st);
-            return true;
-          case 4:
-            *err = launch_lane<DT, 4, 1, 8>(P, st);
-            return true;
-          case 8:
-            *err = launch_lane<DT, 8, 1, 8>(P, st);
-            return true;
-          case 16:
-            *err = k == 8 ? launch_lane<DT, 16, 1, 8, 8>(P, st) : launch_lane<DT, 16, 1, 8>(P, st);
-            return true;
-          case 32:
-            *err = k == 8 ? launch_lane<DT, 32, 1, 8, 8>(P, st) : launch_lane<DT, 32, 1, 8>(P, st);
-            return true;
-          default:
-            break;
-        }
-      } else if (nc == 2) {
-        *err = launch_lane<DT, 32, 2, 8>(P, st);
-        return true;
-      } else if (nc == 4) {
-        *err = launch_lane<DT, 32, 4, 8>(P, st);
-        return true;
-      }
-    } else if (nc == 1) {
-      switch (tpt) {
-        case 2:
-          *err = launch_lane<DT, 2, 1, 4>(P, st);
-          return true;
-        case 4:
-          *err = launch_lane<DT, 4, 1, 4>(P, st);
-          return true;
-        case 8:
-          *err = launch_lane<DT, 8, 1, 4>(P, st);
-          return true;
-        case 16:
-          *err = launch_lane<DT, 16, 1, 4>(P, st);
-          return true;
-        case 32:
-          *err = launch_lane<DT, 32, 1, 4>(P, st);
-          return true;
-        default:
-          break;
-      }
+    if (nc == 1) {
+      if (W == 8 && launch_lane_tpt<DT, 1, 8, true>(P, tpt, st, err)) return true;
+      if (W == 4 && launch_lane_tpt<DT, 1, 4, false>(P, tpt, st, err)) return true;
+    } else if (W == 8 && nc == 2) {
+      *err = launch_lane<DT, 32, 2, 8>(P, st);
+      return true;
+    } else if (W == 8 && nc == 4) {
+      *err = launch_lane<DT, 32, 4, 8>(P, st);
+      return true;
     }
   }
   return false;

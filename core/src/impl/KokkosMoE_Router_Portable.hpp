@@ -805,7 +805,11 @@ struct PortableRouter {
 
   static void aux_loss_backward(const ExecSpace& exec, const AuxLossBackwardArgs& a) {
     ScopedRegion region("KokkosMoE::aux_loss_backward[portable]");
-    using Policy = Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<2>, Kokkos::IndexType<std::int64_t>>;
+    // Iterate::Right: the column index is the fastest one, so that a device maps it to adjacent threads and the
+    // LayoutRight stores coalesce (the default, Left on Cuda, strided them by the row length: 31x slower measured on
+    // the H200 for E = 1024).
+    using Policy = Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<2, Kokkos::Iterate::Right, Kokkos::Iterate::Right>,
+                                         Kokkos::IndexType<std::int64_t>>;
     Kokkos::parallel_for("KokkosMoE::aux_loss_backward", Policy(exec, {0, 0}, {a.rows, a.cols}),
                          AuxLossBackwardFunctor{a});
   }
