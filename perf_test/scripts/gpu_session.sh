@@ -3,9 +3,11 @@
 # project's H200 machine through the device tool. Usage: gpu_session.sh BIN_DIR OUT_DIR
 # BIN_DIR holds the CUDA-build binaries (KokkosMoE_CoreTests, KokkosMoE_ShardingTests, KokkosMoE_ShardingLiveTest,
 # kokkosmoe-topo, kokkosmoe-plan, kokkosmoe-route, KokkosMoE_RouterBenchmarks, libbenchmark.so.1debian) plus
-# router_reference.py; every log and result lands in OUT_DIR. PHASE: tests (tests, sanitizers, topology, main job),
+# router_reference.py; every log and result lands in OUT_DIR. PHASE: tests (the fast GPU tier: the core suites on
+# Serial + Cuda, sanitizers, topology, main job), fulltier (router-spec §16.3 full tier, KOKKOSMOE_TEST_TIER=full),
 # bench (benchmarks and the PyTorch reference, back to back), profile (ncu of the DeepSeek-V3 forward and backward)
-# or all. Each phase fits one 10-minute device call; steps whose binaries are not in BIN_DIR are skipped.
+# or all (every phase but fulltier). Each phase fits one 10-minute device call; steps whose binaries are not in
+# BIN_DIR are skipped.
 set -u
 bin=$(cd "$1" && pwd)
 out=$2
@@ -43,6 +45,12 @@ fi
 step "main job"
 "$bin/kokkosmoe-route" --preset deepseek-v3 --tokens 262144 --dtype bf16 | tee route.txt
 
+fi
+if [ "$phase" = fulltier ]; then
+step "full tier (router-spec §16.3) on the Cuda device type: KokkosMoE_CoreTests --run_test=router_full_tier/*Cuda*"
+KOKKOSMOE_TEST_TIER=full timeout 560 "$bin/KokkosMoE_CoreTests" --run_test='router_full_tier/*Cuda*' --report_level=short \
+  --log_level=message >full-tier.log 2>&1
+echo "full tier exit $?"; grep -E "full-tier cases|test cases|assertions|error" full-tier.log | head -20
 fi
 if [ "$phase" = bench ] || [ "$phase" = all ]; then
 step "benchmarks"
