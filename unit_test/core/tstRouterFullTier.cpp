@@ -10,6 +10,7 @@
 #include <KokkosMoE_EnableDeviceTypes.hpp>
 
 #include <boost/test/unit_test.hpp>
+
 #include <cstdlib>
 #include <cstring>
 
@@ -49,8 +50,8 @@ void run_full_tier(Oracle::Score f, std::initializer_list<int> tokens, std::uint
               run_router_case(c, RunFlags{true, false, false});
               ++cases;
             }
-  BOOST_TEST_MESSAGE(D::execution_space::name() << ": " << cases << " full-tier cases, " << redrawn
-                                                << " rows redrawn for conditioning");
+  BOOST_TEST_MESSAGE(D::execution_space::name()
+                     << ": " << cases << " full-tier cases, " << redrawn << " rows redrawn for conditioning");
   BOOST_TEST(cases > 100);
 }
 
