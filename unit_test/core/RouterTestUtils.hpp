@@ -24,6 +24,7 @@
 #include <cstring>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <type_traits>
 #include <vector>
 
@@ -361,6 +362,26 @@ inline void logit_range(const Oracle::Attr& a, double& lo, double& hi) {
 /// Primary generator: each row a random permutation of E distinct, evenly spaced values spanning the range, plus
 /// noise below a quarter of the spacing; rows are redrawn (deterministically) until well conditioned. The bias (if
 /// any) is random per expert with a magnitude comparable to the spread of the activations.
+/// Runs fn(t) for every row t in [0, T): in order for the small cases of the CPU suites, spread over the host's
+/// threads for the large ones of the full tier (rows are independent and seeded per row, so the results are the
+/// same; fn must not call Boost.Test).
+template <class F>
+void for_rows(int T, int E, const F& fn) {
+  const unsigned hw = std::thread::hardware_concurrency();
+  if (static_cast<std::size_t>(T) * static_cast<std::size_t>(E) < (std::size_t{1} << 20) || hw < 2) {
+    for (int t = 0; t < T; ++t) fn(t);
+    return;
+  }
+  const int n = static_cast<int>(std::min(hw, 32u));
+  std::vector<std::thread> pool;
+  pool.reserve(n);
+  for (int i = 0; i < n; ++i)
+    pool.emplace_back([&fn, i, n, T] {
+      for (int t = i; t < T; t += n) fn(t);
+    });
+  for (std::thread& th : pool) th.join();
+}
+
 template <class S, class B = S>
 RouterInputs generate_router_inputs(const Oracle::Attr& a, int T, int E, bool with_bias, std::uint64_t seed,
                                     double rel_margin = 1e-5) {
@@ -379,17 +400,21 @@ RouterInputs generate_router_inputs(const Oracle::Attr& a, int T, int E, bool wi
     for (int e = 0; e < E; ++e) in.b[e] = Num<B>::quantize(brng.uniform(-0.5 * w, 0.5 * w));
   }
   const double delta = (hi - lo) / E;
-  for (int t = 0; t < T; ++t) {
+  std::vector<int> redraws(T, 0);
+  std::vector<char> ok(T, 0);
+  for_rows(T, E, [&](int t) {
     double* row = in.x.data() + static_cast<std::size_t>(t) * E;
-    bool ok = false;
-    for (int attempt = 0; attempt < 200 && !ok; ++attempt) {
+    for (int attempt = 0; attempt < 200 && !ok[t]; ++attempt) {
       Rng rng(mix_seed(seed, (static_cast<std::uint64_t>(t) << 16) + attempt));
       const std::vector<int> perm = rng.permutation(E);
       for (int e = 0; e < E; ++e) row[e] = Num<S>::quantize(lo + (perm[e] + 0.5 + rng.uniform(-0.25, 0.25)) * delta);
-      ok = well_conditioned(a, row, with_bias ? in.b.data() : nullptr, E, rel_margin);
-      if (!ok) ++in.redrawn_rows;
+      ok[t] = well_conditioned(a, row, with_bias ? in.b.data() : nullptr, E, rel_margin) ? 1 : 0;
+      if (!ok[t]) ++redraws[t];
     }
-    if (!ok)
+  });
+  for (int t = 0; t < T; ++t) {
+    in.redrawn_rows += redraws[t];
+    if (!ok[t])
       BOOST_FAIL("generator: no well-conditioned row after 200 draws (row " << t << ", E=" << E << ", k=" << a.topk
                                                                             << ")");
   }
@@ -421,9 +446,10 @@ inline RouterInputs reference_pattern_inputs(const Oracle::Attr& a, int T, int E
 /// Oracle forward of every row.
 inline std::vector<Oracle::FwdRow> oracle_forward(const Oracle::Attr& a, const RouterInputs& in) {
   std::vector<Oracle::FwdRow> ref(in.T);
-  for (int t = 0; t < in.T; ++t)
+  for_rows(in.T, in.E, [&](int t) {
     ref[t] = Oracle::forward_row(a, in.x.data() + static_cast<std::size_t>(t) * in.E, in.E,
                                  in.b.empty() ? nullptr : in.b.data());
+  });
   return ref;
 }
 
