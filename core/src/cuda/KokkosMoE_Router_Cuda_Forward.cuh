@@ -1268,6 +1268,10 @@ __global__ void __launch_bounds__(kGenBlock) topk_fwd_generic(const FwdParams P)
   }
 }
 
+/// The kernel parameters of a topk_router forward (defined in KokkosMoE_Router_Forward.cu; also used by the
+/// selfcheck harness to reach the internal launchers).
+FwdParams lower_forward(const TopkForwardArgs& a);
+
 // per-dtype launch entry points (defined in KokkosMoE_Router_Forward_<dtype>.cu)
 cudaError_t fwd_launch_f32(FwdParams& P, cudaStream_t st);
 cudaError_t fwd_launch_f16(FwdParams& P, cudaStream_t st);

@@ -26,9 +26,9 @@ cudaError_t dispatch(detail::FwdParams& P, DType dt, cudaStream_t st) {
 }
 }  // namespace
 
-cudaError_t topk_forward(const TopkForwardArgs& a, cudaStream_t stream) {
-  if (a.num_tokens <= 0) return cudaSuccess;  // nothing per-token is launched (router-spec §4.3)
-  detail::FwdParams P;
+namespace detail {
+FwdParams lower_forward(const TopkForwardArgs& a) {
+  FwdParams P;
   P.T = a.num_tokens;
   P.E = a.num_experts;
   P.k = a.config.topk;
@@ -58,6 +58,13 @@ cudaError_t topk_forward(const TopkForwardArgs& a, cudaStream_t stream) {
     else
       P.map = a.routing_map;
   }
+  return P;
+}
+}  // namespace detail
+
+cudaError_t topk_forward(const TopkForwardArgs& a, cudaStream_t stream) {
+  if (a.num_tokens <= 0) return cudaSuccess;  // nothing per-token is launched (router-spec §4.3)
+  detail::FwdParams P = detail::lower_forward(a);
   return dispatch(P, a.logits_type, stream);
 }
 

@@ -204,6 +204,22 @@ NodeGrouping group_node(const NvlinkTopology& node, int R, const CostModel& cost
   }
   int largest_clique = 1;
   for (const auto& c : node_cliques(node)) largest_clique = std::max<int>(largest_clique, static_cast<int>(c.size()));
+  // NUMA straddles, all-NVLink and the slowest pair of the chosen groups
+  auto summarize = [&] {
+    out.all_nvlink = true;
+    out.min_pair_gbps = 0;
+    bool first = true;
+    for (const auto& g : out.groups) {
+      out.numa_straddles += s.straddles(g) ? 1 : 0;
+      for (std::size_t a = 0; a < g.size(); ++a)
+        for (std::size_t b = a + 1; b < g.size(); ++b) {
+          const PairLink& l = link[g[a]][g[b]];
+          out.all_nvlink = out.all_nvlink && l.nvlink;
+          out.min_pair_gbps = first ? l.gbps : std::min(out.min_pair_gbps, l.gbps);
+          first = false;
+        }
+    }
+  };
 
   for (int pass = 0; pass < 2; ++pass) {  // pass 0: NVLink pairs only; pass 1: any pair (fallback)
     std::set<double, std::greater<double>> thresholds;
@@ -223,19 +239,7 @@ NodeGrouping group_node(const NvlinkTopology& node, int R, const CostModel& cost
           continue;
         }
         out.groups = s.groups;
-        out.all_nvlink = true;
-        out.min_pair_gbps = 0;
-        bool first = true;
-        for (const auto& g : out.groups) {
-          out.numa_straddles += s.straddles(g) ? 1 : 0;
-          for (std::size_t a = 0; a < g.size(); ++a)
-            for (std::size_t b = a + 1; b < g.size(); ++b) {
-              const PairLink& l = link[g[a]][g[b]];
-              out.all_nvlink = out.all_nvlink && l.nvlink;
-              out.min_pair_gbps = first ? l.gbps : std::min(out.min_pair_gbps, l.gbps);
-              first = false;
-            }
-        }
+        summarize();
         if (!out.all_nvlink) {
           int nvl_pairs = 0, pairs = 0;
           for (const auto& g : out.groups)
@@ -257,20 +261,8 @@ NodeGrouping group_node(const NvlinkTopology& node, int R, const CostModel& cost
     for (int j = i; j < i + R; ++j) g.push_back(j);
     out.groups.push_back(g);
   }
-  out.all_nvlink = true;
   out.search_limited = true;
-  out.min_pair_gbps = 0;
-  bool first = true;
-  for (const auto& g : out.groups) {
-    out.numa_straddles += s.straddles(g) ? 1 : 0;
-    for (std::size_t a = 0; a < g.size(); ++a)
-      for (std::size_t b = a + 1; b < g.size(); ++b) {
-        const PairLink& l = link[g[a]][g[b]];
-        out.all_nvlink = out.all_nvlink && l.nvlink;
-        out.min_pair_gbps = first ? l.gbps : std::min(out.min_pair_gbps, l.gbps);
-        first = false;
-      }
-  }
+  summarize();
   out.note = "the group search hit its step limit; GPUs grouped in id order";
   return out;
 }

@@ -633,35 +633,9 @@ static void run_fwd(const TopkForwardArgs& a) {
   CUCHECK(cudaDeviceSynchronize());
 }
 
-// Lowering of the Args as topk_forward does it (selfcheck-only access to the internal launch layer).
+// The library's own lowering of the Args (selfcheck-only access to the internal launch layer).
 namespace CKD = KokkosMoE::Impl::CudaKernels::detail;
-static CKD::FwdParams lower(const TopkForwardArgs& a) {
-  CKD::FwdParams P;
-  P.T = a.num_tokens;
-  P.E = a.num_experts;
-  P.k = a.config.topk;
-  P.fn = static_cast<int>(a.config.score_function);
-  P.pre = a.config.use_pre_softmax ? 1 : 0;
-  if (a.config.group_topk > 0) {
-    P.G = a.config.num_groups;
-    P.gk = a.config.group_topk;
-    P.gs = P.E / P.G;
-    P.kg = P.k / P.gk;
-  }
-  P.scale = a.config.scaling_factor;
-  P.out = static_cast<int>(a.output);
-  P.bias_type = static_cast<int>(a.bias_type);
-  P.logits = a.logits;
-  P.bias = a.bias;
-  P.probs = a.probs;
-  P.inter = a.intermediate;
-  P.map = a.routing_map;
-  P.indices = a.indices;
-  P.idx_type = static_cast<int>(a.indices_type);
-  P.ids = a.ids;
-  P.weights = a.weights;
-  return P;
-}
+static CKD::FwdParams lower(const TopkForwardArgs& a) { return CKD::lower_forward(a); }
 static void run_fwd_general(const TopkForwardArgs& a) {
   CKD::FwdParams P = lower(a);
   P.force_general = 1;
