@@ -62,13 +62,18 @@ PYTHONUNBUFFERED=1 timeout 240 python3 "$bin/router_reference.py" --dtypes bf16 
 echo "torch exit $?"; tail -3 torch.log
 fi
 if [ "$phase" = profile ] || [ "$phase" = all ]; then
-step "ncu: DeepSeek-V3 bf16 T=65536 dense forward and backward (full set, one launch each)"
-for op in fwd_dense bwd_dense; do
-  kern=topk_fwd; [ $op = bwd_dense ] && kern=bwd_
+step "ncu: DeepSeek-V3 bf16 T=65536 dense forward, dense and compact backward (full set, one launch each)"
+for op in fwd_dense bwd_dense bwd_compact; do
+  kern=topk_fwd; [ "${op%_*}" = bwd ] && kern=bwd_
   (cd "$bin" && timeout 240 ncu --set full -k regex:$kern --launch-count 1 ./KokkosMoE_RouterBenchmarks \
      --benchmark_filter="router/$op/deepseek-v3/bf16/auto/warm/T:65536/") >"ncu_${op}_deepseek_bf16_T65536.txt" 2>&1
   echo "ncu $op exit $?"
   grep -E "Duration|DRAM Throughput|Issue Slots Busy|Executed Instructions  |Registers Per" "ncu_${op}_deepseek_bf16_T65536.txt"
 done
+step "ncu: DeepSeek-V3 bf16 T=4096 dense forward and backward (kernel duration against the fenced time, §17)"
+(cd "$bin" && timeout 120 ncu --section SpeedOfLight --section LaunchStats --section Occupancy -k regex:'topk_fwd|bwd_' \
+   --launch-count 2 ./KokkosMoE_RouterBenchmarks --benchmark_filter='router/(fwd|bwd)_dense/deepseek-v3/bf16/auto/warm/T:4096/') \
+   >ncu_dense_deepseek_bf16_T4096.txt 2>&1
+echo "ncu T=4096 exit $?"; grep -E "^  [a-z_]+<|Duration|Grid Size|Achieved Occupancy" ncu_dense_deepseek_bf16_T4096.txt
 fi
 step "done"

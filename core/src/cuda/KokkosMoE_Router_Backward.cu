@@ -58,20 +58,22 @@ __device__ __forceinline__ int load_index(const void* p, int dt, long long i) {
 
 /// dx of one routed (or, for Softmax pre, any) expert; sums already reduced.
 struct BwdCoef {
-  float D, qdd, P;
-  bool norm;  // Sigmoid/SqrtSoftplus normalization active (k > 1 or aux)
+  float D, invD, qdd, P;  // invD = 1/D: one division per token instead of one per routed expert
+  bool norm;              // Sigmoid/SqrtSoftplus normalization active (k > 1 or aux)
 };
 __device__ __forceinline__ float dx_sig_ssp(int fn, const BwdCoef& c, bool r, float a, float v, float g) {
   if (!r) return 0.0f;
-  const float h = c.norm ? g / c.D - c.qdd : g;
+  const float h = c.norm ? g * c.invD - c.qdd : g;
   if (fn == kSig) return h * a * (1.0f - a);
   const float den = 2.0f * v + kEps;
   return a > 20.0f ? h / den : h * sigmoidf_(a) / den;
 }
 
 // ------------------------------------------------------------------------------------------------------------
+// (one chunk per lane: at least 6 blocks per SM, so that ptxas keeps everything in <= 80 registers; left to
+// itself it picked 72 and spilled; several chunks per lane need the registers)
 template <int GI, int GO, int TPT, int NC, int W>
-__global__ void __launch_bounds__(128) bwd_dense(const BwdParams P) {
+__global__ void __launch_bounds__(128, NC == 1 ? 6 : 1) bwd_dense(const BwdParams P) {
   using TI = Ty<GI>;
   using TO = Ty<GO>;
   constexpr int V = NC * W;
@@ -191,7 +193,7 @@ __global__ void __launch_bounds__(128) bwd_dense(const BwdParams P) {
             }
           }
         }
-        BwdCoef cf{0.0f, 0.0f, 0.0f, false};
+        BwdCoef cf{0.0f, 0.0f, 0.0f, 0.0f, false};
         if (fn == kSmx) {
           cf.P = seg_add_f32<TPT>(Ps);
         } else {
@@ -200,6 +202,7 @@ __global__ void __launch_bounds__(128) bwd_dense(const BwdParams P) {
           cf.norm = aux || P.k > 1;
           cf.D = S + kEps;
           cf.qdd = Q / (cf.D * cf.D);
+          cf.invD = 1.0f / cf.D;
         }
         float dx[V];
 #pragma unroll
@@ -236,7 +239,7 @@ __global__ void __launch_bounds__(128) bwd_dense(const BwdParams P) {
     float a[V], g[V], v[V];
     unsigned rm = 0;
     float S = 0.0f, Q = 0.0f, Ps = 0.0f;
-    BwdCoef cf{0.0f, 0.0f, 0.0f, false};
+    BwdCoef cf{0.0f, 0.0f, 0.0f, 0.0f, false};
     for (int pass = 0; pass < 2; ++pass) {
       for (int base = 0; base < E; base += ECAP) {
         if (!(single && pass == 1)) {
@@ -318,6 +321,7 @@ __global__ void __launch_bounds__(128) bwd_dense(const BwdParams P) {
           cf.norm = aux || P.k > 1;
           cf.D = S + kEps;
           cf.qdd = Q / (cf.D * cf.D);
+          cf.invD = 1.0f / cf.D;
         }
       }
     }
@@ -426,6 +430,7 @@ __global__ void __launch_bounds__(128) bwd_sparse(const BwdParams P) {
       cf.norm = k > 1;
       cf.D = S + kEps;
       cf.qdd = Q / (cf.D * cf.D);
+      cf.invD = 1.0f / cf.D;
       if (valid) {
         OS* orow = static_cast<OS*>(P.gout) + rowE;
         for (int e0 = ls * VO; e0 < E; e0 += TPT * VO) {
@@ -588,6 +593,7 @@ __global__ void __launch_bounds__(128) bwd_sparse(const BwdParams P) {
     cf.norm = k > 1;
     cf.D = S + kEps;
     cf.qdd = Q / (cf.D * cf.D);
+    cf.invD = 1.0f / cf.D;
 
     // row fill: +0.0, or -a[e]*P for Softmax pre
     if (valid) {

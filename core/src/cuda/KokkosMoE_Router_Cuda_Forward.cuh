@@ -72,6 +72,7 @@ struct FwdParams {
   int list_mode = 0;      // 0: rank count (k <= 64), 1: bitonic (pow2 >= k entries), 2: no list (k too large)
   int list_n = 0;         // entries of the list buffer
   int force_general = 0;  // testing only: skip the rounds kernel (the public launchers never set it)
+  int lane_w = 0;         // testing only: force the lane kernel's chunk width (0: automatic)
 };
 
 __device__ __forceinline__ void store_index(void* p, int dt, long long i, int v) {

@@ -119,31 +119,46 @@ bool launch_lane_tpt(FwdParams& P, int tpt, cudaStream_t st, cudaError_t* err) {
   return true;
 }
 
+/// Lanes per token and chunks per lane of topk_fwd_lane for W experts per lane: the fewest lanes (a power of two,
+/// at least k) covering E with one chunk, then up to 4 chunks at 32 lanes. False when W does not apply.
+inline bool lane_shape(const FwdParams& P, int W, int& tpt, int& nc) {
+  if (P.E % W != 0) return false;
+  tpt = 1;
+  while (tpt < 32 && (tpt * W < P.E || tpt < P.k)) tpt <<= 1;
+  if (tpt < P.k) return false;
+  nc = 1;
+  while (tpt * nc * W < P.E) nc <<= 1;
+  if (nc * W > 32) return false;
+  return P.gk <= 0 || (nc == 1 && P.kg <= 2 && P.gs % W == 0 && is_pow2(P.gs / W));
+}
+
 /// The lane kernel (KokkosMoE_Router_Cuda_ForwardLane.cuh) applies when a token fits TPT <= 32 lanes of NC chunks
 /// of W contiguous experts (NC*W <= 32) with k <= TPT; with groups, NC == 1, a group spans a power-of-two number of
-/// whole lanes and is scored by at most 2 experts. Picks W = 8 (or 4 when E % 8 != 0 or k needs more lanes), the
-/// fewest lanes per token, then the fewest chunks (several chunks only with 32 lanes of 8).
+/// whole lanes and is scored by at most 2 experts. Chunk width: the wider W in {8, 4} that leaves fewer than half
+/// of the token's lanes idle (k can force more lanes than E/W: Mixtral's E = 8, k = 2 takes 2 lanes of 4, not 2
+/// lanes of 8 with one idle), else the wider that applies; several chunks only with 32 lanes of 8. P.lane_w
+/// (testing) forces a width. 16 experts per lane (2 or 4 tokens per warp sharing every cross-lane step) was
+/// measured slower on the H200 (DeepSeek-V3 bf16 T = 262144: 349 vs 301 us; Qwen3-MoE 148 vs 140 us: 117
+/// registers, half the resident warps) and is not instantiated.
 template <int DT>
 bool try_launch_lane(FwdParams& P, cudaStream_t st, cudaError_t* err) {
   if (P.aux || P.force_general) return false;
-  const int E = P.E, k = P.k;
-  for (const int W : {8, 4}) {
-    if (E % W != 0) continue;
-    int tpt = 1;
-    while (tpt < 32 && (tpt * W < E || tpt < k)) tpt <<= 1;
-    if (tpt < k) continue;
-    int nc = 1;
-    while (tpt * nc * W < E) nc <<= 1;
-    if (P.gk > 0 && (nc > 1 || P.kg > 2 || P.gs % W != 0 || !is_pow2(P.gs / W))) continue;
-    if (nc == 1) {
-      if (W == 8 && launch_lane_tpt<DT, 1, 8, true>(P, tpt, st, err)) return true;
-      if (W == 4 && launch_lane_tpt<DT, 1, 4, false>(P, tpt, st, err)) return true;
-    } else if (W == 8 && nc == 2) {
-      *err = launch_lane<DT, 32, 2, 8>(P, st);
-      return true;
-    } else if (W == 8 && nc == 4) {
-      *err = launch_lane<DT, 32, 4, 8>(P, st);
-      return true;
+  for (int pass = 0; pass < 2; ++pass) {
+    for (const int W : {8, 4}) {
+      if (P.lane_w != 0 && W != P.lane_w) continue;
+      int tpt = 0, nc = 0;
+      if (!lane_shape(P, W, tpt, nc)) continue;
+      if (pass == 0 && tpt * nc * W >= 2 * P.E) continue;
+      if (nc == 1) {
+        if (W == 8 && launch_lane_tpt<DT, 1, 8, true>(P, tpt, st, err)) return true;
+        if (W == 4 && launch_lane_tpt<DT, 1, 4, false>(P, tpt, st, err)) return true;
+      } else if (W == 8 && nc == 2) {
+        *err = launch_lane<DT, 32, 2, 8>(P, st);
+        return true;
+      } else if (W == 8 && nc == 4) {
+        *err = launch_lane<DT, 32, 4, 8>(P, st);
+        return true;
+      }
     }
   }
   return false;

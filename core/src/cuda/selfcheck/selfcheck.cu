@@ -1522,6 +1522,16 @@ static void launch_variant(CKD::FwdParams P, int warps) {
   kern<<<grid, warps * 32, smem>>>(P);
   CUCHECK(cudaGetLastError());
 }
+/// The lane kernel at a forced chunk width (bf16 logits).
+static void launch_lane_w(CKD::FwdParams P, int w) {
+  P.lane_w = w;
+  cudaError_t err = cudaSuccess;
+  if (!CKD::try_launch_lane<CKD::kDtBF16>(P, 0, &err)) {
+    std::printf("lane kernel does not apply at W=%d\n", w);
+    return;
+  }
+  CUCHECK(err);
+}
 static void perf_variants(double bw) {
   struct Shape {
     const char* nm;
@@ -1561,24 +1571,19 @@ static void perf_variants(double bw) {
       const char* nm;
       void (*f)(const CKD::FwdParams&);
     };
+    // lane-kernel chunk widths (P.lane_w), then the register kernels of run 1 and 2
     std::vector<Var> vs;
     if (sh.E == 256) {
-      vs = {{"rounds TPT32xV8 (default)",
+      vs = {{"lane W8 TPT32 (default)", [](const CKD::FwdParams& q) { launch_lane_w(q, 8); }},
+            {"rounds TPT32xV8 (run 2)",
              [](const CKD::FwdParams& q) { launch_variant<CKD::kDtBF16, 32, 1, 8, true>(q, 4); }},
-            {"rounds TPT32xV8 2 warps/blk",
-             [](const CKD::FwdParams& q) { launch_variant<CKD::kDtBF16, 32, 1, 8, true>(q, 2); }},
-            {"rounds TPT16xV16", [](const CKD::FwdParams& q) { launch_variant<CKD::kDtBF16, 16, 2, 8, true>(q, 4); }},
-            {"rounds TPT8xV32", [](const CKD::FwdParams& q) { launch_variant<CKD::kDtBF16, 8, 4, 8, true>(q, 4); }},
             {"general TPT32xV8 (run 1)",
              [](const CKD::FwdParams& q) { launch_variant<CKD::kDtBF16, 32, 1, 8, false>(q, 4); }}};
     } else {
-      vs = {{"rounds TPT16xV8 (default)",
-             [](const CKD::FwdParams& q) { launch_variant<CKD::kDtBF16, 16, 1, 8, true>(q, 4); }},
-            {"rounds TPT8xV16", [](const CKD::FwdParams& q) { launch_variant<CKD::kDtBF16, 8, 2, 8, true>(q, 4); }},
-            {"rounds TPT32xV8 (half idle)",
-             [](const CKD::FwdParams& q) { launch_variant<CKD::kDtBF16, 32, 1, 8, true>(q, 4); }},
-            {"general TPT16xV8 (run 1)",
-             [](const CKD::FwdParams& q) { launch_variant<CKD::kDtBF16, 16, 1, 8, false>(q, 4); }}};
+      vs = {{"lane W8 TPT16 (default)", [](const CKD::FwdParams& q) { launch_lane_w(q, 8); }},
+            {"lane W4 TPT32", [](const CKD::FwdParams& q) { launch_lane_w(q, 4); }},
+            {"rounds TPT16xV8 (run 2)",
+             [](const CKD::FwdParams& q) { launch_variant<CKD::kDtBF16, 16, 1, 8, true>(q, 4); }}};
     }
     for (const Var& v : vs) {
       o.probs.poison();
