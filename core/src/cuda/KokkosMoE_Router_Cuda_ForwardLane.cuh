@@ -16,7 +16,8 @@
 //      key's upper 32-IB bits over the inverted expert index (IB = index bits of the row), unique per token;
 //   2. group-limited routing (§5.3, NC == 1, kg <= 2): lane top-2 keys merged over the lanes of a group, the gk
 //      best groups picked by gk rounds of a segment max (lowest group on equal scores);
-//   3. k rounds of a segment max over per-lane top-3 lists of packed keys: one redux.sync names the winner (no
+//   3. k rounds of a segment max over per-lane lists of the best 3 packed keys (4 with 32 experts per lane: fewer
+//      refills; E = 1024, k = 32 bf16 T = 262144 on the H200: 1683 -> 1525 us): one redux.sync names the winner (no
 //      ballot, no index shuffle); a lane whose list runs dry refills from its keys below the round's maximum.
 //      Round r fixes slot r, so the slot order of §6 comes out directly;
 //   4. exactness check: packed order equals the selection order unless two of slots 0..k (slot k = best
@@ -76,21 +77,21 @@ __device__ __forceinline__ void sigmoid_lane(const float (&x)[W], float (&y)[W])
   }
 }
 
-/// Three largest of v[0..W) among the values below `lim` (0 = none); the values are distinct or 0.
-template <int W>
-__device__ __forceinline__ void top3_below(const unsigned (&v)[W], unsigned lim, unsigned& a1, unsigned& a2,
-                                           unsigned& a3) {
-  a1 = 0u;
-  a2 = 0u;
-  a3 = 0u;
+/// The D largest of v[0..W) among the values below `lim` (0 = none), in descending order; the values are distinct
+/// or 0.
+template <int W, int D>
+__device__ __forceinline__ void top_below(const unsigned (&v)[W], unsigned lim, unsigned (&a)[D]) {
+#pragma unroll
+  for (int d = 0; d < D; ++d) a[d] = 0u;
 #pragma unroll
   for (int p = 0; p < W; ++p) {
-    const unsigned x = v[p] < lim ? v[p] : 0u;
-    const unsigned m1 = min(a1, x);
-    a1 = max(a1, x);
-    const unsigned m2 = min(a2, m1);
-    a2 = max(a2, m1);
-    a3 = max(a3, m2);
+    unsigned x = v[p] < lim ? v[p] : 0u;
+#pragma unroll
+    for (int d = 0; d < D; ++d) {  // insertion: a[d] keeps the larger, the smaller moves down
+      const unsigned lo = min(a[d], x);
+      a[d] = max(a[d], x);
+      x = lo;
+    }
   }
 }
 
@@ -148,11 +149,15 @@ __device__ __forceinline__ void lane_select_exact(const unsigned* kbuf, const bo
 }
 
 template <int DT, int TPT, int NC, int W, int K>
-// (register budget: 64 per thread for one chunk per lane, 8 blocks of 128 per SM; 128 with several chunks)
-__global__ void __launch_bounds__(128, NC == 1 ? 8 : 4) topk_fwd_lane(const FwdParams P) {
+// Register budget: 64 per thread for one chunk per lane (8 blocks of 128 per SM); 128 with several chunks, except
+// 4 chunks of 16-bit logits: 5 blocks (96 registers, 32 bytes spilled), measured on the H200 for E = 1024, k = 32,
+// bf16, T = 262144: 1525 -> 1447 us (f32 at 5 blocks: 2676 -> 2832 us, so it keeps 4).
+__global__ void __launch_bounds__(128, NC == 1 ? 8 : (NC == 4 && DT != kDtF32 ? 5 : 4))
+    topk_fwd_lane(const FwdParams P) {
   using TT = Ty<DT>;
   using S = typename TT::S;
   constexpr int V = NC * W;                                       // experts per lane
+  constexpr int LD = V >= 32 ? 4 : 3;                             // depth of the lane lists of step 3
   constexpr int TPW = 32 / TPT;                                   // tokens per warp
   constexpr int ROW = TPT * V;                                    // experts covered by one token's lanes
   constexpr int IB = ROW <= 2 ? 1 : 32 - __builtin_clz(ROW - 1);  // index bits of a packed key
@@ -337,30 +342,29 @@ __global__ void __launch_bounds__(128, NC == 1 ? 8 : 4) topk_fwd_lane(const FwdP
     }
 
     // ---- 3. k rounds of a segment max over packed keys ---------------------------------------------------------
-    unsigned h, n, n3;
-    top3_below<V>(pk, 0xffffffffu, h, n, n3);
+    unsigned L[LD];  // the lane's best remaining packed keys, descending (L[0]: its head)
+    top_below<V, LD>(pk, 0xffffffffu, L);
     if (!elig) {
-      h = 0u;
-      n = 0u;
-      n3 = 0u;
+#pragma unroll
+      for (int d = 0; d < LD; ++d) L[d] = 0u;
     }
     unsigned myP = 0u, Mlast = 0u;
 #pragma unroll
     for (int r = 0; r < k; ++r) {
-      const unsigned M = seg_max_u32<TPT>(h);
+      const unsigned M = seg_max_u32<TPT>(L[0]);
       myP = (ls == r) ? M : myP;
-      const bool win = h == M;
-      h = win ? n : h;
-      n = win ? n3 : n;
-      n3 = win ? 0u : n3;
+      const bool win = L[0] == M;
+#pragma unroll
+      for (int d = 0; d + 1 < LD; ++d) L[d] = win ? L[d + 1] : L[d];
+      L[LD - 1] = win ? 0u : L[LD - 1];
       // a lane whose list ran dry refills from its keys below M (it pops in descending order); also after the
       // last round, so that Mk below is exact
-      if (__any_sync(kFull, win && h == 0u)) {
-        if (win && h == 0u) top3_below<V>(pk, M, h, n, n3);
+      if (__any_sync(kFull, win && L[0] == 0u)) {
+        if (win && L[0] == 0u) top_below<V, LD>(pk, M, L);
       }
       Mlast = M;
     }
-    const unsigned Mk = seg_max_u32<TPT>(h);  // the best unselected packed key (0: none)
+    const unsigned Mk = seg_max_u32<TPT>(L[0]);  // the best unselected packed key (0: none)
     __syncwarp();
 
     // ---- 4. exactness check: packed order == selection order over slots 0..k and at the boundary --------------
