@@ -70,6 +70,11 @@ for op in fwd_dense bwd_dense bwd_compact; do
   echo "ncu $op exit $?"
   grep -E "Duration|DRAM Throughput|Issue Slots Busy|Executed Instructions  |Registers Per" "ncu_${op}_deepseek_bf16_T65536.txt"
 done
+step "ncu: large (E=1024, k=32) bf16 T=65536 dense forward (full set)"
+(cd "$bin" && timeout 240 ncu --set full -k regex:topk_fwd --launch-count 1 ./KokkosMoE_RouterBenchmarks \
+   --benchmark_filter="router/fwd_dense/large/bf16/auto/warm/T:65536/") >"ncu_fwd_dense_large_bf16_T65536.txt" 2>&1
+echo "ncu large exit $?"
+grep -E "Duration|DRAM Throughput|Issue Slots Busy|Executed Instructions  |Registers Per" ncu_fwd_dense_large_bf16_T65536.txt
 step "ncu: DeepSeek-V3 bf16 T=4096 dense forward and backward (kernel duration against the fenced time, §17)"
 (cd "$bin" && timeout 120 ncu --section SpeedOfLight --section LaunchStats --section Occupancy -k regex:'topk_fwd|bwd_' \
    --launch-count 2 ./KokkosMoE_RouterBenchmarks --benchmark_filter='router/(fwd|bwd)_dense/deepseek-v3/bf16/auto/warm/T:4096/') \
