@@ -6,6 +6,9 @@
 //   2. per column: sum of the chunk partials in chunk order, times tokens_per_expert[c] -> workspace
 //   3. one block: fixed-order sum over the columns, Const computed on the device (device total read there on
 //      every launch), loss = Const * sum; const_buf = {Const, FP32 loss}; loss cast once.
+//   With C <= 256 columns (step 2 is one block then anyway) steps 2 and 3 are one launch, thread c owning column
+//   c in both, with the same sums in the same order, so the bits do not change: two launches instead of three,
+//   which is what a small T pays. Wider rows keep step 2 spread over several blocks.
 // Workspace: ceil(R/256)*C + C floats (<= aux_loss_workspace_floats(R, C)).
 
 #include <cuda/KokkosMoE_Router_Kernels.hpp>
@@ -58,14 +61,14 @@ __global__ void __launch_bounds__(kColBlock)
   prod[c] = s * load_tpe(tpe, tpe_type, c);
 }
 
+/// The loss from each thread's share s of sum_c prod[c] (blockDim.x = 1024): warp sums, then thread 0 adds the
+/// warp sums in warp order, computes Const (the device total read here, on every launch) and writes const_buf and
+/// the loss.
 template <int DT>
-__global__ void __launch_bounds__(1024)
-    aux_loss_total(const float* prod, long long C, long long R, int E, int topk, float coeff, std::int64_t host_total,
-                   const std::int64_t* dev_total, void* loss, float* const_buf) {
+__device__ __forceinline__ void aux_loss_finish(float s, long long R, int E, int topk, float coeff,
+                                                std::int64_t host_total, const std::int64_t* dev_total, void* loss,
+                                                float* const_buf) {
   __shared__ float part[32];
-  float s = 0.0f;
-  if (R > 0)
-    for (long long c = threadIdx.x; c < C; c += blockDim.x) s += prod[c];
   s = seg_add_f32<32>(s);
   if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = s;
   __syncthreads();
@@ -80,6 +83,33 @@ __global__ void __launch_bounds__(1024)
     const_buf[1] = l;
     static_cast<typename Ty<DT>::S*>(loss)[0] = Ty<DT>::from_f(l);
   }
+}
+
+template <int DT>
+__global__ void __launch_bounds__(1024)
+    aux_loss_total(const float* prod, long long C, long long R, int E, int topk, float coeff, std::int64_t host_total,
+                   const std::int64_t* dev_total, void* loss, float* const_buf) {
+  float s = 0.0f;
+  if (R > 0)
+    for (long long c = threadIdx.x; c < C; c += blockDim.x) s += prod[c];
+  aux_loss_finish<DT>(s, R, E, topk, coeff, host_total, dev_total, loss, const_buf);
+}
+
+/// Steps 2 and 3 for C <= kColBlock (R > 0): thread c forms prod[c] as aux_colsum_final does and keeps it as its
+/// share.
+template <int DT>
+__global__ void __launch_bounds__(1024)
+    aux_final_total(const float* ws, long long nchunks, long long C, const void* tpe, int tpe_type, long long R, int E,
+                    int topk, float coeff, std::int64_t host_total, const std::int64_t* dev_total, void* loss,
+                    float* const_buf) {
+  const long long c = threadIdx.x;
+  float s = 0.0f;
+  if (c < C) {
+    float acc = 0.0f;
+    for (long long j = 0; j < nchunks; ++j) acc += ws[j * C + c];
+    s += acc * load_tpe(tpe, tpe_type, c);
+  }
+  aux_loss_finish<DT>(s, R, E, topk, coeff, host_total, dev_total, loss, const_buf);
 }
 
 template <int DT>
@@ -112,6 +142,12 @@ cudaError_t aux_fwd(const AuxLossArgs& a, cudaStream_t st) {
       aux_colsum_chunks<DT>
           <<<grid, kColBlock, 0, st>>>(static_cast<const typename Ty<DT>::S*>(a.probs) + y0 * kAuxLossRowChunk * C,
                                        rows_here, C, a.workspace + y0 * C);
+    }
+    if (cblocks == 1) {
+      aux_final_total<DT><<<1, 1024, 0, st>>>(a.workspace, nchunks, C, a.tokens_per_expert,
+                                              static_cast<int>(a.tpe_type), R, a.num_experts, a.topk, a.coeff,
+                                              a.total_num_tokens, a.total_num_tokens_device, a.loss, a.const_buf);
+      return cudaGetLastError();
     }
     aux_colsum_final<<<static_cast<unsigned>(cblocks), kColBlock, 0, st>>>(a.workspace, nchunks, C, a.tokens_per_expert,
                                                                            static_cast<int>(a.tpe_type), prod);
