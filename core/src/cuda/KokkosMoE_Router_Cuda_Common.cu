@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cuda/KokkosMoE_Router_Cuda_Common.cuh>
 #include <mutex>
+#include <utility>
 #include <vector>
 
 namespace KokkosMoE {
@@ -30,6 +31,7 @@ struct OccKey {
   int blocks_per_sm;
 };
 std::vector<OccKey> g_occ;
+std::vector<std::pair<int, const void*>> g_carveout;  // (device, kernel) with the carveout set
 
 const DeviceInfo& device_info(int dev) {
   // caller holds g_mutex
@@ -62,6 +64,16 @@ int max_dyn_smem() {
   const int dev = current_device();
   std::lock_guard<std::mutex> lock(g_mutex);
   return device_info(dev).max_smem;
+}
+
+cudaError_t prefer_max_shared(const void* kernel) {
+  const std::pair<int, const void*> key(current_device(), kernel);
+  std::lock_guard<std::mutex> lock(g_mutex);
+  if (std::find(g_carveout.begin(), g_carveout.end(), key) != g_carveout.end()) return cudaSuccess;
+  const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                               static_cast<int>(cudaSharedmemCarveoutMaxShared));
+  if (err == cudaSuccess) g_carveout.push_back(key);
+  return err;
 }
 
 cudaError_t ensure_smem(const void* kernel, size_t smem) {

@@ -266,6 +266,11 @@ int persistent_grid(const void* kernel, int block, size_t smem, long long work_b
 /// Opts a kernel into more than 48 KB of dynamic shared memory when needed.
 cudaError_t ensure_smem(const void* kernel, size_t smem);
 
+/// Asks for the largest shared-memory carveout for a kernel (a hint that lets registers, not shared memory, bound
+/// its resident blocks), once per device and kernel: after a first eager call a captured launch makes no
+/// attribute call.
+cudaError_t prefer_max_shared(const void* kernel);
+
 }  // namespace detail
 }  // namespace CudaKernels
 }  // namespace Impl

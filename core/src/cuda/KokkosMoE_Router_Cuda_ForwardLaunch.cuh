@@ -84,12 +84,8 @@ cudaError_t launch_lane(FwdParams& P, cudaStream_t st) {
   const int warps = 4;
   // per token: the activation row and the key row
   const size_t smem = static_cast<size_t>(warps) * TPW * 2 * TPT * NC * W * sizeof(float);
-  if constexpr (NC > 1) {
-    // 16-32 KB per block: ask for the largest shared-memory carveout, so that registers, not shared memory,
-    // bound the resident blocks
-    const cudaError_t err = cudaFuncSetAttribute(reinterpret_cast<const void*>(topk_fwd_lane<DT, TPT, NC, W, K>),
-                                                 cudaFuncAttributePreferredSharedMemoryCarveout,
-                                                 static_cast<int>(cudaSharedmemCarveoutMaxShared));
+  if constexpr (NC > 1) {  // 16-32 KB per block
+    const cudaError_t err = prefer_max_shared(reinterpret_cast<const void*>(topk_fwd_lane<DT, TPT, NC, W, K>));
     if (err != cudaSuccess) return err;
   }
   return launch_persistent(topk_fwd_lane<DT, TPT, NC, W, K>, P, warps, TPW, smem, st);
