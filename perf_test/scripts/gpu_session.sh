@@ -5,7 +5,7 @@
 # kokkosmoe-topo, kokkosmoe-plan, kokkosmoe-route, KokkosMoE_RouterBenchmarks, libbenchmark.so.1debian) plus
 # router_reference.py; every log and result lands in OUT_DIR. PHASE: tests (the fast GPU tier: the core suites on
 # Serial + Cuda, sanitizers, topology, main job), fulltier (router-spec §16.3 full tier, KOKKOSMOE_TEST_TIER=full),
-# bench (benchmarks and the PyTorch reference, back to back), profile (ncu of the DeepSeek-V3 forward and backward)
+# bench (benchmarks and the PyTorch reference, back to back), profile (ncu of the DeepSeek-V3 and large kernels)
 # or all (every phase but fulltier). Each phase fits one 10-minute device call; steps whose binaries are not in
 # BIN_DIR are skipped.
 set -u
@@ -62,23 +62,20 @@ PYTHONUNBUFFERED=1 timeout 240 python3 "$bin/router_reference.py" --dtypes bf16 
 echo "torch exit $?"; tail -3 torch.log
 fi
 if [ "$phase" = profile ] || [ "$phase" = all ]; then
-step "ncu: DeepSeek-V3 bf16 T=65536 dense forward, dense and compact backward (full set, one launch each)"
-for op in fwd_dense bwd_dense bwd_compact; do
-  kern=topk_fwd; [ "${op%_*}" = bwd ] && kern=bwd_
-  (cd "$bin" && timeout 240 ncu --set full -k regex:$kern --launch-count 1 ./KokkosMoE_RouterBenchmarks \
-     --benchmark_filter="router/$op/deepseek-v3/bf16/auto/warm/T:65536/") >"ncu_${op}_deepseek_bf16_T65536.txt" 2>&1
-  echo "ncu $op exit $?"
-  grep -E "Duration|DRAM Throughput|Issue Slots Busy|Executed Instructions  |Registers Per" "ncu_${op}_deepseek_bf16_T65536.txt"
-done
-step "ncu: large (E=1024, k=32) bf16 T=65536 dense forward (full set)"
-(cd "$bin" && timeout 240 ncu --set full -k regex:topk_fwd --launch-count 1 ./KokkosMoE_RouterBenchmarks \
-   --benchmark_filter="router/fwd_dense/large/bf16/auto/warm/T:65536/") >"ncu_fwd_dense_large_bf16_T65536.txt" 2>&1
-echo "ncu large exit $?"
-grep -E "Duration|DRAM Throughput|Issue Slots Busy|Executed Instructions  |Registers Per" ncu_fwd_dense_large_bf16_T65536.txt
+# ncu_one OP PRESET T SECTIONS...: one launch of OP's kernel in its benchmark, report in ncu_OP_PRESET_bf16_TT.txt
+ncu_one() {
+  local op=$1 preset=$2 T=$3 kern=topk_fwd rep; shift 3
+  [ "${op%_*}" = bwd ] && kern=bwd_
+  rep="ncu_${op}_${preset%%-*}_bf16_T${T}.txt"
+  (cd "$bin" && timeout 240 ncu "$@" -k regex:$kern --launch-count 1 ./KokkosMoE_RouterBenchmarks \
+     --benchmark_filter="router/$op/$preset/bf16/auto/warm/T:$T/") >"$rep" 2>&1
+  echo "ncu $op $preset T=$T exit $?"
+  grep -E "Duration|DRAM Throughput|Issue Slots Busy|Executed Instructions  |Registers Per|Achieved Occupancy" "$rep"
+}
+step "ncu: DeepSeek-V3 and large bf16 T=65536 (full set, one launch each)"
+for op in fwd_dense bwd_dense bwd_compact; do ncu_one $op deepseek-v3 65536 --set full; done
+ncu_one fwd_dense large 65536 --set full
 step "ncu: DeepSeek-V3 bf16 T=4096 dense forward and backward (kernel duration against the fenced time, §17)"
-(cd "$bin" && timeout 120 ncu --section SpeedOfLight --section LaunchStats --section Occupancy -k regex:'topk_fwd|bwd_' \
-   --launch-count 2 ./KokkosMoE_RouterBenchmarks --benchmark_filter='router/(fwd|bwd)_dense/deepseek-v3/bf16/auto/warm/T:4096/') \
-   >ncu_dense_deepseek_bf16_T4096.txt 2>&1
-echo "ncu T=4096 exit $?"; grep -E "^  [a-z_]+<|Duration|Grid Size|Achieved Occupancy" ncu_dense_deepseek_bf16_T4096.txt
+for op in fwd_dense bwd_dense; do ncu_one $op deepseek-v3 4096 --section SpeedOfLight --section LaunchStats --section Occupancy; done
 fi
 step "done"

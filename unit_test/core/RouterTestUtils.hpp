@@ -359,9 +359,6 @@ inline void logit_range(const Oracle::Attr& a, double& lo, double& hi) {
   }
 }
 
-/// Primary generator: each row a random permutation of E distinct, evenly spaced values spanning the range, plus
-/// noise below a quarter of the spacing; rows are redrawn (deterministically) until well conditioned. The bias (if
-/// any) is random per expert with a magnitude comparable to the spread of the activations.
 /// Runs fn(t) for every row t in [0, T): in order for the small cases of the CPU suites, spread over the host's
 /// threads for the large ones of the full tier (rows are independent and seeded per row, so the results are the
 /// same; fn must not call Boost.Test).
@@ -382,6 +379,9 @@ void for_rows(int T, int E, const F& fn) {
   for (std::thread& th : pool) th.join();
 }
 
+/// Primary generator: each row a random permutation of E distinct, evenly spaced values spanning the range, plus
+/// noise below a quarter of the spacing; rows are redrawn (deterministically) until well conditioned. The bias (if
+/// any) is random per expert with a magnitude comparable to the spread of the activations.
 template <class S, class B = S>
 RouterInputs generate_router_inputs(const Oracle::Attr& a, int T, int E, bool with_bias, std::uint64_t seed,
                                     double rel_margin = 1e-5) {

@@ -91,31 +91,31 @@ cudaError_t launch_lane(FwdParams& P, cudaStream_t st) {
   return launch_persistent(topk_fwd_lane<DT, TPT, NC, W, K>, P, warps, TPW, smem, st);
 }
 
-/// Launches topk_fwd_lane for a run-time lanes-per-token count (2..32); k == 8 gets the compile-time-k variant when
-/// KEIGHT (16 and 32 lanes, the common MoE shapes).
-template <int DT, int NC, int W, bool KEIGHT>
+/// Launches topk_fwd_lane with one chunk of W experts per lane for a run-time lanes-per-token count (2..32); k == 8
+/// gets the compile-time-k variant when KEIGHT (16 and 32 lanes, the common MoE shapes).
+template <int DT, int W, bool KEIGHT>
 bool launch_lane_tpt(FwdParams& P, int tpt, cudaStream_t st, cudaError_t* err) {
   if constexpr (KEIGHT) {
     if (P.k == 8 && (tpt == 16 || tpt == 32)) {
-      *err = tpt == 16 ? launch_lane<DT, 16, NC, W, 8>(P, st) : launch_lane<DT, 32, NC, W, 8>(P, st);
+      *err = tpt == 16 ? launch_lane<DT, 16, 1, W, 8>(P, st) : launch_lane<DT, 32, 1, W, 8>(P, st);
       return true;
     }
   }
   switch (tpt) {
     case 2:
-      *err = launch_lane<DT, 2, NC, W>(P, st);
+      *err = launch_lane<DT, 2, 1, W>(P, st);
       break;
     case 4:
-      *err = launch_lane<DT, 4, NC, W>(P, st);
+      *err = launch_lane<DT, 4, 1, W>(P, st);
       break;
     case 8:
-      *err = launch_lane<DT, 8, NC, W>(P, st);
+      *err = launch_lane<DT, 8, 1, W>(P, st);
       break;
     case 16:
-      *err = launch_lane<DT, 16, NC, W>(P, st);
+      *err = launch_lane<DT, 16, 1, W>(P, st);
       break;
     case 32:
-      *err = launch_lane<DT, 32, NC, W>(P, st);
+      *err = launch_lane<DT, 32, 1, W>(P, st);
       break;
     default:
       return false;
@@ -154,8 +154,8 @@ bool try_launch_lane(FwdParams& P, cudaStream_t st, cudaError_t* err) {
       if (!lane_shape(P, W, tpt, nc)) continue;
       if (pass == 0 && tpt * nc * W >= 2 * P.E) continue;
       if (nc == 1) {
-        if (W == 8 && launch_lane_tpt<DT, 1, 8, true>(P, tpt, st, err)) return true;
-        if (W == 4 && launch_lane_tpt<DT, 1, 4, false>(P, tpt, st, err)) return true;
+        if (W == 8 && launch_lane_tpt<DT, 8, true>(P, tpt, st, err)) return true;
+        if (W == 4 && launch_lane_tpt<DT, 4, false>(P, tpt, st, err)) return true;
       } else if (W == 8 && nc == 2) {
         *err = launch_lane<DT, 32, 2, 8>(P, st);
         return true;
