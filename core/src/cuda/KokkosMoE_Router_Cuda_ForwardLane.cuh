@@ -14,15 +14,21 @@
 //   1. activations, order-preserving keys (router-spec §5.1, §7) and early FP32 outputs, chunk by chunk; the
 //      activation and key rows also go to a per-token shared row. Only the packed keys stay in registers: the
 //      key's upper 32-IB bits over the inverted expert index (IB = index bits of the row), unique per token;
-//   2. group-limited routing (§5.3, NC == 1, kg <= 2): lane top-2 keys merged over the lanes of a group, the gk
-//      best groups picked by gk rounds of a segment max (lowest group on equal scores);
-//   3. k rounds of a segment max over per-lane lists of the best 3 packed keys (4 with 32 experts per lane: fewer
-//      refills; E = 1024, k = 32 bf16 T = 262144 on the H200: 1683 -> 1525 us): one redux.sync names the winner (no
-//      ballot, no index shuffle); a lane whose list runs dry refills from its keys below the round's maximum.
-//      Round r fixes slot r, so the slot order of §6 comes out directly;
+//   2. group-limited routing (§5.3, NC == 1, kg <= 2): lane top-2 keys merged over the lanes of a group; with
+//      G <= 8 each group's rank comes from G independent shuffles, otherwise gk rounds of a segment max pick the
+//      best groups (lowest group on equal scores either way);
+//   3. per-lane lists of the best 3 packed keys (4 with 32 experts per lane: fewer refills), built by a merging
+//      network; then k selections in pairs of rounds: a redux.sync max names the winner (no ballot, no index
+//      shuffle), a second one over the heads with the winner's head replaced by its next key names slot r + 1,
+//      and one vote per pair finds lists that ran dry (the pair is then redone as two single rounds, each lane
+//      refilling from its keys below the round's maximum). Round r fixes slot r, so the slot order of §6 comes out
+//      directly. E = 1024, k = 32, bf16, T = 262144 on the H200 (harness): 1447 us with single rounds and
+//      insertion-built lists, 1263 us with pairs and the network, 1039 us with step 4 skipped for 16-bit Softmax
+//      post logits and k = 32 at compile time;
 //   4. exactness check: packed order equals the selection order unless two of slots 0..k (slot k = best
 //      unselected) share a coarse key with different full keys, or the boundary cuts a run of equal coarse keys
-//      with different full keys; such tokens (a few % of random rows) redo the selection on full keys;
+//      with different full keys; such tokens (a few % of random rows) redo the selection on full keys. Skipped
+//      where the coarse key is the full key (Softmax post of 16-bit logits, below);
 //   5. slot lane r computes the weight of slot r (sums in slot order via shuffles, one division per lane), writes
 //      ids/weights/indices coalesced, and drops the weight into the shared row from which the owners build their
 //      dense outputs (probs, map, Softmax-post intermediate) with vector stores.
@@ -93,6 +99,46 @@ __device__ __forceinline__ void top_below(const unsigned (&v)[W], unsigned lim, 
       x = lo;
     }
   }
+}
+
+/// The D (<= 4) largest of v[0..V) in descending order (V % 4 == 0; values distinct or 0), by a merging network:
+/// runs of 4 sorted by 5 compare-exchanges, then pairwise merges that keep the best 4 (the elementwise maximum of
+/// one run and the other reversed is a bitonic sequence holding the best 4, sorted by 4 compare-exchanges). For
+/// V = 32 that is 164 min/max operations against 256 for insertion into a 4-deep list, with more independent work.
+template <int V, int D>
+__device__ __forceinline__ void top_first(const unsigned (&v)[V], unsigned (&a)[D]) {
+  static_assert(V % 4 == 0 && D <= 4, "runs of 4, lists of at most 4");
+  constexpr int NR = V / 4;
+  unsigned r[NR][4];
+  auto cx = [](unsigned& hi, unsigned& lo) {  // compare-exchange: hi keeps the larger
+    const unsigned t = min(hi, lo);
+    hi = max(hi, lo);
+    lo = t;
+  };
+#pragma unroll
+  for (int q = 0; q < NR; ++q) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) r[q][j] = v[4 * q + j];
+    cx(r[q][0], r[q][1]);
+    cx(r[q][2], r[q][3]);
+    cx(r[q][0], r[q][2]);
+    cx(r[q][1], r[q][3]);
+    cx(r[q][1], r[q][2]);
+  }
+#pragma unroll
+  for (int step = 1; step < NR; step <<= 1) {
+#pragma unroll
+    for (int q = 0; q + step < NR; q += 2 * step) {
+#pragma unroll
+      for (int j = 0; j < 4; ++j) r[q][j] = max(r[q][j], r[q + step][3 - j]);
+      cx(r[q][0], r[q][2]);
+      cx(r[q][1], r[q][3]);
+      cx(r[q][0], r[q][1]);
+      cx(r[q][2], r[q][3]);
+    }
+  }
+#pragma unroll
+  for (int d = 0; d < D; ++d) a[d] = r[0][d];
 }
 
 /// Exact selection on full keys (the slow path of topk_fwd_lane, taken when packed keys cannot decide): k rounds
@@ -274,12 +320,19 @@ __global__ void __launch_bounds__(128, NC == 1 ? 8 : (NC == 4 && DT != kDtF32 ? 
 #pragma unroll
         for (int w = 0; w < W; ++w) y[w] = x[w];
       }
+      // the chunk's bias: kept in registers with one chunk per lane, read per chunk (one branch) with several; a
+      // chunk outside the row reads none (it is never eligible, so its keys need no masking)
+      float b[W];
+#pragma unroll
+      for (int w = 0; w < W; ++w) b[w] = bias1[w];
+      if (NC > 1 && has_bias && cvalid[c]) {
+#pragma unroll
+        for (int w = 0; w < W; ++w) b[w] = load_any(P.bias, P.bias_type, e0 + w);
+      }
       unsigned key[W];
 #pragma unroll
       for (int w = 0; w < W; ++w) {
-        // (a chunk outside the row is never eligible, so its keys need no masking)
-        const float b = (NC == 1 || !has_bias) ? bias1[w] : load_any(P.bias, P.bias_type, e0 + w);
-        key[w] = okey_lane(y[w] + b);
+        key[w] = okey_lane(y[w] + b[w]);
         pk[c * W + w] = (key[w] & ~IMASK) | (IMASK - static_cast<unsigned>(e0 + w));
       }
       if (NC == 1 && P.gk > 0) {
@@ -323,14 +376,26 @@ __global__ void __launch_bounds__(128, NC == 1 ? 8 : (NC == 4 && DT != kDtF32 ? 
       float gsum = okey_decode(g1);
       if (P.kg == 2) gsum += okey_decode(g2);
       unsigned gkey = lvalid ? okey(gsum) : 0u;
-      // gk rounds: the best remaining group (lowest group on equal scores) becomes eligible
       elig = false;
-      for (int r = 0; r < P.gk; ++r) {
-        const unsigned M = seg_max_u32<TPT>(gkey);
-        const int wl = __ffs(__ballot_sync(kFull, gkey == M) & segmask) - 1;
-        const bool mine = ((wl - sbase) >> sgs) == gid;
-        elig = elig || mine;
-        gkey = mine ? 0u : gkey;
+      if (P.G <= 8) {
+        // few groups: the rank of the lane's group among all G (score descending, lower group first), from G
+        // independent shuffles instead of gk dependent rounds
+        int rank = 0;
+#pragma unroll 8
+        for (int j = 0; j < P.G; ++j) {
+          const unsigned o = __shfl_sync(kFull, gkey, sbase + (j << sgs));
+          rank += (o > gkey || (o == gkey && j < gid)) ? 1 : 0;
+        }
+        elig = rank < P.gk;
+      } else {
+        // gk rounds: the best remaining group (lowest group on equal scores) becomes eligible
+        for (int r = 0; r < P.gk; ++r) {
+          const unsigned M = seg_max_u32<TPT>(gkey);
+          const int wl = __ffs(__ballot_sync(kFull, gkey == M) & segmask) - 1;
+          const bool mine = ((wl - sbase) >> sgs) == gid;
+          elig = elig || mine;
+          gkey = mine ? 0u : gkey;
+        }
       }
       elig = elig && lvalid;
     }
@@ -343,56 +408,103 @@ __global__ void __launch_bounds__(128, NC == 1 ? 8 : (NC == 4 && DT != kDtF32 ? 
 
     // ---- 3. k rounds of a segment max over packed keys ---------------------------------------------------------
     unsigned L[LD];  // the lane's best remaining packed keys, descending (L[0]: its head)
-    top_below<V, LD>(pk, 0xffffffffu, L);
+    top_first<V, LD>(pk, L);
     if (!elig) {
 #pragma unroll
       for (int d = 0; d < LD; ++d) L[d] = 0u;
     }
     unsigned myP = 0u, Mlast = 0u;
-#pragma unroll
-    for (int r = 0; r < k; ++r) {
+    // one exact round: the segment maximum of the heads is slot r; a lane whose list ran dry refills from its keys
+    // below M (it pops in descending order), also after the last round, so that Mk below is exact
+    auto single_round = [&](int r) {
       const unsigned M = seg_max_u32<TPT>(L[0]);
       myP = (ls == r) ? M : myP;
       const bool win = L[0] == M;
 #pragma unroll
       for (int d = 0; d + 1 < LD; ++d) L[d] = win ? L[d + 1] : L[d];
       L[LD - 1] = win ? 0u : L[LD - 1];
-      // a lane whose list ran dry refills from its keys below M (it pops in descending order); also after the
-      // last round, so that Mk below is exact
       if (__any_sync(kFull, win && L[0] == 0u)) {
         if (win && L[0] == 0u) top_below<V, LD>(pk, M, L);
       }
       Mlast = M;
+    };
+    // rounds in pairs: the second maximum is taken over the heads with the first winner's head replaced by its
+    // next key, so one vote per two slots. That is exact unless the first winner's list held a single key (its
+    // next key is unknown) or a list ran dry in the pair; both leave a winner with an empty list, and then the
+    // pair is redone from the saved lists as two single rounds with refills.
+    // (unrolled for k = 8; not for 32 experts per lane, whose redo path holds two list refills)
+#pragma unroll(V >= 32 ? 1 : 8)
+    for (int r = 0; r < k; r += 2) {
+      const bool two = r + 1 < k;
+      const unsigned M1 = seg_max_u32<TPT>(L[0]);
+      const bool w1 = L[0] == M1;
+      const unsigned c = w1 ? L[1] : L[0];
+      const unsigned M2 = two ? seg_max_u32<TPT>(c) : 0u;
+      const bool w2 = two && c == M2;
+      const bool p2 = w1 && w2;
+      const bool p1 = w1 != w2;
+#pragma unroll
+      for (int d = 0; d < LD; ++d) {
+        const unsigned n1 = d + 1 < LD ? L[d + 1] : 0u;
+        const unsigned n2 = d + 2 < LD ? L[d + 2] : 0u;
+        L[d] = p2 ? n2 : (p1 ? n1 : L[d]);
+      }
+      myP = (ls == r) ? M1 : ((two && ls == r + 1) ? M2 : myP);
+      Mlast = two ? M2 : M1;
+      if (__any_sync(kFull, (w1 || w2) && L[0] == 0u)) {
+        // undo the pops (the popped keys are M1 and/or M2; nothing fell off the end), then two exact rounds (they
+        // set myP of slots r and r + 1 again)
+#pragma unroll
+        for (int d = LD - 1; d >= 0; --d) {
+          const unsigned b1 = d >= 1 ? L[d - 1] : (w1 ? M1 : M2);
+          const unsigned b2 = d >= 2 ? L[d - 2] : (d == 1 ? M2 : M1);
+          L[d] = p2 ? b2 : (p1 ? b1 : L[d]);
+        }
+        single_round(r);
+        if (two) single_round(r + 1);
+      }
     }
-    const unsigned Mk = seg_max_u32<TPT>(L[0]);  // the best unselected packed key (0: none)
     __syncwarp();
 
     // ---- 4. exactness check: packed order == selection order over slots 0..k and at the boundary --------------
+    // Skipped where packed keys are exact: Softmax post keys 16-bit logits, whose FP32 widening leaves the low 16
+    // (bf16) or 13 (fp16) bits of the order-preserving key all equal to the sign bit's pattern, so two keys with
+    // the same upper 32-IB bits are equal when IB does not exceed that.
+    constexpr int kExactBits = DT == kDtBF16 ? 16 : (DT == kDtF16 ? 13 : 0);
+    const bool exact_keys = softmax_post && IB <= kExactBits;
+    const unsigned Mk = exact_keys ? 0u : seg_max_u32<TPT>(L[0]);  // the best unselected packed key (0: none)
     const bool has = ls < k;
     int my_idx = static_cast<int>(IMASK - (myP & IMASK));
-    const unsigned fk = has ? kbuf[my_idx] : 0u;
-    unsigned nP = __shfl_down_sync(kFull, myP, 1, TPT);
-    unsigned nK = __shfl_down_sync(kFull, fk, 1, TPT);
-    const bool last = ls == k - 1;
-    if (last) {
-      nP = Mk;
-      nK = Mk ? kbuf[IMASK - (Mk & IMASK)] : 0u;
-    }
-    const bool same_coarse = ((myP ^ nP) & ~IMASK) == 0u && nP != 0u;
-    bool bad = has && same_coarse && fk != nK;
-    if (__any_sync(kFull, last && same_coarse)) {
-      // the boundary falls inside a run of equal coarse keys: exact only if the whole run has one full key
-      const int src = sbase + k - 1;
-      const bool bnd = __shfl_sync(kFull, same_coarse, src);
-      const unsigned cb = __shfl_sync(kFull, myP, src) & ~IMASK;
-      const unsigned fb = __shfl_sync(kFull, fk, src);
+    bool bad = false;
+    if (!exact_keys) {
+      const unsigned fk = has ? kbuf[my_idx] : 0u;
+      unsigned nP = __shfl_down_sync(kFull, myP, 1, TPT);
+      unsigned nK = __shfl_down_sync(kFull, fk, 1, TPT);
+      const bool last = ls == k - 1;
+      if (last) {
+        nP = Mk;
+        nK = Mk ? kbuf[IMASK - (Mk & IMASK)] : 0u;
+      }
+      const bool same_coarse = ((myP ^ nP) & ~IMASK) == 0u && nP != 0u;
+      bad = has && same_coarse && fk != nK;
+      if (__any_sync(kFull, last && same_coarse)) {
+        // the boundary falls inside a run of equal coarse keys: exact only if the whole run has one full key
+        const int src = sbase + k - 1;
+        const bool bnd = __shfl_sync(kFull, same_coarse, src);
+        const unsigned cb = __shfl_sync(kFull, myP, src) & ~IMASK;
+        const unsigned fb = __shfl_sync(kFull, fk, src);
+        if (bnd && elig) {
+          bool hit = false;  // (non-short-circuit: no branch per key)
 #pragma unroll
-      for (int c = 0; c < NC; ++c)
+          for (int c = 0; c < NC; ++c)
 #pragma unroll
-        for (int w = 0; w < W; ++w) {
-          const unsigned kw = kbuf[(c * TPT + ls) * W + w];
-          bad = bad || (bnd && elig && cvalid[c] && (kw & ~IMASK) == cb && kw != fb);
+            for (int w = 0; w < W; ++w) {
+              const unsigned kw = kbuf[(c * TPT + ls) * W + w];
+              hit |= cvalid[c] & ((kw & ~IMASK) == cb) & (kw != fb);
+            }
+          bad = bad || hit;
         }
+      }
     }
     unsigned selm = 0u;
     if (__any_sync(kFull, bad)) {

@@ -159,8 +159,8 @@ bool try_launch_lane(FwdParams& P, cudaStream_t st, cudaError_t* err) {
       } else if (W == 8 && nc == 2) {
         *err = launch_lane<DT, 32, 2, 8>(P, st);
         return true;
-      } else if (W == 8 && nc == 4) {
-        *err = launch_lane<DT, 32, 4, 8>(P, st);
+      } else if (W == 8 && nc == 4) {  // (k = 32 at compile time for the E = 1024, k = 32 shape)
+        *err = P.k == 32 ? launch_lane<DT, 32, 4, 8, 32>(P, st) : launch_lane<DT, 32, 4, 8>(P, st);
         return true;
       }
     }
