@@ -431,7 +431,7 @@ __global__ void __launch_bounds__(128, NC == 1 ? 8 : (NC == 4 && DT != kDtF32 ? 
     // rounds in pairs: the second maximum is taken over the heads with the first winner's head replaced by its
     // next key, so one vote per two slots. That is exact unless the first winner's list held a single key (its
     // next key is unknown) or a list ran dry in the pair; both leave a winner with an empty list, and then the
-    // pair is redone from the saved lists as two single rounds with refills.
+    // pops are undone and the pair is redone as two single rounds with refills.
     // (unrolled for k = 8; not for 32 experts per lane, whose redo path holds two list refills)
 #pragma unroll(V >= 32 ? 1 : 8)
     for (int r = 0; r < k; r += 2) {
