@@ -52,13 +52,20 @@ __global__ void __launch_bounds__(kColBlock) aux_colsum_chunks(const void* probs
   ws[chunk * C + c] = acc;
 }
 
+/// Column c's sum of the chunk partials, in chunk order, times tokens_per_expert[c] (step 2; shared by both launch
+/// shapes, so that they give the same bits).
+__device__ __forceinline__ float aux_column_product(const float* ws, long long nchunks, long long C, const void* tpe,
+                                                    int tpe_type, long long c) {
+  float s = 0.0f;
+  for (long long j = 0; j < nchunks; ++j) s += ws[j * C + c];
+  return s * load_tpe(tpe, tpe_type, c);
+}
+
 __global__ void __launch_bounds__(kColBlock)
     aux_colsum_final(const float* ws, long long nchunks, long long C, const void* tpe, int tpe_type, float* prod) {
   const long long c = static_cast<long long>(blockIdx.x) * kColBlock + threadIdx.x;
   if (c >= C) return;
-  float s = 0.0f;
-  for (long long j = 0; j < nchunks; ++j) s += ws[j * C + c];
-  prod[c] = s * load_tpe(tpe, tpe_type, c);
+  prod[c] = aux_column_product(ws, nchunks, C, tpe, tpe_type, c);
 }
 
 /// The loss from each thread's share s of sum_c prod[c] (blockDim.x = 1024): warp sums, then thread 0 adds the
@@ -95,20 +102,14 @@ __global__ void __launch_bounds__(1024)
   aux_loss_finish<DT>(s, R, E, topk, coeff, host_total, dev_total, loss, const_buf);
 }
 
-/// Steps 2 and 3 for C <= kColBlock (R > 0): thread c forms prod[c] as aux_colsum_final does and keeps it as its
-/// share.
+/// Steps 2 and 3 for C <= kColBlock (R > 0): thread c forms column c's product and keeps it as its share.
 template <int DT>
 __global__ void __launch_bounds__(1024)
     aux_final_total(const float* ws, long long nchunks, long long C, const void* tpe, int tpe_type, long long R, int E,
                     int topk, float coeff, std::int64_t host_total, const std::int64_t* dev_total, void* loss,
                     float* const_buf) {
   const long long c = threadIdx.x;
-  float s = 0.0f;
-  if (c < C) {
-    float acc = 0.0f;
-    for (long long j = 0; j < nchunks; ++j) acc += ws[j * C + c];
-    s += acc * load_tpe(tpe, tpe_type, c);
-  }
+  const float s = c < C ? aux_column_product(ws, nchunks, C, tpe, tpe_type, c) : 0.0f;
   aux_loss_finish<DT>(s, R, E, topk, coeff, host_total, dev_total, loss, const_buf);
 }
 

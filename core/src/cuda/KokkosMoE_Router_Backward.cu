@@ -60,6 +60,12 @@ __device__ __forceinline__ int load_index(const void* p, int dt, long long i) {
 struct BwdCoef {
   float D, invD, qdd, P;  // invD = 1/D: one division per token instead of one per routed expert
   bool norm;              // Sigmoid/SqrtSoftplus normalization active (k > 1 or aux)
+  /// The normalization terms from the reduced sums S (weights) and Q (weight times gradient).
+  __device__ __forceinline__ void set_sums(float S, float Q) {
+    D = S + kEps;
+    qdd = Q / (D * D);
+    invD = 1.0f / D;
+  }
 };
 __device__ __forceinline__ float dx_sig_ssp(int fn, const BwdCoef& c, bool r, float a, float v, float g) {
   if (!r) return 0.0f;
@@ -200,9 +206,7 @@ __global__ void __launch_bounds__(128, NC == 1 ? 6 : 1) bwd_dense(const BwdParam
           S = seg_add_f32<TPT>(S);
           Q = seg_add_f32<TPT>(Q);
           cf.norm = aux || P.k > 1;
-          cf.D = S + kEps;
-          cf.qdd = Q / (cf.D * cf.D);
-          cf.invD = 1.0f / cf.D;
+          cf.set_sums(S, Q);
         }
         float dx[V];
 #pragma unroll
@@ -319,9 +323,7 @@ __global__ void __launch_bounds__(128, NC == 1 ? 6 : 1) bwd_dense(const BwdParam
           S = seg_add_f32<TPT>(S);
           Q = seg_add_f32<TPT>(Q);
           cf.norm = aux || P.k > 1;
-          cf.D = S + kEps;
-          cf.qdd = Q / (cf.D * cf.D);
-          cf.invD = 1.0f / cf.D;
+          cf.set_sums(S, Q);
         }
       }
     }
@@ -428,9 +430,7 @@ __global__ void __launch_bounds__(128) bwd_sparse(const BwdParams P) {
       BwdCoef cf;
       cf.P = Ps;
       cf.norm = k > 1;
-      cf.D = S + kEps;
-      cf.qdd = Q / (cf.D * cf.D);
-      cf.invD = 1.0f / cf.D;
+      cf.set_sums(S, Q);
       if (valid) {
         OS* orow = static_cast<OS*>(P.gout) + rowE;
         for (int e0 = ls * VO; e0 < E; e0 += TPT * VO) {
@@ -591,9 +591,7 @@ __global__ void __launch_bounds__(128) bwd_sparse(const BwdParams P) {
     BwdCoef cf;
     cf.P = Ps;
     cf.norm = k > 1;
-    cf.D = S + kEps;
-    cf.qdd = Q / (cf.D * cf.D);
-    cf.invD = 1.0f / cf.D;
+    cf.set_sums(S, Q);
 
     // row fill: +0.0, or -a[e]*P for Softmax pre
     if (valid) {

@@ -196,8 +196,9 @@ __device__ __forceinline__ void lane_select_exact(const unsigned* kbuf, const bo
 
 template <int DT, int TPT, int NC, int W, int K>
 // Register budget: 64 per thread for one chunk per lane (8 blocks of 128 per SM); 128 with several chunks, except
-// 4 chunks of 16-bit logits: 5 blocks (96 registers, 32 bytes spilled), measured on the H200 for E = 1024, k = 32,
-// bf16, T = 262144: 1525 -> 1447 us (f32 at 5 blocks: 2676 -> 2832 us, so it keeps 4).
+// 4 chunks of 16-bit logits: 5 blocks (96 registers; ptxas spills 8-24 bytes), measured on the H200 for E = 1024,
+// k = 32, bf16, T = 262144: 1525 -> 1447 us (f32 at 5 blocks: 2676 -> 2832 us, so it keeps 4; 6 blocks for bf16
+// spilled 136 bytes and ran at 1279 against 1265 us).
 __global__ void __launch_bounds__(128, NC == 1 ? 8 : (NC == 4 && DT != kDtF32 ? 5 : 4))
     topk_fwd_lane(const FwdParams P) {
   using TT = Ty<DT>;

@@ -633,11 +633,10 @@ static void run_fwd(const TopkForwardArgs& a) {
   CUCHECK(cudaDeviceSynchronize());
 }
 
-// The library's own lowering of the Args (selfcheck-only access to the internal launch layer).
+// The internal launch layer (selfcheck-only access); CKD::lower_forward is the library's own lowering of the Args.
 namespace CKD = KokkosMoE::Impl::CudaKernels::detail;
-static CKD::FwdParams lower(const TopkForwardArgs& a) { return CKD::lower_forward(a); }
 static void run_fwd_general(const TopkForwardArgs& a) {
-  CKD::FwdParams P = lower(a);
+  CKD::FwdParams P = CKD::lower_forward(a);
   P.force_general = 1;
   cudaError_t e = a.logits_type == DType::F32   ? CKD::fwd_launch_f32(P, 0)
                   : a.logits_type == DType::F16 ? CKD::fwd_launch_f16(P, 0)
@@ -1564,7 +1563,7 @@ static void perf_variants(double bw) {
     const TopkForwardArgs ra = make_fwd(c, x, c.bias ? &bias : nullptr, RoutingOutput::Bytemap, ref);
     const TopkForwardArgs oa = make_fwd(c, x, c.bias ? &bias : nullptr, RoutingOutput::Bytemap, o);
     run_fwd(ra);
-    const CKD::FwdParams P = lower(oa);
+    const CKD::FwdParams P = CKD::lower_forward(oa);
     const double E = sh.E;
     const double bytes = static_cast<double>(c.T) * (2 * E + 2 * E + E + 4 * E);
     struct Var {
