@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 namespace KokkosMoE {
 
@@ -44,6 +45,12 @@ enum class Rule : int {
   PlanInfeasible = 101,      ///< sharding: a planning request that cannot be satisfied
   ShardingRule = 102,        ///< sharding: an input sharding the partition rules reject
   GpuIndexRange = 103,       ///< sharding: a GPU index outside [0, number of GPUs)
+  CommConfigMismatch = 200,  ///< comm: ranks of one group passed different configurations (digest differs)
+  ExpertIdRange = 201,       ///< comm: an expert id >= num_experts or < -1 in topk_idx
+  HandleState = 202,         ///< comm: an EP step called out of order (dispatch before layout, ...)
+  HandleReuse = 203,         ///< comm: one EpHandle used for two layers (a new layout before the backward ran)
+  TransportMismatch = 204,   ///< comm: the communicator's transport cannot serve this execution space
+  CommSize = 205,            ///< comm: ep_size does not match the communicator, or a rank/size out of range
 };
 
 /// \brief The stable, snake_case name of a rule (e.g. "topk_range").
@@ -103,6 +110,18 @@ inline const char* rule_name(Rule r) noexcept {
       return "sharding_rule";
     case Rule::GpuIndexRange:
       return "gpu_index_range";
+    case Rule::CommConfigMismatch:
+      return "comm_config_mismatch";
+    case Rule::ExpertIdRange:
+      return "expert_id_range";
+    case Rule::HandleState:
+      return "handle_state";
+    case Rule::HandleReuse:
+      return "handle_reuse";
+    case Rule::TransportMismatch:
+      return "transport_mismatch";
+    case Rule::CommSize:
+      return "comm_size";
   }
   return "unknown";
 }
@@ -157,10 +176,70 @@ class DeviceError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-/// \brief A failure reported by the communication layer (NCCL, CUDA runtime).
+/// \brief Why a communication step failed (CommError::cause()).
+enum class CommFailure : int {
+  Timeout = 1,      ///< a peer did not answer within the communicator's timeout (stalled or dead peer)
+  PeerFailure = 2,  ///< the transport reported a failed peer or connection
+  Library = 3,      ///< NCCL or MPI returned an error code
+  Device = 4,       ///< the CUDA runtime reported an error on the communication stream
+  Aborted = 5,      ///< the communicator was aborted earlier (by a failure or by abort())
+};
+
+/// \brief "timeout", "peer_failure", "library", "device", "aborted".
+inline const char* to_string(CommFailure c) noexcept {
+  switch (c) {
+    case CommFailure::Timeout:
+      return "timeout";
+    case CommFailure::PeerFailure:
+      return "peer_failure";
+    case CommFailure::Library:
+      return "library";
+    case CommFailure::Device:
+      return "device";
+    case CommFailure::Aborted:
+      return "aborted";
+  }
+  return "unknown";
+}
+
+/// \brief A failure reported by the communication layer (NCCL, MPI, the CUDA runtime on the communication stream).
+///
+/// what() reads `KokkosMoE::<operation>: rank <r> of <n>: <cause>: <detail>`. After a CommError the communicator is
+/// aborted: every later operation on it throws CommError with cause Aborted.
 class CommError : public std::runtime_error {
  public:
-  using std::runtime_error::runtime_error;
+  CommError(std::string operation, int rank, int size, CommFailure cause, const std::string& detail)
+      : std::runtime_error("KokkosMoE::" + operation + ": rank " + std::to_string(rank) + " of " +
+                           std::to_string(size) + ": " + to_string(cause) + ": " + detail),
+        m_operation(std::move(operation)),
+        m_rank(rank),
+        m_cause(cause) {}
+  const std::string& operation() const noexcept { return m_operation; }
+  int rank() const noexcept { return m_rank; }
+  CommFailure cause() const noexcept { return m_cause; }
+
+ private:
+  std::string m_operation;
+  int m_rank;
+  CommFailure m_cause;
+};
+
+/// \brief Expert-parallel receive capacity exceeded without drop_on_overflow (docs/ep.md §5), reported at the next
+/// synchronization after the layout that overflowed.
+class CapacityOverflow : public std::runtime_error {
+ public:
+  CapacityOverflow(std::string operation, std::int64_t demand, std::int64_t capacity)
+      : std::runtime_error("KokkosMoE::" + operation + ": the layout needs " + std::to_string(demand) +
+                           " receive rows but the group holds " + std::to_string(capacity) +
+                           " (max_recv_tokens_per_rank); grow the capacity or set drop_on_overflow"),
+        m_demand(demand),
+        m_capacity(capacity) {}
+  std::int64_t demand() const noexcept { return m_demand; }
+  std::int64_t capacity() const noexcept { return m_capacity; }
+
+ private:
+  std::int64_t m_demand;
+  std::int64_t m_capacity;
 };
 
 }  // namespace KokkosMoE

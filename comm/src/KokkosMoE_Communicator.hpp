@@ -1,0 +1,94 @@
+/*
+ * KokkosMoE: Mixture-of-Experts routing for Kokkos. SPDX-License-Identifier: Apache-2.0
+ */
+#ifndef KOKKOSMOE_COMMUNICATOR_HPP
+#define KOKKOSMOE_COMMUNICATOR_HPP
+
+/// \file KokkosMoE_Communicator.hpp
+/// \brief The communicator of the expert-parallel layer (contract: docs/ep.md §2, §7).
+///
+/// A move-only owner (or borrower) of an NCCL communicator or an MPI communicator, in the spirit of kokkos-comm.
+/// Vendor types never appear here: communicators are made by the factories of KokkosMoE_Communicator_MPI.hpp
+/// (MPI_Comm) and KokkosMoE_Communicator_NCCL.hpp (ncclUniqueId, ncclComm_t, several GPUs of one process).
+/// Every wait on a peer is bounded by the communicator's timeout; a timeout or an asynchronous error aborts the
+/// communicator and throws KokkosMoE::CommError naming the operation, the rank and the cause.
+
+#include <KokkosMoE_Error.hpp>
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+namespace KokkosMoE {
+
+namespace Impl {
+class Transport;
+}
+
+/// \brief The library under a communicator.
+enum class CommTransport : int {
+  Mpi = 1,   ///< host memory, host execution spaces (Serial, OpenMP, Threads)
+  Nccl = 2,  ///< device memory, Kokkos::Cuda, one GPU per rank
+};
+
+/// \brief "mpi", "nccl".
+inline const char* to_string(CommTransport t) noexcept { return t == CommTransport::Mpi ? "mpi" : "nccl"; }
+
+/// \brief Settings of a new communicator.
+struct CommConfig {
+  /// Upper bound in seconds on every wait for a peer: initialization, each exchange, each host wait and the
+  /// destruction. The environment variable KOKKOSMOE_COMM_TIMEOUT (seconds) overrides it when set.
+  double timeout_seconds = 300.0;
+};
+
+/// \brief What a communicator has issued so far (docs/ep.md §12 cases 6 and 7: no stray communication, one stream).
+struct CommStats {
+  std::int64_t calls = 0;       ///< library calls that move data (exchange + alltoall + allgather)
+  std::int64_t exchanges = 0;   ///< grouped send/recv
+  std::int64_t alltoalls = 0;   ///< equal-block all-to-all
+  std::int64_t allgathers = 0;  ///< all-gathers (count exchanges, configuration digests)
+  std::int64_t waits = 0;       ///< host waits with a deadline
+  std::vector<void*> streams;   ///< distinct CUDA streams used (nullptr for host transports)
+};
+
+/// \brief A communicator: rank, size, device, split. Move-only; the transport it wraps lives as long as the
+/// Communicator or any EpGroup made from it, whichever is last.
+class Communicator {
+ public:
+  Communicator() = default;  ///< an empty communicator (valid() is false); every operation on it throws
+  explicit Communicator(std::shared_ptr<Impl::Transport> transport) noexcept : m_transport(std::move(transport)) {}
+  Communicator(Communicator&&) noexcept = default;
+  Communicator& operator=(Communicator&&) noexcept = default;
+  Communicator(const Communicator&) = delete;
+  Communicator& operator=(const Communicator&) = delete;
+  ~Communicator() = default;
+
+  bool valid() const noexcept { return static_cast<bool>(m_transport); }
+  int rank() const;
+  int size() const;
+  /// The CUDA device of this rank (NCCL), -1 for host transports.
+  int device() const;
+  CommTransport transport() const;
+  double timeout_seconds() const;
+
+  /// \brief The ranks with the same \p color, ordered by \p key then by rank: collective over this communicator.
+  /// \throws InvalidArgument (Rule::ConfigValue) for a negative color; CommError on a transport failure
+  Communicator split(int color, int key) const;
+
+  /// \brief Stops all communication on this communicator now (ncclCommAbort on NCCL). Never blocks.
+  void abort() noexcept;
+  bool aborted() const noexcept;
+
+  CommStats stats() const;
+
+  /// Implementation access for the EP layer; not part of the API.
+  const std::shared_ptr<Impl::Transport>& impl_transport() const noexcept { return m_transport; }
+
+ private:
+  Impl::Transport& checked(const char* fn) const;
+  std::shared_ptr<Impl::Transport> m_transport;
+};
+
+}  // namespace KokkosMoE
+
+#endif

@@ -1,0 +1,189 @@
+/*
+ * KokkosMoE: Mixture-of-Experts routing for Kokkos. SPDX-License-Identifier: Apache-2.0
+ */
+#ifndef KOKKOSMOE_EP_HPP
+#define KOKKOSMOE_EP_HPP
+
+/// \file KokkosMoE_EP.hpp
+/// \brief Expert-parallel dispatch and combine, forward and backward (contract: docs/ep.md).
+///
+/// An EpGroup is created once per EP communicator and sized by the maximum shapes; an EpHandle holds one layer's
+/// device-side layout; the per-step free functions take the execution space first, then the handle, then Views:
+///
+///     ep_layout(exec, handle, topk_idx);                              // [T, K] expert ids, -1 = none
+///     ep_dispatch(exec, handle, x, topk_w, recv_x, recv_w);           // [T, H] rows -> [N, H] expert-major rows
+///     ep_combine(exec, handle, mode, out, topk_w, y);                 // [N, H] -> [T, H]
+///     ep_combine_backward(exec, handle, mode, grad_y, topk_w, out, grad_out, grad_w);
+///     ep_dispatch_backward(exec, handle, grad_recv_x, grad_recv_w, grad_x, grad_w);
+///
+/// Host execution spaces run over an MPI communicator, Kokkos::Cuda over an NCCL communicator. Operations enqueue on
+/// the instance and return without fencing, except the layout in eager mode, which waits once (bounded by the
+/// communicator's timeout) to learn the receive size. Nothing allocates per call in capacity mode.
+
+#include <KokkosMoE_Communicator.hpp>
+#include <KokkosMoE_EpConfig.hpp>
+#include <KokkosMoE_Error.hpp>
+
+#include <Kokkos_Core.hpp>
+
+#include <impl/KokkosMoE_EP_Impl.hpp>
+
+#include <memory>
+#include <string>
+
+namespace KokkosMoE {
+
+template <class ExecSpace>
+class EpHandle;
+
+/// \brief The EP group: communicator, configuration, the stages of remote rows. Move-only.
+template <class ExecSpace>
+class EpGroup {
+ public:
+  using execution_space = ExecSpace;
+  using memory_space = typename ExecSpace::memory_space;
+
+  /// \brief Collective over \p comm: checks that every rank passed the same config (a digest compared across ranks;
+  /// a mismatch throws on every rank), then allocates the stages.
+  /// \throws InvalidArgument for a config out of range (Rule::ConfigValue), a transport that cannot serve ExecSpace
+  /// (Rule::TransportMismatch), ep_size != comm.size() (Rule::CommSize), differing configs (CommConfigMismatch);
+  /// CommError when a peer does not answer within the communicator's timeout
+  EpGroup(const ExecSpace& exec, const Communicator& comm, const EpGroupConfig& config)
+      : m_state(Impl::make_group_state<ExecSpace>(exec, comm, config)) {}
+
+  const EpGroupConfig& config() const noexcept { return m_state->config; }
+  int rank() const noexcept { return m_state->shape.me; }
+  int size() const noexcept { return m_state->shape.R; }
+  int num_local_experts() const noexcept { return m_state->shape.L; }
+  bool capacity_mode() const noexcept { return m_state->capacity_mode(); }
+  /// Receive rows of dispatch in capacity mode (the receive Views' first extent); 0 in eager mode.
+  int capacity_rows() const noexcept { return m_state->capacity_mode() ? m_state->recv_rows_fixed : 0; }
+  /// Device bytes one handle allocates (docs/ep.md §6: every buffer sized once).
+  std::size_t handle_bytes() const { return Impl::handle_bytes(*m_state); }
+
+  /// \brief A handle for one layer. Two handles never share memory.
+  EpHandle<ExecSpace> make_handle(const EpHandleOptions& options = {}) const {
+    return EpHandle<ExecSpace>(m_state, options);
+  }
+
+  /// The communicator's counters (docs/ep.md §12 cases 6 and 7).
+  CommStats stats() const;
+
+  std::shared_ptr<Impl::EpGroupState<ExecSpace>> impl_state() const noexcept { return m_state; }
+
+ private:
+  std::shared_ptr<Impl::EpGroupState<ExecSpace>> m_state;
+};
+
+/// \brief One layer's device-side layout (counts, offsets, slot maps). Move-only; made by EpGroup::make_handle.
+template <class ExecSpace>
+class EpHandle {
+ public:
+  using memory_space = typename ExecSpace::memory_space;
+  EpHandle(std::shared_ptr<Impl::EpGroupState<ExecSpace>> group, const EpHandleOptions& options)
+      : m_state(std::make_shared<Impl::EpHandleState<ExecSpace>>(std::move(group), options)) {}
+  EpHandle(EpHandle&&) noexcept = default;
+  EpHandle& operator=(EpHandle&&) noexcept = default;
+  EpHandle(const EpHandle&) = delete;
+  EpHandle& operator=(const EpHandle&) = delete;
+
+  /// Receive rows of the last layout: exact in eager mode (padded to the alignment), the capacity otherwise.
+  int num_recv_rows() const { return m_state->recv_rows; }
+  /// Tokens of the last layout.
+  int num_tokens() const { return m_state->shape.T; }
+  /// [R] tokens this rank sends to each rank (a token counts once per destination rank), on the device.
+  Kokkos::View<const int*, memory_space> tokens_per_rank() const { return m_state->v.tokens_per_rank; }
+  /// [E] this rank's (token, slot) pairs per expert; equals the column sums of the routing map.
+  Kokkos::View<const int*, memory_space> tokens_per_expert() const {
+    return Kokkos::subview(m_state->v.tokens_per_expert, std::make_pair(0, m_state->shape.E));
+  }
+  /// [T * R] 1 iff token t sends to rank r (row-major [T, R]).
+  Kokkos::View<const std::uint8_t*, memory_space> token_in_rank() const {
+    return Kokkos::subview(m_state->v.token_in_rank, std::make_pair(0, m_state->shape.T * m_state->shape.R));
+  }
+  /// [L + 1] receive row offsets of the local experts (expert-major layout).
+  Kokkos::View<const int*, memory_space> expert_offsets() const { return m_state->v.expert_offsets; }
+  /// [L] slots received per local expert before any drop (the demand).
+  Kokkos::View<const int*, memory_space> recv_counts() const { return m_state->v.recv_count; }
+  /// [N] local expert of every receive row, -1 for padding and dropped rows (the valid-slot mask).
+  Kokkos::View<const int*, memory_space> recv_expert() const {
+    return Kokkos::subview(m_state->v.recv_expert, std::make_pair(0, m_state->recv_rows));
+  }
+  /// [R * E] the all-gathered counts: slots from rank i to expert e at i * E + e.
+  Kokkos::View<const int*, memory_space> count_matrix() const { return m_state->v.counts; }
+  /// Pointers of the handle's device memory (tests: two handles never alias).
+  std::vector<const void*> impl_buffers() const { return Impl::handle_buffers(*m_state); }
+
+  std::shared_ptr<Impl::EpHandleState<ExecSpace>> impl_state() const noexcept { return m_state; }
+
+ private:
+  std::shared_ptr<Impl::EpHandleState<ExecSpace>> m_state;
+};
+
+template <class ExecSpace>
+CommStats EpGroup<ExecSpace>::stats() const {
+  return Impl::group_stats(*m_state);
+}
+
+/// \brief Computes the layout of \p topk_idx ([T, K], int16/int32/int64, -1 = no selection, T <= B) into
+/// \p handle: per-rank and per-expert counts, the count exchange, every slot's row (docs/ep.md §3.1).
+///
+/// Eager mode waits once for the count exchange (bounded) and sets handle.num_recv_rows() exactly. Capacity mode
+/// neither waits nor allocates (CUDA-graph capturable).
+/// \throws InvalidArgument naming topk_idx for a wrong extent or layout, an expert id >= E or < -1 (eager: here;
+/// capacity mode: at ep_synchronize), Rule::HandleReuse for a training handle whose backward has not run;
+/// CommError on a communication failure
+template <class ExecSpace, class IdxView>
+void ep_layout(const ExecSpace& exec, EpHandle<ExecSpace>& handle, const IdxView& topk_idx) {
+  Impl::layout(exec, *handle.impl_state(), topk_idx);
+}
+
+/// \brief Sends each token row x[t] ([T, H], float or bf16_t) to the expert of every valid slot; the slot's
+/// weight topk_w[t,k] ([T, K] float) travels with it. recv_x ([>= N, H], x's type) and recv_w ([>= N] float)
+/// receive the rows expert-major, in the fixed slot order (source rank, token, k) within each expert; padding and
+/// dropped rows are zeroed. topk_w may be an empty View (then recv_w is not written and may be empty too).
+/// \throws InvalidArgument naming the View for a wrong extent, layout or type; Rule::HandleState before a layout
+template <class ExecSpace, class XView, class WView, class RecvXView, class RecvWView>
+void ep_dispatch(const ExecSpace& exec, const EpHandle<ExecSpace>& handle, const XView& x, const WView& topk_w,
+                 const RecvXView& recv_x, const RecvWView& recv_w) {
+  Impl::dispatch(exec, *handle.impl_state(), x, topk_w, recv_x, recv_w);
+}
+
+/// \brief y[t] = sum over valid k of c(t,k) * out[slot(t,k)] (FP32 accumulation in k order), c = 1 (Sum) or
+/// topk_w[t,k] (Weighted; topk_w may be empty for Sum). out: [>= N, H] expert outputs in the receive layout.
+template <class ExecSpace, class OutView, class WView, class YView>
+void ep_combine(const ExecSpace& exec, const EpHandle<ExecSpace>& handle, CombineMode mode, const OutView& out,
+                const WView& topk_w, const YView& y) {
+  Impl::combine(exec, *handle.impl_state(), mode, out, topk_w, y);
+}
+
+/// \brief Backward of ep_combine: grad_out[slot(t,k)] = c(t,k) * grad_y[t]; Weighted also gives
+/// grad_w[t,k] = dot(grad_y[t], out[slot(t,k)]) ([T, K] float; 0 for invalid slots). For Sum, topk_w, out and
+/// grad_w may be empty Views. Padding and dropped rows of grad_out are zeroed.
+template <class ExecSpace, class GradYView, class WView, class OutView, class GradOutView, class GradWView>
+void ep_combine_backward(const ExecSpace& exec, const EpHandle<ExecSpace>& handle, CombineMode mode,
+                         const GradYView& grad_y, const WView& topk_w, const OutView& out, const GradOutView& grad_out,
+                         const GradWView& grad_w) {
+  Impl::combine_backward(exec, *handle.impl_state(), mode, grad_y, topk_w, out, grad_out, grad_w);
+}
+
+/// \brief Backward of ep_dispatch: grad_x[t] = sum over valid k of grad_recv_x[slot(t,k)];
+/// grad_w[t,k] = grad_recv_w[slot(t,k)] (0 for invalid slots). grad_recv_w and grad_w may both be empty.
+template <class ExecSpace, class GradRecvXView, class GradRecvWView, class GradXView, class GradWView>
+void ep_dispatch_backward(const ExecSpace& exec, const EpHandle<ExecSpace>& handle, const GradRecvXView& grad_recv_x,
+                          const GradRecvWView& grad_recv_w, const GradXView& grad_x, const GradWView& grad_w) {
+  Impl::dispatch_backward(exec, *handle.impl_state(), grad_recv_x, grad_recv_w, grad_x, grad_w);
+}
+
+/// \brief The natural synchronization of a step (docs/ep.md §5): waits for \p exec (bounded by the timeout),
+/// then reports the last layout's findings.
+/// \throws CapacityOverflow when a layout overflowed without drop_on_overflow; InvalidArgument (Rule::ExpertIdRange)
+/// for invalid ids found in capacity mode; CommError on a communication failure or timeout
+template <class ExecSpace>
+EpStatus ep_synchronize(const ExecSpace& exec, const EpHandle<ExecSpace>& handle) {
+  return Impl::synchronize(exec, *handle.impl_state());
+}
+
+}  // namespace KokkosMoE
+
+#endif

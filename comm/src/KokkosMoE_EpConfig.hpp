@@ -1,0 +1,64 @@
+/*
+ * KokkosMoE: Mixture-of-Experts routing for Kokkos. SPDX-License-Identifier: Apache-2.0
+ */
+#ifndef KOKKOSMOE_EPCONFIG_HPP
+#define KOKKOSMOE_EPCONFIG_HPP
+
+/// \file KokkosMoE_EpConfig.hpp
+/// \brief The value types of the expert-parallel layer: group configuration, layouts, modes, status
+/// (contract: docs/ep.md §2, §4, §5). Plain C++, no Kokkos.
+
+#include <cstdint>
+#include <string>
+
+namespace KokkosMoE {
+
+/// \brief Receive layout of dispatch (docs/ep.md §4).
+enum class RecvLayout : int {
+  ExpertMajor = 0,       ///< one slab per local expert, pad(count, expert_alignment) rows each (grouped GEMM)
+  ExpertMajorFixed = 1,  ///< expert l owns rows [l*R*B, (l+1)*R*B) (decode; never needs exact sizes)
+};
+
+/// \brief How combine weighs the expert outputs of a token's slots (docs/ep.md §3.3).
+enum class CombineMode : int {
+  Sum = 0,       ///< y[t] = sum over valid k of out[slot(t,k)] (the caller already applied the weights)
+  Weighted = 1,  ///< y[t] = sum over valid k of topk_w[t,k] * out[slot(t,k)]
+};
+
+/// \brief The shapes and mode of an EP group. Every rank of the group must pass the same values.
+struct EpGroupConfig {
+  int ep_size = 0;                   ///< R: ranks of the group (= the communicator's size)
+  int num_experts = 0;               ///< E, a multiple of ep_size; expert e lives on rank e / (E / R)
+  int hidden = 0;                    ///< H, elements per token row
+  int top_k = 0;                     ///< K, slots per token
+  int max_tokens_per_rank = 0;       ///< B, the most tokens one rank routes per step
+  int max_recv_tokens_per_rank = 0;  ///< receive capacity in rows (ExpertMajor); 0 selects eager mode
+  int expert_alignment = 1;          ///< A, rows per expert slab are padded to a multiple of it (ExpertMajor)
+  bool drop_on_overflow = false;     ///< capacity mode: drop slots past the capacity instead of failing
+  RecvLayout layout = RecvLayout::ExpertMajor;
+};
+
+/// \brief Options of one layer's handle.
+struct EpHandleOptions {
+  /// Training: the step's backward must run (dispatch backward last) before the handle takes a new layout, so that
+  /// one handle serving two layers is an error instead of a silently wrong gradient. Off for inference.
+  bool training = true;
+  std::string name;  ///< named in error messages (e.g. "layer 3")
+};
+
+/// \brief What the last layouts found, read at a synchronization (docs/ep.md §5).
+struct EpStatus {
+  int recv_demand = 0;    ///< receive rows the last layout needed (padded; fixed layout: the largest expert)
+  int dropped_slots = 0;  ///< slots dropped for capacity (drop_on_overflow)
+};
+
+/// \brief "expert-major", "expert-major-fixed".
+inline const char* to_string(RecvLayout l) noexcept {
+  return l == RecvLayout::ExpertMajor ? "expert-major" : "expert-major-fixed";
+}
+/// \brief "sum", "weighted".
+inline const char* to_string(CombineMode m) noexcept { return m == CombineMode::Sum ? "sum" : "weighted"; }
+
+}  // namespace KokkosMoE
+
+#endif

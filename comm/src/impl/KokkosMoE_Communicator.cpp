@@ -1,0 +1,74 @@
+/*
+ * KokkosMoE: Mixture-of-Experts routing for Kokkos. SPDX-License-Identifier: Apache-2.0
+ */
+#include <KokkosMoE_Communicator.hpp>
+
+#include <impl/KokkosMoE_Transport.hpp>
+
+#include <cerrno>
+#include <cmath>
+#include <cstdlib>
+#include <string>
+
+namespace KokkosMoE {
+namespace Impl {
+
+double resolve_timeout(const char* fn, double configured) {
+  double value = configured;
+  std::string source = "CommConfig::timeout_seconds";
+  if (const char* env = std::getenv("KOKKOSMOE_COMM_TIMEOUT"); env != nullptr && *env != '\0') {
+    char* end = nullptr;
+    errno = 0;
+    value = std::strtod(env, &end);
+    source = "KOKKOSMOE_COMM_TIMEOUT";
+    if (end == env || *end != '\0' || errno == ERANGE)
+      throw InvalidArgument(fn, "KOKKOSMOE_COMM_TIMEOUT", Rule::ConfigValue,
+                            std::string("KOKKOSMOE_COMM_TIMEOUT='") + env + "' is not a number of seconds");
+  }
+  if (!std::isfinite(value) || value <= 0.0 || value > 1e6)
+    throw InvalidArgument(fn, source, Rule::ConfigValue,
+                          source + " (" + std::to_string(value) + ") must be a number of seconds in (0, 1e6]");
+  return value;
+}
+
+}  // namespace Impl
+
+Impl::Transport& Communicator::checked(const char* fn) const {
+  if (!m_transport)
+    throw InvalidArgument(fn, "communicator", Rule::ConfigValue,
+                          "the communicator is empty (default-constructed or moved from)");
+  return *m_transport;
+}
+
+int Communicator::rank() const { return checked("Communicator::rank").rank(); }
+int Communicator::size() const { return checked("Communicator::size").size(); }
+int Communicator::device() const { return checked("Communicator::device").device(); }
+CommTransport Communicator::transport() const { return checked("Communicator::transport").kind(); }
+double Communicator::timeout_seconds() const { return checked("Communicator::timeout_seconds").timeout_seconds(); }
+
+Communicator Communicator::split(int color, int key) const {
+  constexpr const char* fn = "Communicator::split";
+  Impl::Transport& t = checked(fn);
+  if (color < 0)
+    throw InvalidArgument(fn, "color", Rule::ConfigValue, "color (" + std::to_string(color) + ") must be >= 0");
+  return Communicator(t.split(fn, color, key));
+}
+
+void Communicator::abort() noexcept {
+  if (m_transport) m_transport->abort();
+}
+bool Communicator::aborted() const noexcept { return m_transport && m_transport->aborted(); }
+
+CommStats Communicator::stats() const {
+  const Impl::Transport& t = checked("Communicator::stats");
+  CommStats s;
+  s.calls = t.calls;
+  s.exchanges = t.exchanges;
+  s.alltoalls = t.alltoalls;
+  s.allgathers = t.allgathers;
+  s.waits = t.waits;
+  s.streams = t.streams_used;
+  return s;
+}
+
+}  // namespace KokkosMoE

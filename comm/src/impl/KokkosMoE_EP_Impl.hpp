@@ -1,0 +1,784 @@
+/*
+ * KokkosMoE: Mixture-of-Experts routing for Kokkos. SPDX-License-Identifier: Apache-2.0
+ */
+#ifndef KOKKOSMOE_EP_IMPL_HPP
+#define KOKKOSMOE_EP_IMPL_HPP
+
+// Group and handle state, boundary validation and the step drivers of the EP layer (docs/ep.md §3-§6). Each public
+// function validates on the host, then enqueues kernels and transfers on the execution space instance; the stream
+// handed to the transport is the instance's stream, so every EP kernel and library call runs on it.
+
+#include <KokkosMoE_Communicator.hpp>
+#include <KokkosMoE_EpConfig.hpp>
+#include <KokkosMoE_Error.hpp>
+
+#include <Kokkos_Core.hpp>
+#include <kokkos_ext/KokkosMoE_Float16.hpp>
+#include <kokkos_ext/KokkosMoE_KokkosCompat.hpp>
+
+#include <impl/KokkosMoE_EP_Kernels.hpp>
+#include <impl/KokkosMoE_Transport.hpp>
+
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+namespace KokkosMoE {
+namespace Impl {
+
+// ----- execution space facts ---------------------------------------------------------------------------------------
+
+template <class Exec>
+struct ExecTraits {
+  static constexpr CommTransport transport = CommTransport::Mpi;
+  static void* stream(const Exec&) { return nullptr; }
+  static int device(const Exec&) { return -1; }
+};
+#if defined(KOKKOS_ENABLE_CUDA)
+template <>
+struct ExecTraits<Kokkos::Cuda> {
+  static constexpr CommTransport transport = CommTransport::Nccl;
+  static void* stream(const Kokkos::Cuda& e) { return static_cast<void*>(e.cuda_stream()); }
+  static int device(const Kokkos::Cuda& e) { return e.cuda_device(); }
+};
+#endif
+
+template <class T>
+struct is_ep_row_type : std::integral_constant<bool, std::is_same<T, float>::value || std::is_same<T, bf16_t>::value> {
+};
+template <class T>
+struct is_ep_index_type
+    : std::integral_constant<bool, std::is_same<T, std::int16_t>::value || std::is_same<T, std::int32_t>::value ||
+                                       std::is_same<T, std::int64_t>::value> {};
+
+[[noreturn]] inline void ep_fail(const char* fn, const std::string& param, Rule rule, const std::string& msg) {
+  throw InvalidArgument(fn, param, rule, msg);
+}
+
+template <class Exec, class View, int Rank>
+constexpr void ep_static_view() {
+  static_assert(Kokkos::is_view<View>::value, "KokkosMoE EP: arguments must be Kokkos::Views");
+  static_assert(static_cast<int>(View::rank) == Rank, "KokkosMoE EP: a View has the wrong rank (see docs/ep.md §3)");
+  static_assert(Kokkos::SpaceAccessibility<Exec, typename View::memory_space>::accessible,
+                "KokkosMoE EP: a View's memory space is not accessible from the execution space");
+}
+
+/// Row-major contiguous (LayoutRight, or a stride that equals it); empty Views pass.
+template <class View>
+bool is_row_major_contiguous(const View& v) {
+  if (v.size() == 0) return true;
+  if (View::rank == 1) return v.stride(0) == 1 || v.extent(0) == 1;
+  if (v.extent(1) > 1 && v.stride(1) != 1) return false;
+  return v.extent(0) <= 1 || static_cast<std::size_t>(v.stride(0)) == v.extent(1);
+}
+
+template <class View>
+void ep_check_view(const char* fn, const char* name, const View& v, std::int64_t rows, std::int64_t cols,
+                   bool rows_at_least) {
+  const std::int64_t r = static_cast<std::int64_t>(v.extent(0));
+  const bool rows_ok = rows_at_least ? r >= rows : r == rows;
+  const std::int64_t c = View::rank > 1 ? static_cast<std::int64_t>(v.extent(1)) : 1;
+  if (!rows_ok || (View::rank > 1 && c != cols)) {
+    std::string want = std::string(rows_at_least ? ">= " : "") + std::to_string(rows);
+    if (View::rank > 1) want = "[" + want + ", " + std::to_string(cols) + "]";
+    std::string got = std::to_string(r);
+    if (View::rank > 1) got = "[" + got + ", " + std::to_string(c) + "]";
+    ep_fail(fn, name, Rule::ShapeMismatch, std::string(name) + " has extents " + got + ", expected " + want);
+  }
+  if (!is_row_major_contiguous(v))
+    ep_fail(fn, name, Rule::NotContiguous, std::string(name) + " must be contiguous row-major (LayoutRight)");
+}
+
+inline bool aligned16(const void* p) { return (reinterpret_cast<std::uintptr_t>(p) & 15u) == 0; }
+
+// ----- state -------------------------------------------------------------------------------------------------------
+
+template <class Exec>
+struct EpGroupState {
+  using Mem = typename Exec::memory_space;
+  EpGroupConfig config;
+  EpShape shape;  // T = 0 here; the handle's copy carries the step's T
+  std::shared_ptr<Transport> transport;
+  int recv_rows_fixed = 0;          // capacity mode: receive rows of every layout
+  std::size_t stage_row_bytes = 0;  // bytes per stage row: H * 4 rounded up to 16 (FP32 rows fit)
+  Kokkos::View<Chunk16*, Mem> src_stage, dst_stage;
+  Kokkos::View<float*, Mem> src_stage_f, dst_stage_f;
+  std::int64_t src_stage_rows = 0, dst_stage_rows = 0;
+  bool capacity_mode() const {
+    return config.max_recv_tokens_per_rank > 0 || config.layout == RecvLayout::ExpertMajorFixed;
+  }
+
+  void ensure_dst_stage(std::int64_t rows) {
+    if (rows <= dst_stage_rows) return;
+    // Eager mode only: the exact remote receive count is known after the layout's one host wait.
+    const std::int64_t grown = rows + rows / 4;
+    dst_stage = Kokkos::View<Chunk16*, Mem>(Kokkos::view_alloc(Kokkos::WithoutInitializing, "KokkosMoE::ep::dst_stage"),
+                                            static_cast<std::size_t>(grown) * stage_row_bytes / 16);
+    dst_stage_f =
+        Kokkos::View<float*, Mem>(Kokkos::view_alloc(Kokkos::WithoutInitializing, "KokkosMoE::ep::dst_stage_f"), grown);
+    dst_stage_rows = grown;
+  }
+};
+
+template <class Exec>
+struct EpHandleState {
+  using Mem = typename Exec::memory_space;
+  std::shared_ptr<EpGroupState<Exec>> group;
+  EpHandleOptions options;
+  EpLayoutViews<Mem> v;
+  EpShape shape;
+  int recv_rows = 0;   // rows of the receive Views the last layout needs
+  int stage_rows = 0;  // destination-stage rows in use (eager: exact remote receives; capacity: R * block)
+  std::vector<std::int64_t> send_rows, recv_rows_peer, src_off, dst_off;  // eager, per peer, in rows
+  bool laid_out = false, dispatched = false, backward_done = true;
+  std::int64_t recv_expert_rows = 0, stage_map_rows = 0;
+
+  EpHandleState(std::shared_ptr<EpGroupState<Exec>> g, const EpHandleOptions& o) : group(std::move(g)), options(o) {
+    const EpShape& s = group->shape;
+    const EpGroupConfig& c = group->config;
+    const std::int64_t BK = static_cast<std::int64_t>(c.max_tokens_per_rank) * c.top_k;
+    const int nch = (c.max_tokens_per_rank + kLayoutChunk - 1) / kLayoutChunk;
+    auto a = [](const char* n, std::int64_t len) {
+      return Kokkos::View<int*, Mem>(std::string("KokkosMoE::ep::") + n, static_cast<std::size_t>(len));
+    };
+    v.local_pos = a("local_pos", BK);
+    v.chunk_prefix = a("chunk_prefix", static_cast<std::int64_t>(nch) * s.E);
+    v.chunk_tokens = a("chunk_tokens", static_cast<std::int64_t>(nch) * s.R);
+    v.chunk_bad = a("chunk_bad", nch);
+    v.tokens_per_expert = a("tokens_per_expert", s.E + 1);
+    v.tokens_per_rank = a("tokens_per_rank", s.R);
+    v.token_in_rank = Kokkos::View<std::uint8_t*, Mem>("KokkosMoE::ep::token_in_rank",
+                                                       static_cast<std::size_t>(c.max_tokens_per_rank) * s.R);
+    v.counts = a("counts", static_cast<std::int64_t>(s.R) * (s.E + 1));
+    v.dest_base = a("dest_base", s.E);
+    v.dest_limit = a("dest_limit", s.E);
+    v.send_base = a("send_base", s.E);
+    v.send_limit = a("send_limit", s.E);
+    v.expert_offsets = a("expert_offsets", s.L + 1);
+    v.recv_count = a("recv_count", s.L);
+    v.src_base = a("src_base", static_cast<std::int64_t>(s.R) * s.L);
+    v.src_limit = a("src_limit", static_cast<std::int64_t>(s.R) * s.L);
+    v.recv_base = a("recv_base", static_cast<std::int64_t>(s.R) * s.L);
+    v.slot_row = a("slot_row", BK);
+    v.slot_local = Kokkos::View<std::uint8_t*, Mem>("KokkosMoE::ep::slot_local", static_cast<std::size_t>(BK));
+    v.status = a("status", 4);
+    if (group->capacity_mode()) {
+      recv_expert_rows = group->recv_rows_fixed;
+      stage_map_rows = s.R > 1 ? static_cast<std::int64_t>(s.R) * s.block : 0;
+    } else {
+      recv_expert_rows = BK;
+      stage_map_rows = BK;
+    }
+    v.recv_expert = a("recv_expert", recv_expert_rows);
+    v.stage_map = a("stage_map", stage_map_rows);
+  }
+
+  void ensure_eager_rows(std::int64_t recv, std::int64_t stage) {
+    if (recv > recv_expert_rows) {
+      recv_expert_rows = recv + recv / 4;
+      v.recv_expert = Kokkos::View<int*, Mem>("KokkosMoE::ep::recv_expert", static_cast<std::size_t>(recv_expert_rows));
+    }
+    if (stage > stage_map_rows) {
+      stage_map_rows = stage + stage / 4;
+      v.stage_map = Kokkos::View<int*, Mem>("KokkosMoE::ep::stage_map", static_cast<std::size_t>(stage_map_rows));
+    }
+  }
+};
+
+template <class Exec>
+std::size_t handle_bytes(const EpGroupState<Exec>& g) {
+  const EpShape& s = g.shape;
+  const std::size_t B = static_cast<std::size_t>(g.config.max_tokens_per_rank), BK = B * s.K;
+  const std::size_t nch = (B + kLayoutChunk - 1) / kLayoutChunk, R = s.R, E = s.E, L = s.L;
+  const std::size_t recv = g.capacity_mode() ? static_cast<std::size_t>(g.recv_rows_fixed) : BK;
+  const std::size_t stage = g.capacity_mode() ? (R > 1 ? R * static_cast<std::size_t>(s.block) : 0) : BK;
+  const std::size_t ints = BK + nch * E + nch * R + nch + (E + 1) + R + R * (E + 1) + 4 * E + (L + 1) + L + 3 * R * L +
+                           BK + recv + stage + 4;
+  return ints * sizeof(int) + B * R + BK;  // + token_in_rank and slot_local bytes
+}
+
+template <class Exec>
+std::vector<const void*> handle_buffers(const EpHandleState<Exec>& h) {
+  const auto& v = h.v;
+  return {v.local_pos.data(),         v.chunk_prefix.data(),    v.chunk_tokens.data(),  v.chunk_bad.data(),
+          v.tokens_per_expert.data(), v.tokens_per_rank.data(), v.token_in_rank.data(), v.counts.data(),
+          v.dest_base.data(),         v.dest_limit.data(),      v.send_base.data(),     v.send_limit.data(),
+          v.expert_offsets.data(),    v.recv_count.data(),      v.src_base.data(),      v.src_limit.data(),
+          v.recv_base.data(),         v.slot_row.data(),        v.slot_local.data(),    v.recv_expert.data(),
+          v.stage_map.data(),         v.status.data()};
+}
+
+template <class Exec>
+CommStats group_stats(const EpGroupState<Exec>& g) {
+  const Transport& t = *g.transport;
+  CommStats s;
+  s.calls = t.calls;
+  s.exchanges = t.exchanges;
+  s.alltoalls = t.alltoalls;
+  s.allgathers = t.allgathers;
+  s.waits = t.waits;
+  s.streams = t.streams_used;
+  return s;
+}
+
+/// FNV-1a over the configuration fields, in a fixed order.
+inline std::uint64_t config_digest(const EpGroupConfig& c) {
+  const std::int64_t fields[] = {c.ep_size,
+                                 c.num_experts,
+                                 c.hidden,
+                                 c.top_k,
+                                 c.max_tokens_per_rank,
+                                 c.max_recv_tokens_per_rank,
+                                 c.expert_alignment,
+                                 c.drop_on_overflow ? 1 : 0,
+                                 static_cast<std::int64_t>(c.layout)};
+  std::uint64_t h = 1469598103934665603ull;
+  for (std::int64_t f : fields) {
+    for (int b = 0; b < 8; ++b) {
+      h ^= static_cast<std::uint64_t>((f >> (8 * b)) & 0xff);
+      h *= 1099511628211ull;
+    }
+  }
+  return h;
+}
+
+inline void check_group_config(const char* fn, const EpGroupConfig& c, int comm_size) {
+  auto range = [&](const char* name, std::int64_t v, std::int64_t lo, std::int64_t hi) {
+    if (v < lo || v > hi)
+      ep_fail(fn, name, Rule::ConfigValue,
+              std::string(name) + " (" + std::to_string(v) + ") must be in [" + std::to_string(lo) + ", " +
+                  std::to_string(hi) + "]");
+  };
+  constexpr std::int64_t imax = std::numeric_limits<int>::max();
+  range("ep_size", c.ep_size, 1, 1 << 16);
+  if (c.ep_size != comm_size)
+    ep_fail(fn, "ep_size", Rule::CommSize,
+            "ep_size (" + std::to_string(c.ep_size) + ") must equal the communicator's size (" +
+                std::to_string(comm_size) + ")");
+  range("num_experts", c.num_experts, 1, 1 << 20);
+  if (c.num_experts % c.ep_size != 0)
+    ep_fail(fn, "num_experts", Rule::ConfigValue,
+            "num_experts (" + std::to_string(c.num_experts) + ") must be a multiple of ep_size (" +
+                std::to_string(c.ep_size) + ")");
+  range("hidden", c.hidden, 1, 1 << 24);
+  range("top_k", c.top_k, 1, c.num_experts);
+  range("max_tokens_per_rank", c.max_tokens_per_rank, 1, imax / c.top_k);
+  range("max_recv_tokens_per_rank", c.max_recv_tokens_per_rank, 0, imax);
+  range("expert_alignment", c.expert_alignment, 1, 1 << 16);
+  if (c.layout != RecvLayout::ExpertMajor && c.layout != RecvLayout::ExpertMajorFixed)
+    ep_fail(fn, "layout", Rule::ConfigValue, "layout is not a RecvLayout enumerator");
+  if (c.layout == RecvLayout::ExpertMajorFixed) {
+    if (c.max_recv_tokens_per_rank != 0)
+      ep_fail(fn, "max_recv_tokens_per_rank", Rule::ConfigValue,
+              "ExpertMajorFixed sizes itself (num_local_experts * ep_size * max_tokens_per_rank rows): "
+              "max_recv_tokens_per_rank must be 0");
+    const std::int64_t rows = static_cast<std::int64_t>(c.num_experts / c.ep_size) * c.ep_size * c.max_tokens_per_rank;
+    if (rows > imax)
+      ep_fail(fn, "max_tokens_per_rank", Rule::ConfigValue,
+              "ExpertMajorFixed needs " + std::to_string(rows) + " receive rows, more than 2^31 - 1");
+  }
+}
+
+template <class Exec>
+std::shared_ptr<EpGroupState<Exec>> make_group_state(const Exec& exec, const Communicator& comm,
+                                                     const EpGroupConfig& config) {
+  constexpr const char* fn = "EpGroup";
+  using Mem = typename Exec::memory_space;
+  if (!comm.valid()) ep_fail(fn, "comm", Rule::ConfigValue, "the communicator is empty");
+  const std::shared_ptr<Transport>& t = comm.impl_transport();
+  if (t->kind() != ExecTraits<Exec>::transport)
+    ep_fail(fn, "comm", Rule::TransportMismatch,
+            std::string("a ") + to_string(t->kind()) + " communicator cannot serve " + Exec::name() +
+                " (host execution spaces take an MPI communicator, Kokkos::Cuda an NCCL one)");
+  if (t->device() != ExecTraits<Exec>::device(exec))
+    ep_fail(fn, "exec", Rule::TransportMismatch,
+            "the execution space runs on device " + std::to_string(ExecTraits<Exec>::device(exec)) +
+                " but the communicator's rank uses device " + std::to_string(t->device()));
+  check_group_config(fn, config, t->size());
+
+  auto g = std::make_shared<EpGroupState<Exec>>();
+  g->config = config;
+  g->transport = t;
+  EpShape& s = g->shape;
+  s.K = config.top_k;
+  s.E = config.num_experts;
+  s.R = config.ep_size;
+  s.L = s.E / s.R;
+  s.me = t->rank();
+  s.align = config.layout == RecvLayout::ExpertMajor ? config.expert_alignment : 1;
+  s.fixed = config.layout == RecvLayout::ExpertMajorFixed;
+  s.slab = s.fixed ? s.R * config.max_tokens_per_rank : 0;
+  s.capacity = s.fixed ? 0 : config.max_recv_tokens_per_rank;
+  const std::int64_t BK = static_cast<std::int64_t>(config.max_tokens_per_rank) * config.top_k;
+  g->stage_row_bytes = (static_cast<std::size_t>(config.hidden) * 4 + 15) / 16 * 16;
+  if (g->capacity_mode()) {
+    g->recv_rows_fixed = s.fixed ? s.L * s.slab : config.max_recv_tokens_per_rank;
+    s.block = static_cast<int>(BK < g->recv_rows_fixed ? BK : g->recv_rows_fixed);
+    g->src_stage_rows = g->dst_stage_rows = s.R > 1 ? static_cast<std::int64_t>(s.R) * s.block : 0;
+  } else {
+    s.block = 0;
+    g->src_stage_rows = g->dst_stage_rows = s.R > 1 ? BK : 0;
+  }
+
+  // Every rank must have passed the same configuration: compare digests (a mismatch throws on every rank).
+  {
+    Kokkos::View<std::uint64_t*, Mem> mine("KokkosMoE::ep::digest", 1), all("KokkosMoE::ep::digests", s.R);
+    Kokkos::deep_copy(mine, config_digest(config));
+    Kokkos::fence();
+    t->allgather(fn, mine.data(), all.data(), sizeof(std::uint64_t), ExecTraits<Exec>::stream(exec));
+    t->wait(fn, ExecTraits<Exec>::stream(exec));
+    auto host = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), all);
+    std::string differ;
+    for (int r = 0; r < s.R; ++r)
+      if (host(r) != host(0)) differ += (differ.empty() ? "" : ", ") + std::to_string(r);
+    if (!differ.empty())
+      ep_fail(fn, "config", Rule::CommConfigMismatch,
+              "the ranks of the EP group passed different EpGroupConfig values: rank(s) " + differ +
+                  " differ from rank 0 (every rank must pass the same config)");
+  }
+
+  const auto alloc_rows = [&](const char* name, std::int64_t rows) {
+    return Kokkos::View<Chunk16*, Mem>(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string(name)),
+                                       static_cast<std::size_t>(rows) * g->stage_row_bytes / 16);
+  };
+  g->src_stage = alloc_rows("KokkosMoE::ep::src_stage", g->src_stage_rows);
+  g->dst_stage = alloc_rows("KokkosMoE::ep::dst_stage", g->dst_stage_rows);
+  g->src_stage_f = Kokkos::View<float*, Mem>("KokkosMoE::ep::src_stage_f", static_cast<std::size_t>(g->src_stage_rows));
+  g->dst_stage_f = Kokkos::View<float*, Mem>("KokkosMoE::ep::dst_stage_f", static_cast<std::size_t>(g->dst_stage_rows));
+  return g;
+}
+
+// ----- transfers ---------------------------------------------------------------------------------------------------
+
+enum class Direction { Forward, Return };
+
+/// Moves stage rows (row_bytes each, 0 = none) and stage floats between the ranks: Forward from each source stage
+/// to the peers' destination stages, Return back. Host transports need the kernels finished first.
+template <class Exec>
+void transfer(const Exec& exec, const char* fn, EpHandleState<Exec>& h, Direction dir, std::size_t row_bytes,
+              bool floats) {
+  EpGroupState<Exec>& g = *h.group;
+  const EpShape& s = h.shape;
+  if (s.R == 1 || (row_bytes == 0 && !floats)) return;
+  if (ExecTraits<Exec>::transport == CommTransport::Mpi) exec.fence();
+  void* stream = ExecTraits<Exec>::stream(exec);
+  char* src_rows = reinterpret_cast<char*>(g.src_stage.data());
+  char* dst_rows = reinterpret_cast<char*>(g.dst_stage.data());
+  char* src_f = reinterpret_cast<char*>(g.src_stage_f.data());
+  char* dst_f = reinterpret_cast<char*>(g.dst_stage_f.data());
+  const bool fwd = dir == Direction::Forward;
+  if (g.capacity_mode()) {
+    const std::size_t block = static_cast<std::size_t>(s.block);
+    if (row_bytes > 0)
+      g.transport->alltoall(fn, fwd ? src_rows : dst_rows, fwd ? dst_rows : src_rows, block * row_bytes, stream);
+    if (floats) g.transport->alltoall(fn, fwd ? src_f : dst_f, fwd ? dst_f : src_f, block * sizeof(float), stream);
+    return;
+  }
+  std::vector<PeerSegment> segs;
+  for (int p = 0; p < s.R; ++p) {
+    if (p == s.me) continue;
+    // Forward: send my source-stage rows for p, receive p's rows for me into the destination stage.
+    const std::size_t so = static_cast<std::size_t>(h.src_off[p]), sn = static_cast<std::size_t>(h.send_rows[p]);
+    const std::size_t d_o = static_cast<std::size_t>(h.dst_off[p]), dn = static_cast<std::size_t>(h.recv_rows_peer[p]);
+    if (row_bytes > 0) {
+      if (fwd) {
+        segs.push_back({p, src_rows + so * row_bytes, sn * row_bytes, dst_rows + d_o * row_bytes, dn * row_bytes});
+      } else {
+        segs.push_back({p, dst_rows + d_o * row_bytes, dn * row_bytes, src_rows + so * row_bytes, sn * row_bytes});
+      }
+    }
+    if (floats) {
+      const std::size_t f = sizeof(float);
+      if (fwd) {
+        segs.push_back({p, src_f + so * f, sn * f, dst_f + d_o * f, dn * f});
+      } else {
+        segs.push_back({p, dst_f + d_o * f, dn * f, src_f + so * f, sn * f});
+      }
+    }
+  }
+  g.transport->exchange(fn, segs, stream);
+}
+
+// ----- layout ------------------------------------------------------------------------------------------------------
+
+template <class Exec, class IdxView>
+void layout(const Exec& exec, EpHandleState<Exec>& h, const IdxView& idx) {
+  constexpr const char* fn = "ep_layout";
+  ep_static_view<Exec, IdxView, 2>();
+  static_assert(is_ep_index_type<typename IdxView::non_const_value_type>::value,
+                "KokkosMoE::ep_layout: topk_idx must hold int16_t, int32_t or int64_t expert ids");
+  ScopedRegion region("KokkosMoE::ep_layout");
+  EpGroupState<Exec>& g = *h.group;
+  const EpGroupConfig& c = g.config;
+  if (idx.extent(0) > static_cast<std::size_t>(c.max_tokens_per_rank) ||
+      idx.extent(1) != static_cast<std::size_t>(c.top_k))
+    ep_fail(fn, "topk_idx", Rule::ShapeMismatch,
+            "topk_idx has extents [" + std::to_string(idx.extent(0)) + ", " + std::to_string(idx.extent(1)) +
+                "], expected [T <= max_tokens_per_rank = " + std::to_string(c.max_tokens_per_rank) +
+                ", top_k = " + std::to_string(c.top_k) + "]");
+  if (h.options.training && !h.backward_done)
+    ep_fail(fn, "handle", Rule::HandleReuse,
+            "the handle" + (h.options.name.empty() ? std::string() : " '" + h.options.name + "'") +
+                " still holds a training step whose backward has not run (ep_dispatch_backward); use one EpHandle "
+                "per layer, or EpHandleOptions::training = false for inference");
+  h.shape = g.shape;
+  h.shape.T = static_cast<int>(idx.extent(0));
+  const EpShape& s = h.shape;
+  void* stream = ExecTraits<Exec>::stream(exec);
+
+  layout_count(exec, s, idx, h.v);
+  if (ExecTraits<Exec>::transport == CommTransport::Mpi) exec.fence();
+  g.transport->allgather(fn, h.v.tokens_per_expert.data(), h.v.counts.data(), sizeof(int) * (s.E + 1), stream);
+
+  if (!g.capacity_mode()) {
+    // Eager: the one host wait of the step, bounded by the communicator's timeout.
+    g.transport->wait(fn, stream);
+    auto m = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), h.v.counts);
+    auto cnt = [&](int i, int e) { return static_cast<std::int64_t>(m(static_cast<std::size_t>(i) * (s.E + 1) + e)); };
+    std::string bad;
+    for (int i = 0; i < s.R; ++i)
+      if (cnt(i, s.E) > 0)
+        bad += (bad.empty() ? "" : ", ") + std::string("rank ") + std::to_string(i) + " (" +
+               std::to_string(cnt(i, s.E)) + ")";
+    if (!bad.empty())
+      ep_fail(fn, "topk_idx", Rule::ExpertIdRange,
+              "topk_idx holds expert ids outside [-1, num_experts = " + std::to_string(s.E) + ") on " + bad);
+    h.send_rows.assign(s.R, 0);
+    h.recv_rows_peer.assign(s.R, 0);
+    h.src_off.assign(s.R, 0);
+    h.dst_off.assign(s.R, 0);
+    std::int64_t padded = 0, so = 0, d_o = 0;
+    for (int l = 0; l < s.L; ++l) {
+      std::int64_t n = 0;
+      for (int i = 0; i < s.R; ++i) n += cnt(i, s.me * s.L + l);
+      padded += (n + s.align - 1) / s.align * s.align;
+    }
+    for (int p = 0; p < s.R; ++p) {
+      if (p == s.me) continue;
+      for (int l = 0; l < s.L; ++l) {
+        h.send_rows[p] += cnt(s.me, p * s.L + l);
+        h.recv_rows_peer[p] += cnt(p, s.me * s.L + l);
+      }
+      h.src_off[p] = so;
+      h.dst_off[p] = d_o;
+      so += h.send_rows[p];
+      d_o += h.recv_rows_peer[p];
+    }
+    if (padded > std::numeric_limits<int>::max())
+      throw CommError(fn, s.me, s.R, CommFailure::Library,
+                      "the layout needs " + std::to_string(padded) + " receive rows, more than 2^31 - 1");
+    g.ensure_dst_stage(d_o);
+    h.ensure_eager_rows(padded, d_o);
+    h.recv_rows = static_cast<int>(padded);
+    h.stage_rows = static_cast<int>(d_o);
+  } else {
+    h.recv_rows = g.recv_rows_fixed;
+    h.stage_rows = static_cast<int>(g.dst_stage_rows);
+  }
+  layout_offsets(exec, s, h.v);
+  layout_slots(exec, s, idx, h.v, h.recv_rows, h.stage_rows);
+  h.laid_out = true;
+  h.dispatched = false;
+  h.backward_done = !h.options.training;
+}
+
+template <class Exec>
+void require_layout(const char* fn, const EpHandleState<Exec>& h) {
+  if (!h.laid_out) ep_fail(fn, "handle", Rule::HandleState, "the handle has no layout yet: call ep_layout first");
+}
+
+template <class Scalar, class Unit, class Mem>
+Unmanaged2<Unit, Mem> stage_rows_view(const Kokkos::View<Chunk16*, Mem>& stage, std::int64_t rows, int hidden) {
+  const int units = static_cast<int>(static_cast<std::int64_t>(hidden) * sizeof(Scalar) / sizeof(Unit));
+  return Unmanaged2<Unit, Mem>(reinterpret_cast<Unit*>(stage.data()), static_cast<std::size_t>(rows), units);
+}
+
+template <class Unit, class Mem, class View>
+Unmanaged2<std::conditional_t<std::is_const<typename View::value_type>::value, const Unit, Unit>, Mem> rows_view(
+    const View& v, int hidden) {
+  using T = std::conditional_t<std::is_const<typename View::value_type>::value, const Unit, Unit>;
+  using Scalar = typename View::non_const_value_type;
+  const int units = static_cast<int>(static_cast<std::int64_t>(hidden) * sizeof(Scalar) / sizeof(Unit));
+  return Unmanaged2<T, Mem>(reinterpret_cast<T*>(v.data()), v.extent(0), v.extent(0) == 0 ? 0 : units);
+}
+
+template <class Mem, class View>
+Unmanaged2<const float, Mem> floats2(const View& v) {
+  return Unmanaged2<const float, Mem>(v.data(), v.extent(0), v.extent(1));
+}
+template <class Mem, class View>
+Unmanaged2<float, Mem> floats2_out(const View& v) {
+  return Unmanaged2<float, Mem>(v.data(), v.extent(0), v.extent(1));
+}
+template <class Mem, class View>
+Unmanaged1<float, Mem> floats1_out(const View& v) {
+  return Unmanaged1<float, Mem>(v.data(), v.extent(0));
+}
+template <class Mem, class View>
+Unmanaged1<const float, Mem> floats1(const View& v) {
+  return Unmanaged1<const float, Mem>(v.data(), v.extent(0));
+}
+
+/// Calls f.template operator()<Unit>() with Chunk16 when every pointer and the row size are 16-byte aligned.
+template <class Scalar, class F>
+void with_unit(int hidden, std::initializer_list<const void*> ptrs, F&& f) {
+  bool vec = (static_cast<std::size_t>(hidden) * sizeof(Scalar)) % 16 == 0;
+  for (const void* p : ptrs) vec = vec && aligned16(p);
+  if (vec) {
+    f(Chunk16{});
+  } else {
+    f(Scalar{});
+  }
+}
+
+// ----- dispatch ----------------------------------------------------------------------------------------------------
+
+template <class Exec, class XView, class WView, class RecvXView, class RecvWView>
+void dispatch(const Exec& exec, EpHandleState<Exec>& h, const XView& x, const WView& w, const RecvXView& recv_x,
+              const RecvWView& recv_w) {
+  constexpr const char* fn = "ep_dispatch";
+  using Mem = typename Exec::memory_space;
+  using Scalar = typename XView::non_const_value_type;
+  ep_static_view<Exec, XView, 2>();
+  ep_static_view<Exec, WView, 2>();
+  ep_static_view<Exec, RecvXView, 2>();
+  ep_static_view<Exec, RecvWView, 1>();
+  static_assert(is_ep_row_type<Scalar>::value, "KokkosMoE::ep_dispatch: x must hold float or KokkosMoE::bf16_t");
+  static_assert(std::is_same<typename RecvXView::value_type, Scalar>::value,
+                "KokkosMoE::ep_dispatch: recv_x must be non-const with x's element type");
+  static_assert(std::is_same<typename WView::non_const_value_type, float>::value,
+                "KokkosMoE::ep_dispatch: topk_w must hold float");
+  static_assert(std::is_same<typename RecvWView::value_type, float>::value,
+                "KokkosMoE::ep_dispatch: recv_w must be non-const float");
+  ScopedRegion region("KokkosMoE::ep_dispatch");
+  require_layout(fn, h);
+  const EpShape& s = h.shape;
+  const int H = h.group->config.hidden;
+  ep_check_view(fn, "x", x, s.T, H, false);
+  const bool with_w = w.extent(0) > 0 || w.extent(1) > 0;
+  if (with_w) ep_check_view(fn, "topk_w", w, s.T, s.K, false);
+  ep_check_view(fn, "recv_x", recv_x, h.recv_rows, H, true);
+  if (with_w) ep_check_view(fn, "recv_w", recv_w, h.recv_rows, 1, true);
+  EpGroupState<Exec>& g = *h.group;
+  with_unit<Scalar>(H, {x.data(), recv_x.data(), g.src_stage.data(), g.dst_stage.data()}, [&](auto unit) {
+    using Unit = decltype(unit);
+    const auto src_w = with_w ? floats2<Mem>(w) : Unmanaged2<const float, Mem>();
+    const auto rw = with_w ? floats1_out<Mem>(recv_w) : Unmanaged1<float, Mem>();
+    auto rx = rows_view<Unit, Mem>(recv_x, H);
+    pack_forward<Exec, Unit>(exec, s, rows_view<Unit, Mem>(x, H), src_w, h.v, rx, rw,
+                             stage_rows_view<Scalar, Unit>(g.src_stage, g.src_stage_rows, H),
+                             Unmanaged1<float, Mem>(g.src_stage_f.data(), g.src_stage_f.extent(0)),
+                             "KokkosMoE::ep_dispatch::pack");
+    transfer(exec, fn, h, Direction::Forward, static_cast<std::size_t>(H) * sizeof(Scalar), with_w);
+    unpack_forward<Exec, Unit>(exec, s.R > 1 ? h.stage_rows : 0,
+                               stage_rows_view<Scalar, const Unit>(g.dst_stage, g.dst_stage_rows, H),
+                               Unmanaged1<const float, Mem>(g.dst_stage_f.data(), g.dst_stage_f.extent(0)), h.v, rx, rw,
+                               "KokkosMoE::ep_dispatch::unpack");
+    zero_invalid_rows<Exec, Unit>(exec, h.recv_rows, h.v, rx, rw, "KokkosMoE::ep_dispatch::padding");
+  });
+  h.dispatched = true;
+}
+
+// ----- combine -----------------------------------------------------------------------------------------------------
+
+template <class Exec, class OutView, class WView, class YView>
+void combine(const Exec& exec, EpHandleState<Exec>& h, CombineMode mode, const OutView& out, const WView& w,
+             const YView& y) {
+  constexpr const char* fn = "ep_combine";
+  using Mem = typename Exec::memory_space;
+  using Scalar = typename OutView::non_const_value_type;
+  ep_static_view<Exec, OutView, 2>();
+  ep_static_view<Exec, WView, 2>();
+  ep_static_view<Exec, YView, 2>();
+  static_assert(is_ep_row_type<Scalar>::value, "KokkosMoE::ep_combine: out must hold float or KokkosMoE::bf16_t");
+  static_assert(std::is_same<typename YView::value_type, Scalar>::value,
+                "KokkosMoE::ep_combine: y must be non-const with out's element type");
+  static_assert(std::is_same<typename WView::non_const_value_type, float>::value,
+                "KokkosMoE::ep_combine: topk_w must hold float");
+  ScopedRegion region("KokkosMoE::ep_combine");
+  require_layout(fn, h);
+  if (mode != CombineMode::Sum && mode != CombineMode::Weighted)
+    ep_fail(fn, "mode", Rule::ConfigValue, "mode is not a CombineMode enumerator");
+  const EpShape& s = h.shape;
+  const int H = h.group->config.hidden;
+  ep_check_view(fn, "out", out, h.recv_rows, H, true);
+  const bool weighted = mode == CombineMode::Weighted;
+  if (weighted) ep_check_view(fn, "topk_w", w, s.T, s.K, false);
+  ep_check_view(fn, "y", y, s.T, H, false);
+  EpGroupState<Exec>& g = *h.group;
+  with_unit<Scalar>(H, {out.data(), y.data(), g.src_stage.data(), g.dst_stage.data()}, [&](auto unit) {
+    using Unit = decltype(unit);
+    pack_return<Exec, Unit>(exec, s.R > 1 ? h.stage_rows : 0, rows_view<Unit, Mem>(out, H),
+                            Unmanaged1<const float, Mem>(), h.v,
+                            stage_rows_view<Scalar, Unit>(g.dst_stage, g.dst_stage_rows, H), Unmanaged1<float, Mem>(),
+                            "KokkosMoE::ep_combine::pack");
+    transfer(exec, fn, h, Direction::Return, static_cast<std::size_t>(H) * sizeof(Scalar), false);
+    reduce_return<Exec, Scalar, Unit>(
+        exec, s, rows_view<Unit, Mem>(out, H), Unmanaged1<const float, Mem>(),
+        stage_rows_view<Scalar, const Unit>(g.src_stage, g.src_stage_rows, H), Unmanaged1<const float, Mem>(),
+        weighted ? floats2<Mem>(w) : Unmanaged2<const float, Mem>(), h.v, rows_view<Unit, Mem>(y, H),
+        Unmanaged2<float, Mem>(), "KokkosMoE::ep_combine::reduce");
+  });
+}
+
+template <class Exec, class GradYView, class WView, class OutView, class GradOutView, class GradWView>
+void combine_backward(const Exec& exec, EpHandleState<Exec>& h, CombineMode mode, const GradYView& grad_y,
+                      const WView& w, const OutView& out, const GradOutView& grad_out, const GradWView& grad_w) {
+  constexpr const char* fn = "ep_combine_backward";
+  using Mem = typename Exec::memory_space;
+  using Scalar = typename GradYView::non_const_value_type;
+  ep_static_view<Exec, GradYView, 2>();
+  ep_static_view<Exec, WView, 2>();
+  ep_static_view<Exec, OutView, 2>();
+  ep_static_view<Exec, GradOutView, 2>();
+  ep_static_view<Exec, GradWView, 2>();
+  static_assert(is_ep_row_type<Scalar>::value,
+                "KokkosMoE::ep_combine_backward: grad_y must hold float or KokkosMoE::bf16_t");
+  static_assert(std::is_same<typename OutView::non_const_value_type, Scalar>::value,
+                "KokkosMoE::ep_combine_backward: out must have grad_y's element type");
+  static_assert(std::is_same<typename GradOutView::value_type, Scalar>::value,
+                "KokkosMoE::ep_combine_backward: grad_out must be non-const with grad_y's element type");
+  static_assert(std::is_same<typename WView::non_const_value_type, float>::value &&
+                    std::is_same<typename GradWView::value_type, float>::value,
+                "KokkosMoE::ep_combine_backward: topk_w and grad_w must hold float (grad_w non-const)");
+  ScopedRegion region("KokkosMoE::ep_combine_backward");
+  require_layout(fn, h);
+  if (mode != CombineMode::Sum && mode != CombineMode::Weighted)
+    ep_fail(fn, "mode", Rule::ConfigValue, "mode is not a CombineMode enumerator");
+  const EpShape& s = h.shape;
+  const int H = h.group->config.hidden;
+  const bool weighted = mode == CombineMode::Weighted;
+  ep_check_view(fn, "grad_y", grad_y, s.T, H, false);
+  ep_check_view(fn, "grad_out", grad_out, h.recv_rows, H, true);
+  if (weighted) {
+    ep_check_view(fn, "topk_w", w, s.T, s.K, false);
+    ep_check_view(fn, "out", out, h.recv_rows, H, true);
+    ep_check_view(fn, "grad_w", grad_w, s.T, s.K, false);
+  }
+  EpGroupState<Exec>& g = *h.group;
+  with_unit<Scalar>(
+      H, {grad_y.data(), grad_out.data(), out.data(), g.src_stage.data(), g.dst_stage.data()}, [&](auto unit) {
+        using Unit = decltype(unit);
+        auto go = rows_view<Unit, Mem>(grad_out, H);
+        auto src_stage = stage_rows_view<Scalar, Unit>(g.src_stage, g.src_stage_rows, H);
+        auto dst_stage = stage_rows_view<Scalar, Unit>(g.dst_stage, g.dst_stage_rows, H);
+        Unmanaged1<float, Mem> src_f(g.src_stage_f.data(), g.src_stage_f.extent(0));
+        Unmanaged1<float, Mem> dst_f(g.dst_stage_f.data(), g.dst_stage_f.extent(0));
+        const std::size_t row_bytes = static_cast<std::size_t>(H) * sizeof(Scalar);
+        if (!weighted) {
+          pack_forward<Exec, Unit>(exec, s, rows_view<Unit, Mem>(grad_y, H), Unmanaged2<const float, Mem>(), h.v, go,
+                                   Unmanaged1<float, Mem>(), src_stage, Unmanaged1<float, Mem>(),
+                                   "KokkosMoE::ep_combine_backward::pack");
+          transfer(exec, fn, h, Direction::Forward, row_bytes, false);
+          unpack_forward<Exec, Unit>(
+              exec, s.R > 1 ? h.stage_rows : 0,
+              Unmanaged2<const Unit, Mem>(dst_stage.data(), dst_stage.extent(0), dst_stage.extent(1)),
+              Unmanaged1<const float, Mem>(), h.v, go, Unmanaged1<float, Mem>(),
+              "KokkosMoE::ep_combine_backward::unpack");
+        } else {
+          auto o = rows_view<Unit, Mem>(out, H);
+          combine_backward_source<Exec, Scalar, Unit>(exec, s, rows_view<Unit, Mem>(grad_y, H), floats2<Mem>(w), o, h.v,
+                                                      go, floats2_out<Mem>(grad_w), src_stage, src_f);
+          transfer(exec, fn, h, Direction::Forward, row_bytes, true);
+          combine_backward_expert<Exec, Scalar, Unit>(
+              exec, s.R > 1 ? h.stage_rows : 0,
+              Unmanaged2<const Unit, Mem>(dst_stage.data(), dst_stage.extent(0), dst_stage.extent(1)), dst_f, o, h.v,
+              go);
+          transfer(exec, fn, h, Direction::Return, 0, true);
+          combine_backward_scatter<Exec>(exec, s, Unmanaged1<const float, Mem>(src_f.data(), src_f.extent(0)), h.v,
+                                         floats2_out<Mem>(grad_w));
+        }
+        zero_invalid_rows<Exec, Unit>(exec, h.recv_rows, h.v, go, Unmanaged1<float, Mem>(),
+                                      "KokkosMoE::ep_combine_backward::padding");
+      });
+}
+
+// ----- dispatch backward -------------------------------------------------------------------------------------------
+
+template <class Exec, class GradRecvXView, class GradRecvWView, class GradXView, class GradWView>
+void dispatch_backward(const Exec& exec, EpHandleState<Exec>& h, const GradRecvXView& grad_recv_x,
+                       const GradRecvWView& grad_recv_w, const GradXView& grad_x, const GradWView& grad_w) {
+  constexpr const char* fn = "ep_dispatch_backward";
+  using Mem = typename Exec::memory_space;
+  using Scalar = typename GradRecvXView::non_const_value_type;
+  ep_static_view<Exec, GradRecvXView, 2>();
+  ep_static_view<Exec, GradRecvWView, 1>();
+  ep_static_view<Exec, GradXView, 2>();
+  ep_static_view<Exec, GradWView, 2>();
+  static_assert(is_ep_row_type<Scalar>::value,
+                "KokkosMoE::ep_dispatch_backward: grad_recv_x must hold float or KokkosMoE::bf16_t");
+  static_assert(std::is_same<typename GradXView::value_type, Scalar>::value,
+                "KokkosMoE::ep_dispatch_backward: grad_x must be non-const with grad_recv_x's element type");
+  static_assert(std::is_same<typename GradRecvWView::non_const_value_type, float>::value &&
+                    std::is_same<typename GradWView::value_type, float>::value,
+                "KokkosMoE::ep_dispatch_backward: grad_recv_w and grad_w must hold float (grad_w non-const)");
+  ScopedRegion region("KokkosMoE::ep_dispatch_backward");
+  require_layout(fn, h);
+  const EpShape& s = h.shape;
+  const int H = h.group->config.hidden;
+  ep_check_view(fn, "grad_recv_x", grad_recv_x, h.recv_rows, H, true);
+  const bool with_w = grad_w.extent(0) > 0 || grad_w.extent(1) > 0;
+  if (with_w) {
+    ep_check_view(fn, "grad_recv_w", grad_recv_w, h.recv_rows, 1, true);
+    ep_check_view(fn, "grad_w", grad_w, s.T, s.K, false);
+  }
+  ep_check_view(fn, "grad_x", grad_x, s.T, H, false);
+  EpGroupState<Exec>& g = *h.group;
+  with_unit<Scalar>(H, {grad_recv_x.data(), grad_x.data(), g.src_stage.data(), g.dst_stage.data()}, [&](auto unit) {
+    using Unit = decltype(unit);
+    const auto grw = with_w ? floats1<Mem>(grad_recv_w) : Unmanaged1<const float, Mem>();
+    pack_return<Exec, Unit>(exec, s.R > 1 ? h.stage_rows : 0, rows_view<Unit, Mem>(grad_recv_x, H), grw, h.v,
+                            stage_rows_view<Scalar, Unit>(g.dst_stage, g.dst_stage_rows, H),
+                            Unmanaged1<float, Mem>(g.dst_stage_f.data(), g.dst_stage_f.extent(0)),
+                            "KokkosMoE::ep_dispatch_backward::pack");
+    transfer(exec, fn, h, Direction::Return, static_cast<std::size_t>(H) * sizeof(Scalar), with_w);
+    reduce_return<Exec, Scalar, Unit>(exec, s, rows_view<Unit, Mem>(grad_recv_x, H), grw,
+                                      stage_rows_view<Scalar, const Unit>(g.src_stage, g.src_stage_rows, H),
+                                      Unmanaged1<const float, Mem>(g.src_stage_f.data(), g.src_stage_f.extent(0)),
+                                      Unmanaged2<const float, Mem>(), h.v, rows_view<Unit, Mem>(grad_x, H),
+                                      with_w ? floats2_out<Mem>(grad_w) : Unmanaged2<float, Mem>(),
+                                      "KokkosMoE::ep_dispatch_backward::reduce");
+  });
+  h.backward_done = true;
+}
+
+// ----- synchronization ---------------------------------------------------------------------------------------------
+
+template <class Exec>
+EpStatus synchronize(const Exec& exec, const EpHandleState<Exec>& h) {
+  constexpr const char* fn = "ep_synchronize";
+  EpGroupState<Exec>& g = *h.group;
+  g.transport->wait(fn, ExecTraits<Exec>::stream(exec));
+  exec.fence();
+  EpStatus st;
+  if (!h.laid_out) return st;
+  const EpShape& s = h.shape;
+  auto status = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), h.v.status);
+  auto m = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), h.v.counts);
+  std::string bad;
+  for (int i = 0; i < s.R; ++i) {
+    const int n = m(static_cast<std::size_t>(i) * (s.E + 1) + s.E);
+    if (n > 0)
+      bad += (bad.empty() ? "" : ", ") + std::string("rank ") + std::to_string(i) + " (" + std::to_string(n) + ")";
+  }
+  if (!bad.empty())
+    ep_fail("ep_layout", "topk_idx", Rule::ExpertIdRange,
+            "topk_idx held expert ids outside [-1, num_experts = " + std::to_string(s.E) + ") on " + bad +
+                " (found at ep_synchronize; those slots were treated as -1)");
+  st.recv_demand = status(2);
+  st.dropped_slots = status(1);
+  if (st.dropped_slots > 0 && !g.config.drop_on_overflow) {
+    const std::int64_t cap = s.fixed ? s.slab : g.recv_rows_fixed;
+    throw CapacityOverflow("ep_layout", st.recv_demand, cap);
+  }
+  return st;
+}
+
+}  // namespace Impl
+}  // namespace KokkosMoE
+
+#endif

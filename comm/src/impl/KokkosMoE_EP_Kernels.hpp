@@ -1,0 +1,646 @@
+/*
+ * KokkosMoE: Mixture-of-Experts routing for Kokkos. SPDX-License-Identifier: Apache-2.0
+ */
+#ifndef KOKKOSMOE_EP_KERNELS_HPP
+#define KOKKOSMOE_EP_KERNELS_HPP
+
+// The portable kernels of the EP layer (docs/ep.md §3): layout, pack, unpack, return pack and reduce, as Kokkos
+// parallel patterns that run on every backend. Slots are the (token, k) pairs with a valid expert id. Every slot
+// either stays on this rank ("local": the pack writes straight into the receive rows) or goes through the source
+// stage (rows ordered by expert, then source token, then k) to the peer's destination stage, from where the unpack
+// scatters it into the expert-major receive rows. No atomics decide a position, so the layout is deterministic.
+
+#include <Kokkos_Core.hpp>
+#include <kokkos_ext/KokkosMoE_Float16.hpp>
+
+#include <cstdint>
+
+namespace KokkosMoE {
+namespace Impl {
+
+/// 16 bytes: the unit of row copies when rows and buffers are 16-byte aligned (one vector load per lane).
+struct alignas(16) Chunk16 {
+  std::uint32_t v[4];
+};
+
+constexpr int kLayoutChunk = 32;  ///< tokens per layout team: the in-chunk rank is a serial loop of chunk*K steps
+
+template <class T, class Mem>
+using Unmanaged1 = Kokkos::View<T*, Kokkos::LayoutRight, Mem, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
+template <class T, class Mem>
+using Unmanaged2 = Kokkos::View<T**, Kokkos::LayoutRight, Mem, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
+
+/// Device-side metadata of one layer (the EpHandle's memory). Extents are the group's maxima.
+template <class Mem>
+struct EpLayoutViews {
+  Kokkos::View<int*, Mem> local_pos;               // [B*K] rank of the slot among this chunk's slots of its expert
+  Kokkos::View<int*, Mem> chunk_prefix;            // [nchunks*E] exclusive prefix over chunks, per expert
+  Kokkos::View<int*, Mem> chunk_tokens;            // [nchunks*R] tokens of the chunk sending to rank r
+  Kokkos::View<int*, Mem> chunk_bad;               // [nchunks] invalid ids in the chunk
+  Kokkos::View<int*, Mem> tokens_per_expert;       // [E+1] this rank's slots per expert, then its invalid ids (payload)
+  Kokkos::View<int*, Mem> tokens_per_rank;         // [R]
+  Kokkos::View<std::uint8_t*, Mem> token_in_rank;  // [B*R]
+  Kokkos::View<int*, Mem> counts;                  // [R*(E+1)] all-gathered tokens_per_expert: counts(i*(E+1) + e)
+  Kokkos::View<int*, Mem> dest_base;               // [E] receive row on rank e/L of this rank's first slot of expert e
+  Kokkos::View<int*, Mem> dest_limit;              // [E] rows >= this are dropped (capacity)
+  Kokkos::View<int*, Mem> send_base;               // [E] source-stage row of this rank's first slot of expert e
+  Kokkos::View<int*, Mem> send_limit;              // [E] source-stage rows >= this are dropped (capacity: block end)
+  Kokkos::View<int*, Mem> expert_offsets;          // [L+1] receive rows of local expert l: [off(l), off(l) + count(l))
+  Kokkos::View<int*, Mem> recv_count;              // [L] slots received per local expert (demand, before any drop)
+  Kokkos::View<int*, Mem> src_base;                // [R*L] destination-stage row of source i's first slot for expert l
+  Kokkos::View<int*, Mem> src_limit;  // [R*L] end of that segment (clipped to the peer block in capacity mode)
+  Kokkos::View<int*, Mem> recv_base;  // [R*L] receive row of that slot
+  Kokkos::View<int*, Mem> slot_row;   // [B*K] receive row (local) or source-stage row (remote); -1: none
+  Kokkos::View<std::uint8_t*, Mem> slot_local;  // [B*K]
+  Kokkos::View<int*, Mem> recv_expert;          // [N] local expert of each receive row, -1 for padding and drops
+  Kokkos::View<int*, Mem> stage_map;            // [S_dst] receive row of each destination-stage row, -1: none
+  Kokkos::View<int*, Mem> status;               // [4] invalid ids, dropped slots, receive demand (rows), first bad id
+};
+
+/// The shape facts every layout kernel needs, by value.
+struct EpShape {
+  int T = 0, K = 0, E = 0, L = 0, R = 0, me = 0;
+  int align = 1;       // A
+  bool fixed = false;  // ExpertMajorFixed: expert l owns rows [l*slab, (l+1)*slab)
+  int slab = 0;        // fixed: R*B
+  int capacity = 0;    // > 0: receive rows of the padded layout (capacity mode); 0: eager
+  int block = 0;       // capacity mode: rows per peer block of the stages
+  bool eager() const { return capacity == 0 && !fixed; }
+};
+
+KOKKOS_INLINE_FUNCTION int pad_to(int n, int a) { return a <= 1 ? n : (n + a - 1) / a * a; }
+
+/// K1 + K2 of the layout: per-chunk ranks and histograms, then the prefix over chunks (docs/ep.md §3.1).
+template <class Exec, class IdxView>
+void layout_count(const Exec& exec, const EpShape s, const IdxView& idx,
+                  const EpLayoutViews<typename Exec::memory_space>& v) {
+  using Team = typename Kokkos::TeamPolicy<Exec>::member_type;
+  using Scratch = Kokkos::View<int*, typename Exec::scratch_memory_space, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
+  const int nch = (s.T + kLayoutChunk - 1) / kLayoutChunk;
+  auto local_pos = v.local_pos;
+  auto chunk_prefix = v.chunk_prefix;
+  auto chunk_tokens = v.chunk_tokens;
+  auto chunk_bad = v.chunk_bad;
+  auto token_in_rank = v.token_in_rank;
+  if (nch > 0) {
+    const std::size_t shmem = Scratch::shmem_size(s.E) + Scratch::shmem_size(s.R);
+    Kokkos::TeamPolicy<Exec> policy(exec, nch, Kokkos::AUTO);
+    Kokkos::parallel_for(
+        "KokkosMoE::ep_layout::count", policy.set_scratch_size(0, Kokkos::PerTeam(shmem)),
+        KOKKOS_LAMBDA(const Team& m) {
+          const int c = m.league_rank();
+          Scratch cnt(m.team_scratch(0), s.E);
+          Scratch tok(m.team_scratch(0), s.R);
+          Kokkos::parallel_for(Kokkos::TeamThreadRange(m, s.E), [&](int e) { cnt(e) = 0; });
+          Kokkos::parallel_for(Kokkos::TeamThreadRange(m, s.R), [&](int r) { tok(r) = 0; });
+          m.team_barrier();
+          const int t0 = c * kLayoutChunk;
+          const int t1 = t0 + kLayoutChunk < s.T ? t0 + kLayoutChunk : s.T;
+          Kokkos::single(Kokkos::PerTeam(m), [&]() {
+            int bad = 0;
+            for (int t = t0; t < t1; ++t) {
+              for (int k = 0; k < s.K; ++k) {
+                const long long e = static_cast<long long>(idx(t, k));
+                int pos = -1;
+                if (e >= 0 && e < s.E) {
+                  pos = cnt(static_cast<int>(e))++;
+                } else if (e != -1) {
+                  ++bad;
+                }
+                local_pos(static_cast<std::int64_t>(t) * s.K + k) = pos;
+              }
+            }
+            chunk_bad(c) = bad;
+          });
+          Kokkos::parallel_for(Kokkos::TeamThreadRange(m, t1 - t0), [&](int j) {
+            const int t = t0 + j;
+            for (int r = 0; r < s.R; ++r) {
+              bool any = false;
+              for (int k = 0; k < s.K; ++k) {
+                const long long e = static_cast<long long>(idx(t, k));
+                any = any || (e >= 0 && e < s.E && static_cast<int>(e) / s.L == r);
+              }
+              token_in_rank(static_cast<std::int64_t>(t) * s.R + r) = any ? 1 : 0;
+            }
+          });
+          m.team_barrier();
+          Kokkos::single(Kokkos::PerTeam(m), [&]() {
+            for (int j = 0; j < t1 - t0; ++j)
+              for (int r = 0; r < s.R; ++r) tok(r) += token_in_rank(static_cast<std::int64_t>(t0 + j) * s.R + r);
+          });
+          m.team_barrier();
+          Kokkos::parallel_for(Kokkos::TeamThreadRange(m, s.E),
+                               [&](int e) { chunk_prefix(static_cast<std::int64_t>(c) * s.E + e) = cnt(e); });
+          Kokkos::parallel_for(Kokkos::TeamThreadRange(m, s.R),
+                               [&](int r) { chunk_tokens(static_cast<std::int64_t>(c) * s.R + r) = tok(r); });
+        });
+  }
+  // K2: exclusive prefix over chunks per expert (threads e < E) and per-rank token totals (threads E..E+R).
+  auto per_expert = v.tokens_per_expert;
+  auto per_rank = v.tokens_per_rank;
+  auto status = v.status;
+  Kokkos::parallel_for(
+      "KokkosMoE::ep_layout::prefix", Kokkos::RangePolicy<Exec>(exec, 0, s.E + s.R + 1), KOKKOS_LAMBDA(int i) {
+        if (i < s.E) {
+          int run = 0;
+          for (int c = 0; c < nch; ++c) {
+            const std::int64_t at = static_cast<std::int64_t>(c) * s.E + i;
+            const int n = chunk_prefix(at);
+            chunk_prefix(at) = run;
+            run += n;
+          }
+          per_expert(i) = run;
+        } else if (i < s.E + s.R) {
+          const int r = i - s.E;
+          int run = 0;
+          for (int c = 0; c < nch; ++c) run += chunk_tokens(static_cast<std::int64_t>(c) * s.R + r);
+          per_rank(r) = run;
+        } else {
+          int bad = 0;
+          for (int c = 0; c < nch; ++c) bad += chunk_bad(c);
+          status(0) = bad;
+          status(1) = 0;
+          status(3) = 0;
+          per_expert(s.E) = bad;  // travels with the counts: every rank learns of every rank's invalid ids
+        }
+      });
+}
+
+/// K3: offsets from the all-gathered counts (every rank derives every peer's offsets: no second exchange).
+template <class Exec>
+void layout_offsets(const Exec& exec, const EpShape s, const EpLayoutViews<typename Exec::memory_space>& v) {
+  auto counts = v.counts;
+  auto dest_base = v.dest_base, dest_limit = v.dest_limit, send_base = v.send_base, send_limit = v.send_limit;
+  auto expert_offsets = v.expert_offsets, recv_count = v.recv_count;
+  auto src_base = v.src_base, src_limit = v.src_limit, recv_base = v.recv_base, status = v.status;
+  Kokkos::parallel_for(
+      "KokkosMoE::ep_layout::offsets", Kokkos::RangePolicy<Exec>(exec, 0, s.E), KOKKOS_LAMBDA(int e) {
+        const int j = e / s.L, l = e % s.L, E = s.E, L = s.L;
+        auto count = [&](int i, int ee) { return counts(static_cast<std::int64_t>(i) * (E + 1) + ee); };
+        auto expert_total = [&](int ee) {
+          int n = 0;
+          for (int i = 0; i < s.R; ++i) n += count(i, ee);
+          return n;
+        };
+        // Receive rows of expert l on rank j.
+        int off = 0;
+        if (s.fixed) {
+          off = l * s.slab;
+        } else {
+          for (int ll = 0; ll < l; ++ll) off += pad_to(expert_total(j * L + ll), s.align);
+        }
+        int before_me = 0;
+        for (int i = 0; i < s.me; ++i) before_me += count(i, e);
+        dest_base(e) = off + before_me;
+        dest_limit(e) = s.fixed ? off + s.slab : (s.capacity > 0 ? s.capacity : 2147483647);
+        // This rank's source-stage rows for expert e (remote experts only).
+        if (j != s.me) {
+          int sb = 0;
+          if (s.eager()) {
+            for (int ee = 0; ee < e; ++ee)
+              if (ee / L != s.me) sb += count(s.me, ee);
+            send_limit(e) = 2147483647;
+          } else {
+            // Peer j's block; the self block stays empty.
+            sb = j * s.block;
+            for (int ee = j * L; ee < e; ++ee) sb += count(s.me, ee);
+            send_limit(e) = (j + 1) * s.block;
+          }
+          send_base(e) = sb;
+        } else {
+          send_base(e) = 0;
+          send_limit(e) = 0;
+        }
+        if (j == s.me) {
+          const int total = expert_total(e);
+          recv_count(l) = total;
+          expert_offsets(l) = off;
+          if (l == L - 1) {
+            const int end = s.fixed ? L * s.slab : off + pad_to(total, s.align);
+            expert_offsets(L) = end;
+            // Demand: rows the layout needs (padded) before any drop; for the fixed layout the largest expert.
+            int demand = 0;
+            if (s.fixed) {
+              for (int ll = 0; ll < L; ++ll) {
+                const int n = expert_total(s.me * L + ll);
+                demand = n > demand ? n : demand;
+              }
+            } else {
+              demand = end;
+            }
+            status(2) = demand;
+          }
+          // Where each source's slots for this expert sit in the destination stage and in the receive rows.
+          int dst_off = 0;
+          for (int i = 0; i < s.R; ++i) {
+            const std::int64_t at = static_cast<std::int64_t>(i) * L + l;
+            int before = 0;
+            for (int ii = 0; ii < i; ++ii) before += count(ii, e);
+            recv_base(at) = off + before;
+            if (i == s.me) {
+              // Local slots never pass through the stages: an empty segment keeps the bases ordered.
+              const int base = s.eager() ? dst_off : i * s.block;
+              src_base(at) = base;
+              src_limit(at) = base;
+              continue;
+            }
+            int base = s.eager() ? dst_off : i * s.block;
+            for (int ll = 0; ll < l; ++ll) base += count(i, s.me * L + ll);
+            const int end = base + count(i, e);
+            const int block_end = s.eager() ? end : (i + 1) * s.block;
+            src_base(at) = base;
+            src_limit(at) = end < block_end ? end : block_end;
+            for (int ll = 0; ll < L; ++ll) dst_off += count(i, s.me * L + ll);
+          }
+        }
+      });
+}
+
+/// K4: each slot's row, the receive rows' expert ids and the destination-stage map.
+template <class Exec, class IdxView>
+void layout_slots(const Exec& exec, const EpShape s, const IdxView& idx,
+                  const EpLayoutViews<typename Exec::memory_space>& v, int recv_rows, int stage_rows) {
+  auto local_pos = v.local_pos, chunk_prefix = v.chunk_prefix, dest_base = v.dest_base, dest_limit = v.dest_limit;
+  auto send_base = v.send_base, send_limit = v.send_limit, slot_row = v.slot_row;
+  auto slot_local = v.slot_local, recv_expert = v.recv_expert, expert_offsets = v.expert_offsets;
+  auto recv_count = v.recv_count, stage_map = v.stage_map, src_base = v.src_base, src_end = v.src_limit;
+  auto recv_base = v.recv_base, status = v.status;
+  const std::int64_t slots = static_cast<std::int64_t>(s.T) * s.K;
+  std::int64_t n = slots;
+  n = recv_rows > n ? recv_rows : n;
+  n = stage_rows > n ? stage_rows : n;
+  Kokkos::parallel_for(
+      "KokkosMoE::ep_layout::slots", Kokkos::RangePolicy<Exec>(exec, 0, n), KOKKOS_LAMBDA(std::int64_t q) {
+        const int L = s.L;
+        if (q < slots) {
+          const int pos = local_pos(q);
+          int row = -1;
+          std::uint8_t local = 0;
+          if (pos >= 0) {
+            const int e = static_cast<int>(idx(q / s.K, q % s.K));
+            const int c = static_cast<int>(q / s.K) / kLayoutChunk;
+            const int within = chunk_prefix(static_cast<std::int64_t>(c) * s.E + e) + pos;
+            const int dest = dest_base(e) + within;
+            const bool dropped = dest >= dest_limit(e);
+            if (e / L == s.me) {
+              local = 1;
+              row = dropped ? -1 : dest;
+            } else {
+              const int srow = send_base(e) + within;
+              row = (dropped || srow >= send_limit(e)) ? -1 : srow;
+            }
+            if (row < 0) Kokkos::atomic_add(&status(1), 1);
+          }
+          slot_row(q) = row;
+          slot_local(q) = local;
+        }
+        if (q < recv_rows) {
+          int owner = -1;
+          if (q < expert_offsets(L)) {
+            int lo = 0, hi = L;  // expert_offsets(lo) <= q < expert_offsets(hi)
+            while (hi - lo > 1) {
+              const int mid = (lo + hi) / 2;
+              if (expert_offsets(mid) <= q) {
+                lo = mid;
+              } else {
+                hi = mid;
+              }
+            }
+            const int e = s.me * L + lo;
+            const int row_end = expert_offsets(lo) + recv_count(lo);
+            if (q < row_end && q < dest_limit(e)) owner = lo;
+          }
+          recv_expert(q) = owner;
+        }
+        if (q < stage_rows) {
+          // The last (source, expert) segment starting at or before q; segments are ordered by source then expert.
+          const int nseg = s.R * L;
+          int lo = 0, hi = nseg;
+          while (hi - lo > 1) {
+            const int mid = (lo + hi) / 2;
+            if (src_base(mid) <= q) {
+              lo = mid;
+            } else {
+              hi = mid;
+            }
+          }
+          int target = -1;
+          if (src_base(lo) <= q && q < src_end(lo)) {
+            const int l = lo % L;
+            const int row = recv_base(lo) + static_cast<int>(q - src_base(lo));
+            target = row < dest_limit(s.me * L + l) ? row : -1;
+          }
+          stage_map(q) = target;
+        }
+      });
+}
+
+// ----- row movement ------------------------------------------------------------------------------------------
+// Rows move in units: Chunk16 when every row and buffer is 16-byte aligned (one vector load or store per unit),
+// else the element type itself. UnitOps decodes a unit into FP32 lanes for the reductions (FP32 accumulation).
+
+template <class Scalar, class Unit>
+struct UnitOps {
+  static constexpr int n = 1;
+  KOKKOS_INLINE_FUNCTION static void load(const Unit& u, float* f) { f[0] = to_float(u); }
+  KOKKOS_INLINE_FUNCTION static void store(const float* f, Unit& u) { u = from_float<Scalar>(f[0]); }
+};
+template <>
+struct UnitOps<float, Chunk16> {
+  static constexpr int n = 4;
+  KOKKOS_INLINE_FUNCTION static void load(const Chunk16& u, float* f) {
+    for (int i = 0; i < 4; ++i) f[i] = bits_float(u.v[i]);
+  }
+  KOKKOS_INLINE_FUNCTION static void store(const float* f, Chunk16& u) {
+    for (int i = 0; i < 4; ++i) u.v[i] = float_bits(f[i]);
+  }
+};
+template <>
+struct UnitOps<bf16_t, Chunk16> {
+  static constexpr int n = 8;
+  KOKKOS_INLINE_FUNCTION static void load(const Chunk16& u, float* f) {
+    for (int i = 0; i < 8; ++i)
+      f[i] = bf16_bits_to_float(static_cast<std::uint16_t>((u.v[i / 2] >> (16 * (i % 2))) & 0xffffu));
+  }
+  KOKKOS_INLINE_FUNCTION static void store(const float* f, Chunk16& u) {
+    for (int i = 0; i < 4; ++i)
+      u.v[i] = static_cast<std::uint32_t>(float_to_bf16_bits(f[2 * i])) |
+               (static_cast<std::uint32_t>(float_to_bf16_bits(f[2 * i + 1])) << 16);
+  }
+};
+
+/// Rows in units: [rows, units] over caller memory.
+template <class Unit, class Mem>
+struct Rows {
+  Unmanaged2<Unit, Mem> v;
+};
+
+/// Dispatch direction, source side: slot (t, k) copies row t of \p src to its receive row (local) or its
+/// source-stage row (remote); the slot's float (the top-k weight) travels alongside when \p src_f is non-empty.
+template <class Exec, class Unit>
+void pack_forward(const Exec& exec, const EpShape s, const Unmanaged2<const Unit, typename Exec::memory_space>& src,
+                  const Unmanaged2<const float, typename Exec::memory_space>& src_f,
+                  const EpLayoutViews<typename Exec::memory_space>& v,
+                  const Unmanaged2<Unit, typename Exec::memory_space>& local,
+                  const Unmanaged1<float, typename Exec::memory_space>& local_f,
+                  const Unmanaged2<Unit, typename Exec::memory_space>& stage,
+                  const Unmanaged1<float, typename Exec::memory_space>& stage_f, const char* label) {
+  using Team = typename Kokkos::TeamPolicy<Exec>::member_type;
+  const std::int64_t slots = static_cast<std::int64_t>(s.T) * s.K;
+  if (slots == 0) return;
+  const int units = static_cast<int>(src.extent(1));
+  const bool with_f = src_f.extent(0) > 0;
+  auto slot_row = v.slot_row;
+  auto slot_local = v.slot_local;
+  Kokkos::parallel_for(
+      label, Kokkos::TeamPolicy<Exec>(exec, static_cast<int>(slots), Kokkos::AUTO), KOKKOS_LAMBDA(const Team& m) {
+        const std::int64_t q = m.league_rank();
+        const int row = slot_row(q);
+        if (row < 0) return;
+        const int t = static_cast<int>(q / s.K), k = static_cast<int>(q % s.K);
+        const bool is_local = slot_local(q) != 0;
+        if (is_local) {
+          Kokkos::parallel_for(Kokkos::TeamThreadRange(m, units), [&](int u) { local(row, u) = src(t, u); });
+        } else {
+          Kokkos::parallel_for(Kokkos::TeamThreadRange(m, units), [&](int u) { stage(row, u) = src(t, u); });
+        }
+        if (with_f) {
+          Kokkos::single(Kokkos::PerTeam(m), [&]() {
+            if (is_local) {
+              local_f(row) = src_f(t, k);
+            } else {
+              stage_f(row) = src_f(t, k);
+            }
+          });
+        }
+      });
+}
+
+/// Dispatch direction, destination side: destination-stage row q goes to receive row stage_map(q).
+template <class Exec, class Unit>
+void unpack_forward(const Exec& exec, int stage_rows, const Unmanaged2<const Unit, typename Exec::memory_space>& stage,
+                    const Unmanaged1<const float, typename Exec::memory_space>& stage_f,
+                    const EpLayoutViews<typename Exec::memory_space>& v,
+                    const Unmanaged2<Unit, typename Exec::memory_space>& dst,
+                    const Unmanaged1<float, typename Exec::memory_space>& dst_f, const char* label) {
+  using Team = typename Kokkos::TeamPolicy<Exec>::member_type;
+  if (stage_rows == 0) return;
+  const int units = static_cast<int>(dst.extent(1));
+  const bool with_f = dst_f.extent(0) > 0;
+  auto stage_map = v.stage_map;
+  Kokkos::parallel_for(
+      label, Kokkos::TeamPolicy<Exec>(exec, stage_rows, Kokkos::AUTO), KOKKOS_LAMBDA(const Team& m) {
+        const int q = m.league_rank();
+        const int row = stage_map(q);
+        if (row < 0) return;
+        Kokkos::parallel_for(Kokkos::TeamThreadRange(m, units), [&](int u) { dst(row, u) = stage(q, u); });
+        if (with_f) Kokkos::single(Kokkos::PerTeam(m), [&]() { dst_f(row) = stage_f(q); });
+      });
+}
+
+/// Receive rows that hold no slot (alignment padding, dropped slots) are zeroed, rows and floats.
+template <class Exec, class Unit>
+void zero_invalid_rows(const Exec& exec, int recv_rows, const EpLayoutViews<typename Exec::memory_space>& v,
+                       const Unmanaged2<Unit, typename Exec::memory_space>& dst,
+                       const Unmanaged1<float, typename Exec::memory_space>& dst_f, const char* label) {
+  using Team = typename Kokkos::TeamPolicy<Exec>::member_type;
+  if (recv_rows == 0) return;
+  const int units = static_cast<int>(dst.extent(1));
+  const bool with_f = dst_f.extent(0) > 0;
+  auto recv_expert = v.recv_expert;
+  Kokkos::parallel_for(
+      label, Kokkos::TeamPolicy<Exec>(exec, recv_rows, Kokkos::AUTO), KOKKOS_LAMBDA(const Team& m) {
+        const int row = m.league_rank();
+        if (recv_expert(row) >= 0) return;
+        Kokkos::parallel_for(Kokkos::TeamThreadRange(m, units), [&](int u) { dst(row, u) = Unit{}; });
+        if (with_f) Kokkos::single(Kokkos::PerTeam(m), [&]() { dst_f(row) = 0.0f; });
+      });
+}
+
+/// Return direction, destination side: receive row stage_map(q) goes to destination-stage row q.
+template <class Exec, class Unit>
+void pack_return(const Exec& exec, int stage_rows, const Unmanaged2<const Unit, typename Exec::memory_space>& src,
+                 const Unmanaged1<const float, typename Exec::memory_space>& src_f,
+                 const EpLayoutViews<typename Exec::memory_space>& v,
+                 const Unmanaged2<Unit, typename Exec::memory_space>& stage,
+                 const Unmanaged1<float, typename Exec::memory_space>& stage_f, const char* label) {
+  using Team = typename Kokkos::TeamPolicy<Exec>::member_type;
+  if (stage_rows == 0) return;
+  const int units = static_cast<int>(src.extent(1));
+  const bool with_f = src_f.extent(0) > 0;
+  auto stage_map = v.stage_map;
+  Kokkos::parallel_for(
+      label, Kokkos::TeamPolicy<Exec>(exec, stage_rows, Kokkos::AUTO), KOKKOS_LAMBDA(const Team& m) {
+        const int q = m.league_rank();
+        const int row = stage_map(q);
+        if (row < 0) return;
+        Kokkos::parallel_for(Kokkos::TeamThreadRange(m, units), [&](int u) { stage(q, u) = src(row, u); });
+        if (with_f) Kokkos::single(Kokkos::PerTeam(m), [&]() { stage_f(q) = src_f(row); });
+      });
+}
+
+/// Return direction, source side: y[t] = sum over valid k, in k order, of c(t,k) * row(slot(t,k)) in FP32, with
+/// c = coef(t,k) when \p coef is non-empty, else 1; the slot's float lands in out_f(t,k) (0 for invalid slots).
+template <class Exec, class Scalar, class Unit>
+void reduce_return(const Exec& exec, const EpShape s, const Unmanaged2<const Unit, typename Exec::memory_space>& local,
+                   const Unmanaged1<const float, typename Exec::memory_space>& local_f,
+                   const Unmanaged2<const Unit, typename Exec::memory_space>& stage,
+                   const Unmanaged1<const float, typename Exec::memory_space>& stage_f,
+                   const Unmanaged2<const float, typename Exec::memory_space>& coef,
+                   const EpLayoutViews<typename Exec::memory_space>& v,
+                   const Unmanaged2<Unit, typename Exec::memory_space>& y,
+                   const Unmanaged2<float, typename Exec::memory_space>& out_f, const char* label) {
+  using Team = typename Kokkos::TeamPolicy<Exec>::member_type;
+  using Ops = UnitOps<Scalar, Unit>;
+  if (s.T == 0) return;
+  const int units = static_cast<int>(y.extent(1));
+  const bool with_coef = coef.extent(0) > 0;
+  const bool with_rows = units > 0;
+  const bool with_f = out_f.extent(0) > 0;
+  auto slot_row = v.slot_row;
+  auto slot_local = v.slot_local;
+  Kokkos::parallel_for(
+      label, Kokkos::TeamPolicy<Exec>(exec, s.T, Kokkos::AUTO), KOKKOS_LAMBDA(const Team& m) {
+        const int t = m.league_rank();
+        const std::int64_t q0 = static_cast<std::int64_t>(t) * s.K;
+        if (with_rows) {
+          Kokkos::parallel_for(Kokkos::TeamThreadRange(m, units), [&](int u) {
+            float acc[Ops::n];
+            for (int i = 0; i < Ops::n; ++i) acc[i] = 0.0f;
+            for (int k = 0; k < s.K; ++k) {
+              const int row = slot_row(q0 + k);
+              if (row < 0) continue;
+              const float c = with_coef ? coef(t, k) : 1.0f;
+              float val[Ops::n];
+              Ops::load(slot_local(q0 + k) ? local(row, u) : stage(row, u), val);
+              for (int i = 0; i < Ops::n; ++i) acc[i] += c * val[i];
+            }
+            Ops::store(acc, y(t, u));
+          });
+        }
+        if (with_f) {
+          Kokkos::parallel_for(Kokkos::TeamThreadRange(m, s.K), [&](int k) {
+            const int row = slot_row(q0 + k);
+            out_f(t, k) = row < 0 ? 0.0f : (slot_local(q0 + k) ? local_f(row) : stage_f(row));
+          });
+        }
+      });
+}
+
+/// FP32 dot product of two rows in units, in a fixed order (team reduction over units).
+template <class Scalar, class Unit, class Member, class A, class B>
+KOKKOS_INLINE_FUNCTION float row_dot(const Member& m, int units, const A& a, int ra, const B& b, int rb) {
+  using Ops = UnitOps<Scalar, Unit>;
+  float sum = 0.0f;
+  Kokkos::parallel_reduce(
+      Kokkos::TeamThreadRange(m, units),
+      [&](int u, float& part) {
+        float x[Ops::n], z[Ops::n];
+        Ops::load(a(ra, u), x);
+        Ops::load(b(rb, u), z);
+        for (int i = 0; i < Ops::n; ++i) part += x[i] * z[i];
+      },
+      sum);
+  return sum;
+}
+
+/// Combine backward, Weighted, source side: local slots get grad_out = w * grad_y[t] and
+/// grad_w = dot(grad_y[t], out[row]) here; remote slots send grad_y[t] with w (the expert side finishes them).
+template <class Exec, class Scalar, class Unit>
+void combine_backward_source(const Exec& exec, const EpShape s,
+                             const Unmanaged2<const Unit, typename Exec::memory_space>& grad_y,
+                             const Unmanaged2<const float, typename Exec::memory_space>& w,
+                             const Unmanaged2<const Unit, typename Exec::memory_space>& out,
+                             const EpLayoutViews<typename Exec::memory_space>& v,
+                             const Unmanaged2<Unit, typename Exec::memory_space>& grad_out,
+                             const Unmanaged2<float, typename Exec::memory_space>& grad_w,
+                             const Unmanaged2<Unit, typename Exec::memory_space>& stage,
+                             const Unmanaged1<float, typename Exec::memory_space>& stage_f) {
+  using Team = typename Kokkos::TeamPolicy<Exec>::member_type;
+  using Ops = UnitOps<Scalar, Unit>;
+  const std::int64_t slots = static_cast<std::int64_t>(s.T) * s.K;
+  if (slots == 0) return;
+  const int units = static_cast<int>(grad_y.extent(1));
+  auto slot_row = v.slot_row;
+  auto slot_local = v.slot_local;
+  Kokkos::parallel_for(
+      "KokkosMoE::ep_combine_backward::source", Kokkos::TeamPolicy<Exec>(exec, static_cast<int>(slots), Kokkos::AUTO),
+      KOKKOS_LAMBDA(const Team& m) {
+        const std::int64_t q = m.league_rank();
+        const int t = static_cast<int>(q / s.K), k = static_cast<int>(q % s.K);
+        const int row = slot_row(q);
+        if (row < 0) {
+          Kokkos::single(Kokkos::PerTeam(m), [&]() { grad_w(t, k) = 0.0f; });
+          return;
+        }
+        const float c = w(t, k);
+        if (slot_local(q)) {
+          Kokkos::parallel_for(Kokkos::TeamThreadRange(m, units), [&](int u) {
+            float g[Ops::n];
+            Ops::load(grad_y(t, u), g);
+            for (int i = 0; i < Ops::n; ++i) g[i] *= c;
+            Ops::store(g, grad_out(row, u));
+          });
+          const float d = row_dot<Scalar, Unit>(m, units, grad_y, t, out, row);
+          Kokkos::single(Kokkos::PerTeam(m), [&]() { grad_w(t, k) = d; });
+        } else {
+          Kokkos::parallel_for(Kokkos::TeamThreadRange(m, units), [&](int u) { stage(row, u) = grad_y(t, u); });
+          Kokkos::single(Kokkos::PerTeam(m), [&]() { stage_f(row) = c; });
+        }
+      });
+}
+
+/// Combine backward, Weighted, expert side: destination-stage row q holds grad_y of a remote slot and its weight:
+/// grad_out = w * g, and the slot's dot(g, out) replaces the weight in the float stage for the way back.
+template <class Exec, class Scalar, class Unit>
+void combine_backward_expert(const Exec& exec, int stage_rows,
+                             const Unmanaged2<const Unit, typename Exec::memory_space>& stage,
+                             const Unmanaged1<float, typename Exec::memory_space>& stage_f,
+                             const Unmanaged2<const Unit, typename Exec::memory_space>& out,
+                             const EpLayoutViews<typename Exec::memory_space>& v,
+                             const Unmanaged2<Unit, typename Exec::memory_space>& grad_out) {
+  using Team = typename Kokkos::TeamPolicy<Exec>::member_type;
+  using Ops = UnitOps<Scalar, Unit>;
+  if (stage_rows == 0) return;
+  const int units = static_cast<int>(out.extent(1));
+  auto stage_map = v.stage_map;
+  Kokkos::parallel_for(
+      "KokkosMoE::ep_combine_backward::expert", Kokkos::TeamPolicy<Exec>(exec, stage_rows, Kokkos::AUTO),
+      KOKKOS_LAMBDA(const Team& m) {
+        const int q = m.league_rank();
+        const int row = stage_map(q);
+        if (row < 0) return;
+        const float c = stage_f(q);
+        Kokkos::parallel_for(Kokkos::TeamThreadRange(m, units), [&](int u) {
+          float g[Ops::n];
+          Ops::load(stage(q, u), g);
+          for (int i = 0; i < Ops::n; ++i) g[i] *= c;
+          Ops::store(g, grad_out(row, u));
+        });
+        const float d = row_dot<Scalar, Unit>(m, units, stage, q, out, row);
+        Kokkos::single(Kokkos::PerTeam(m), [&]() { stage_f(q) = d; });
+      });
+}
+
+/// Combine backward, Weighted, source side after the floats came back: remote slots' weight gradients.
+template <class Exec>
+void combine_backward_scatter(const Exec& exec, const EpShape s,
+                              const Unmanaged1<const float, typename Exec::memory_space>& stage_f,
+                              const EpLayoutViews<typename Exec::memory_space>& v,
+                              const Unmanaged2<float, typename Exec::memory_space>& grad_w) {
+  const std::int64_t slots = static_cast<std::int64_t>(s.T) * s.K;
+  if (slots == 0) return;
+  auto slot_row = v.slot_row;
+  auto slot_local = v.slot_local;
+  Kokkos::parallel_for(
+      "KokkosMoE::ep_combine_backward::scatter", Kokkos::RangePolicy<Exec>(exec, 0, slots),
+      KOKKOS_LAMBDA(std::int64_t q) {
+        const int row = slot_row(q);
+        if (row >= 0 && !slot_local(q)) grad_w(q / s.K, q % s.K) = stage_f(row);
+      });
+}
+
+}  // namespace Impl
+}  // namespace KokkosMoE
+
+#endif

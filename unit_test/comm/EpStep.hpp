@@ -1,0 +1,243 @@
+/*
+ * KokkosMoE: Mixture-of-Experts routing for Kokkos. SPDX-License-Identifier: Apache-2.0
+ */
+#ifndef KOKKOSMOE_TEST_EPSTEP_HPP
+#define KOKKOSMOE_TEST_EPSTEP_HPP
+
+// One MoE layer step through the library (layout, dispatch, test expert, combine, combine backward, expert
+// backward, dispatch backward) and its expected values from the oracle of EpOracle.hpp.
+
+#include <KokkosMoE_EP.hpp>
+
+#include <Kokkos_Core.hpp>
+
+#include <EpOracle.hpp>
+#include <EpTestEnv.hpp>
+
+#include <cstdint>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+namespace KokkosMoE::Test {
+
+/// Upstream gradient of combine's output on rank `rank`, token t, element h.
+inline float upstream_grad(int rank, int t, int h, bool bf16) {
+  const float g = 0.03125f * static_cast<float>((t * 7 + h * 3 + rank * 5) % 17) - 0.25f;
+  return bf16 ? round_bf16(g) : g;
+}
+/// The slope of expert_fn (its derivative) for expert e.
+inline float expert_slope(int e) { return 1.0f + static_cast<float>(e % 5) * 0.125f; }
+/// The upstream gradient the test gives dispatch's recv_w.
+inline float recv_w_grad(float w, int l) { return 0.5f * w + 0.125f * static_cast<float>(l); }
+
+template <class Scalar>
+inline float to_row(float v) {
+  return std::is_same<Scalar, bf16_t>::value ? round_bf16(v) : v;
+}
+
+struct StepOutputs {
+  int recv_rows = 0;
+  std::vector<float> recv_x, recv_w, out, y, grad_out, grad_w_combine, grad_x, grad_w_dispatch;
+  std::vector<int> recv_expert, tokens_per_expert, tokens_per_rank, counts, offsets;
+  std::vector<std::uint8_t> token_in_rank;
+  EpStatus status;
+};
+
+template <class View>
+std::vector<float> to_host_floats(const View& v) {
+  auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), v);
+  std::vector<float> out(h.size());
+  const auto* p = h.data();
+  for (std::size_t i = 0; i < h.size(); ++i) out[i] = static_cast<float>(p[i]);
+  return out;
+}
+template <class T, class View>
+std::vector<T> to_host(const View& v) {
+  auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), v);
+  return std::vector<T>(h.data(), h.data() + h.size());
+}
+
+template <class Exec, class Scalar>
+struct StepViews {
+  using Mem = typename Exec::memory_space;
+  Kokkos::View<int**, Kokkos::LayoutRight, Mem> idx;
+  Kokkos::View<float**, Kokkos::LayoutRight, Mem> w;
+  Kokkos::View<Scalar**, Kokkos::LayoutRight, Mem> x;
+  StepViews(const EpGroupConfig& c, const RankInputs& in)
+      : idx("idx", in.T, c.top_k), w("w", in.T, c.top_k), x("x", in.T, c.hidden) {
+    auto hi = Kokkos::create_mirror_view(idx);
+    auto hw = Kokkos::create_mirror_view(w);
+    auto hx = Kokkos::create_mirror_view(x);
+    for (int t = 0; t < in.T; ++t) {
+      for (int k = 0; k < c.top_k; ++k) {
+        hi(t, k) = in.idx[static_cast<std::size_t>(t) * c.top_k + k];
+        hw(t, k) = in.w[static_cast<std::size_t>(t) * c.top_k + k];
+      }
+      for (int h = 0; h < c.hidden; ++h) hx(t, h) = Scalar(in.x[static_cast<std::size_t>(t) * c.hidden + h]);
+    }
+    Kokkos::deep_copy(idx, hi);
+    Kokkos::deep_copy(w, hw);
+    Kokkos::deep_copy(x, hx);
+  }
+};
+
+/// The whole step on this rank; `me` and `L` locate the global expert ids of the received rows.
+template <class Exec, class Scalar>
+StepOutputs run_step(const Exec& exec, EpGroup<Exec>& group, EpHandle<Exec>& handle, const RankInputs& in,
+                     CombineMode mode) {
+  using Mem = typename Exec::memory_space;
+  const EpGroupConfig& c = group.config();
+  const int H = c.hidden, K = c.top_k, T = in.T, me = group.rank(), L = group.num_local_experts();
+  constexpr bool is_bf16 = std::is_same<Scalar, bf16_t>::value;
+  StepViews<Exec, Scalar> sv(c, in);
+  ep_layout(exec, handle, sv.idx);
+  const int N = handle.num_recv_rows();
+  Kokkos::View<Scalar**, Kokkos::LayoutRight, Mem> recv_x("recv_x", N, H), out("out", N, H), grad_out("grad_out", N, H),
+      grad_recv_x("grad_recv_x", N, H);
+  Kokkos::View<float*, Mem> recv_w("recv_w", N), grad_recv_w("grad_recv_w", N);
+  ep_dispatch(exec, handle, sv.x, sv.w, recv_x, recv_w);
+  auto recv_expert = handle.recv_expert();
+  Kokkos::parallel_for(
+      "test_expert", Kokkos::RangePolicy<Exec>(exec, 0, static_cast<std::int64_t>(N) * H),
+      KOKKOS_LAMBDA(std::int64_t i) {
+        const int r = static_cast<int>(i / H), h = static_cast<int>(i % H);
+        const int l = recv_expert(r);
+        if (l < 0) {
+          out(r, h) = Scalar(0.0f);
+          return;
+        }
+        const int e = me * L + l;
+        float v = static_cast<float>(recv_x(r, h)) * (1.0f + static_cast<float>(e % 5) * 0.125f) +
+                  static_cast<float>(e % 3) * 0.0625f;
+        out(r, h) = Scalar(v);
+      });
+  Kokkos::View<Scalar**, Kokkos::LayoutRight, Mem> y("y", T, H), grad_y("grad_y", T, H), grad_x("grad_x", T, H);
+  Kokkos::View<float**, Kokkos::LayoutRight, Mem> grad_wc("grad_wc", T, K), grad_wd("grad_wd", T, K);
+  ep_combine(exec, handle, mode, out, sv.w, y);
+  {
+    auto hg = Kokkos::create_mirror_view(grad_y);
+    for (int t = 0; t < T; ++t)
+      for (int h = 0; h < H; ++h) hg(t, h) = Scalar(upstream_grad(me, t, h, is_bf16));
+    Kokkos::deep_copy(grad_y, hg);
+  }
+  ep_combine_backward(exec, handle, mode, grad_y, sv.w, out, grad_out, grad_wc);
+  Kokkos::parallel_for(
+      "test_expert_backward", Kokkos::RangePolicy<Exec>(exec, 0, static_cast<std::int64_t>(N) * H),
+      KOKKOS_LAMBDA(std::int64_t i) {
+        const int r = static_cast<int>(i / H), h = static_cast<int>(i % H);
+        const int l = recv_expert(r);
+        const int e = me * L + (l < 0 ? 0 : l);
+        grad_recv_x(r, h) = Scalar(l < 0 ? 0.0f : static_cast<float>(grad_out(r, h)) * (1.0f + (e % 5) * 0.125f));
+        if (h == 0) grad_recv_w(r) = l < 0 ? 0.0f : 0.5f * recv_w(r) + 0.125f * static_cast<float>(l);
+      });
+  ep_dispatch_backward(exec, handle, grad_recv_x, grad_recv_w, grad_x, grad_wd);
+  StepOutputs o;
+  o.status = ep_synchronize(exec, handle);
+  o.recv_rows = N;
+  o.recv_x = to_host_floats(recv_x);
+  o.recv_w = to_host_floats(recv_w);
+  o.out = to_host_floats(out);
+  o.y = to_host_floats(y);
+  o.grad_out = to_host_floats(grad_out);
+  o.grad_w_combine = to_host_floats(grad_wc);
+  o.grad_x = to_host_floats(grad_x);
+  o.grad_w_dispatch = to_host_floats(grad_wd);
+  o.recv_expert = to_host<int>(recv_expert);
+  o.tokens_per_expert = to_host<int>(handle.tokens_per_expert());
+  o.tokens_per_rank = to_host<int>(handle.tokens_per_rank());
+  o.counts = to_host<int>(handle.count_matrix());
+  o.offsets = to_host<int>(handle.expert_offsets());
+  o.token_in_rank = to_host<std::uint8_t>(handle.token_in_rank());
+  return o;
+}
+
+/// The oracle's values for rank `me` of the same step.
+inline StepOutputs expected_step(const EpGroupConfig& c, const std::vector<RankInputs>& in, int me, CombineMode mode,
+                                 bool bf16) {
+  const OracleLayout o = oracle_layout(c, in);
+  const int H = c.hidden, K = c.top_k, L = o.L;
+  auto row = [&](float v) { return bf16 ? round_bf16(v) : v; };
+  StepOutputs e;
+  e.recv_rows = o.recv_rows[me];
+  const int N = e.recv_rows;
+  e.recv_expert = o.recv_expert[me];
+  e.recv_x.assign(static_cast<std::size_t>(N) * H, 0.0f);
+  e.recv_w.assign(N, 0.0f);
+  e.out.assign(static_cast<std::size_t>(N) * H, 0.0f);
+  e.grad_out.assign(static_cast<std::size_t>(N) * H, 0.0f);
+  for (int r = 0; r < N; ++r) {
+    const int l = o.recv_expert[me][r];
+    if (l < 0) continue;
+    const int i = o.row_src_rank[me][r], t = o.row_src_token[me][r], k = o.row_src_k[me][r];
+    const float wv = in[i].w[static_cast<std::size_t>(t) * K + k];
+    const float cf = mode == CombineMode::Weighted ? wv : 1.0f;
+    e.recv_w[r] = wv;
+    for (int h = 0; h < H; ++h) {
+      const float xv = in[i].x[static_cast<std::size_t>(t) * H + h];
+      e.recv_x[static_cast<std::size_t>(r) * H + h] = xv;
+      e.out[static_cast<std::size_t>(r) * H + h] = expert_fn(xv, me * L + l, bf16);
+      e.grad_out[static_cast<std::size_t>(r) * H + h] = row(cf * upstream_grad(i, t, h, bf16));
+    }
+  }
+  const RankInputs& mine = in[me];
+  const int T = mine.T;
+  e.y.assign(static_cast<std::size_t>(T) * H, 0.0f);
+  e.grad_x.assign(static_cast<std::size_t>(T) * H, 0.0f);
+  e.grad_w_combine.assign(static_cast<std::size_t>(T) * K, 0.0f);
+  e.grad_w_dispatch.assign(static_cast<std::size_t>(T) * K, 0.0f);
+  for (int t = 0; t < T; ++t) {
+    for (int h = 0; h < H; ++h) {
+      float acc = 0.0f, gacc = 0.0f;
+      for (int k = 0; k < K; ++k) {
+        const std::size_t q = static_cast<std::size_t>(t) * K + k;
+        if (o.slot_row[me][q] < 0) continue;
+        const int ex = mine.idx[q];
+        const float cf = mode == CombineMode::Weighted ? mine.w[q] : 1.0f;
+        const float ov = expert_fn(mine.x[static_cast<std::size_t>(t) * H + h], ex, bf16);
+        acc += cf * ov;
+        const float go = row(cf * upstream_grad(me, t, h, bf16));
+        gacc += row(go * expert_slope(ex));
+      }
+      e.y[static_cast<std::size_t>(t) * H + h] = row(acc);
+      e.grad_x[static_cast<std::size_t>(t) * H + h] = row(gacc);
+    }
+    for (int k = 0; k < K; ++k) {
+      const std::size_t q = static_cast<std::size_t>(t) * K + k;
+      if (o.slot_row[me][q] < 0) continue;
+      const int ex = mine.idx[q];
+      if (mode == CombineMode::Weighted) {
+        float d = 0.0f;
+        for (int h = 0; h < H; ++h)
+          d += upstream_grad(me, t, h, bf16) * expert_fn(mine.x[static_cast<std::size_t>(t) * H + h], ex, bf16);
+        e.grad_w_combine[q] = d;
+      }
+      e.grad_w_dispatch[q] = recv_w_grad(mine.w[q], ex % L);
+    }
+  }
+  // Layout outputs of this rank.
+  const int R = c.ep_size, E = c.num_experts;
+  e.tokens_per_expert.assign(E, 0);
+  e.tokens_per_rank.assign(R, 0);
+  e.token_in_rank.assign(static_cast<std::size_t>(T) * R, 0);
+  for (int t = 0; t < T; ++t)
+    for (int k = 0; k < K; ++k) {
+      const int ex = mine.idx[static_cast<std::size_t>(t) * K + k];
+      if (ex < 0) continue;
+      ++e.tokens_per_expert[ex];
+      e.token_in_rank[static_cast<std::size_t>(t) * R + ex / L] = 1;
+    }
+  for (int t = 0; t < T; ++t)
+    for (int r = 0; r < R; ++r) e.tokens_per_rank[r] += e.token_in_rank[static_cast<std::size_t>(t) * R + r];
+  e.counts.assign(static_cast<std::size_t>(R) * (E + 1), 0);
+  for (int i = 0; i < R; ++i)
+    for (int ex : in[i].idx)
+      if (ex >= 0) ++e.counts[static_cast<std::size_t>(i) * (E + 1) + ex];
+  e.status.recv_demand = o.demand[me];
+  e.status.dropped_slots = o.dropped[me];
+  return e;
+}
+
+}  // namespace KokkosMoE::Test
+
+#endif

@@ -1,0 +1,122 @@
+/*
+ * KokkosMoE: Mixture-of-Experts routing for Kokkos. SPDX-License-Identifier: Apache-2.0
+ */
+#ifndef KOKKOSMOE_TEST_EPTESTENV_HPP
+#define KOKKOSMOE_TEST_EPTESTENV_HPP
+
+// The EP tests' world: MPI is initialized by the test main (utf_main_mpi.cpp); host device types run over an MPI
+// communicator of MPI_COMM_WORLD, Kokkos::Cuda over an NCCL communicator bootstrapped through it. The mesh is
+// KOKKOSMOE_TEST_EP_MESH=DPxEP, by default DP2 x EP2 on 4 ranks and DP1 x EP(world) otherwise (docs/ep.md §12).
+
+#include <KokkosMoE_Communicator.hpp>
+#include <KokkosMoE_Communicator_MPI.hpp>
+#if defined(KOKKOSMOE_HAVE_NCCL)
+#include <KokkosMoE_Communicator_NCCL.hpp>
+#endif
+
+#include <Kokkos_Core.hpp>
+
+#include <mpi.h>
+
+#include <cstdlib>
+#include <memory>
+#include <stdexcept>
+#include <string>
+
+namespace KokkosMoE::Test {
+
+struct Mesh {
+  int dp = 1, ep = 1;
+};
+
+inline Mesh test_mesh(int world) {
+  Mesh m;
+  if (const char* env = std::getenv("KOKKOSMOE_TEST_EP_MESH"); env != nullptr && *env != '\0') {
+    const std::string s(env);
+    const auto x = s.find_first_of("xX");
+    if (x == std::string::npos) throw std::runtime_error("KOKKOSMOE_TEST_EP_MESH='" + s + "' is not DPxEP");
+    m.dp = std::stoi(s.substr(0, x));
+    m.ep = std::stoi(s.substr(x + 1));
+  } else if (world == 4) {
+    m.dp = 2;
+    m.ep = 2;
+  } else {
+    m.dp = 1;
+    m.ep = world;
+  }
+  if (m.dp < 1 || m.ep < 1 || m.dp * m.ep != world)
+    throw std::runtime_error("the EP test mesh DP" + std::to_string(m.dp) + " x EP" + std::to_string(m.ep) +
+                             " does not match the " + std::to_string(world) + " ranks of MPI_COMM_WORLD");
+  return m;
+}
+
+inline int world_rank() {
+  int r = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &r);
+  return r;
+}
+inline int world_size() {
+  int n = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &n);
+  return n;
+}
+
+/// Communicators shared by the test cases of one process, released before MPI and Kokkos finalize.
+struct CommCache {
+  std::unique_ptr<Communicator> host_world, host_ep, host_dp;
+  std::unique_ptr<Communicator> nccl_world, nccl_ep, nccl_dp;
+  static CommCache& get() {
+    static CommCache c;
+    return c;
+  }
+  void release() {
+    nccl_ep.reset();
+    nccl_dp.reset();
+    nccl_world.reset();
+    host_ep.reset();
+    host_dp.reset();
+    host_world.reset();
+  }
+};
+
+/// The EP communicator of this rank's DP slice for ExecSpace's transport.
+template <class ExecSpace>
+const Communicator& ep_comm() {
+  CommCache& c = CommCache::get();
+  const Mesh mesh = test_mesh(world_size());
+  const int r = world_rank();
+  if (!c.host_world) {
+    c.host_world = std::make_unique<Communicator>(make_mpi_communicator(MPI_COMM_WORLD));
+    c.host_ep = std::make_unique<Communicator>(c.host_world->split(r / mesh.ep, r % mesh.ep));
+    c.host_dp = std::make_unique<Communicator>(c.host_world->split(r % mesh.ep, r / mesh.ep));
+  }
+#if defined(KOKKOS_ENABLE_CUDA) && defined(KOKKOSMOE_HAVE_NCCL)
+  if constexpr (std::is_same<ExecSpace, Kokkos::Cuda>::value) {
+    if (!c.nccl_world) {
+      int ndev = 0;
+      cudaGetDeviceCount(&ndev);
+      const int device = Kokkos::DefaultExecutionSpace().cuda_device();
+      c.nccl_world = std::make_unique<Communicator>(make_nccl_communicator(*c.host_world, device));
+      c.nccl_ep = std::make_unique<Communicator>(c.nccl_world->split(r / mesh.ep, r % mesh.ep));
+      c.nccl_dp = std::make_unique<Communicator>(c.nccl_world->split(r % mesh.ep, r / mesh.ep));
+      (void)ndev;
+    }
+    return *c.nccl_ep;
+  }
+#endif
+  return *c.host_ep;
+}
+
+inline const Communicator& host_world() {
+  ep_comm<Kokkos::DefaultHostExecutionSpace>();
+  return *CommCache::get().host_world;
+}
+
+inline const Communicator& host_dp() {
+  ep_comm<Kokkos::DefaultHostExecutionSpace>();
+  return *CommCache::get().host_dp;
+}
+
+}  // namespace KokkosMoE::Test
+
+#endif

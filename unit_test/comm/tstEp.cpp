@@ -1,0 +1,666 @@
+/*
+ * KokkosMoE: Mixture-of-Experts routing for Kokkos. SPDX-License-Identifier: Apache-2.0
+ */
+// The EP test matrix of docs/ep.md §12 (cases 1-8 and 10), one source for every transport: host device types run
+// over MPI, Kokkos::Cuda over NCCL. Every rank runs every case; expected values come from the plain-loop oracle.
+#include <KokkosMoE_EnableDeviceTypes.hpp>
+
+#include <EpStep.hpp>
+#include <boost/test/unit_test.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <set>
+#include <string>
+#include <vector>
+
+using namespace KokkosMoE;
+using namespace KokkosMoE::Test;
+
+namespace {
+
+EpGroupConfig default_config(int ep_size) {
+  // docs/ep.md §12: 2 local experts, hidden 32, top-k 2, 4 tokens per shard.
+  EpGroupConfig c;
+  c.ep_size = ep_size;
+  c.num_experts = 2 * ep_size;
+  c.hidden = 32;
+  c.top_k = 2;
+  c.max_tokens_per_rank = 4;
+  return c;
+}
+
+std::vector<RankInputs> group_inputs(const EpGroupConfig& c, Routing routing, std::uint64_t seed, bool bf16,
+                                     bool vary_tokens) {
+  std::vector<RankInputs> in;
+  for (int r = 0; r < c.ep_size; ++r) {
+    int T = c.max_tokens_per_rank;
+    if (vary_tokens) T = (r == 1 % c.ep_size && c.ep_size > 1) ? 0 : c.max_tokens_per_rank - (r % 3);
+    in.push_back(make_inputs(c, routing, r, T, seed, bf16));
+  }
+  return in;
+}
+
+bool close(float got, float want, bool bf16) {
+  const float tol = bf16 ? 5e-2f : 1e-5f;
+  return std::fabs(got - want) <= tol + tol * std::fabs(want);
+}
+
+std::string where(const char* what, std::size_t i) { return std::string(what) + "[" + std::to_string(i) + "]"; }
+
+void compare(const char* what, const std::vector<float>& got, const std::vector<float>& want, bool bf16,
+             std::size_t n) {
+  BOOST_TEST_REQUIRE(got.size() >= n, what << ": " << got.size() << " values, expected >= " << n);
+  int bad = 0;
+  for (std::size_t i = 0; i < n && bad < 5; ++i)
+    if (!close(got[i], want[i], bf16)) {
+      ++bad;
+      BOOST_TEST(false, where(what, i) << " = " << got[i] << ", expected " << want[i]);
+    }
+}
+
+template <class Exec, class Scalar>
+void check_step(const EpGroupConfig& c, Routing routing, CombineMode mode, std::uint64_t seed, bool vary_tokens,
+                const std::string& label) {
+  BOOST_TEST_CONTEXT(label << " mode " << to_string(mode) << " dtype "
+                           << (std::is_same<Scalar, bf16_t>::value ? "bf16" : "fp32") << " routing "
+                           << static_cast<int>(routing)) {
+    Exec exec;
+    const Communicator& comm = ep_comm<Exec>();
+    constexpr bool bf16 = std::is_same<Scalar, bf16_t>::value;
+    const auto in = group_inputs(c, routing, seed, bf16, vary_tokens);
+    EpGroup<Exec> group(exec, comm, c);
+    auto handle = group.make_handle();
+    const StepOutputs got = run_step<Exec, Scalar>(exec, group, handle, in[comm.rank()], mode);
+    const StepOutputs want = expected_step(c, in, comm.rank(), mode, bf16);
+    BOOST_TEST(got.recv_rows == want.recv_rows);
+    BOOST_TEST(got.recv_expert == want.recv_expert, boost::test_tools::per_element());
+    const std::size_t NH = static_cast<std::size_t>(want.recv_rows) * c.hidden;
+    compare("recv_x", got.recv_x, want.recv_x, bf16, NH);
+    compare("recv_w", got.recv_w, want.recv_w, false, want.recv_rows);
+    compare("y", got.y, want.y, bf16, want.y.size());
+    compare("grad_out", got.grad_out, want.grad_out, bf16, NH);
+    if (mode == CombineMode::Weighted)
+      compare("grad_w (combine)", got.grad_w_combine, want.grad_w_combine, bf16, want.grad_w_combine.size());
+    compare("grad_x", got.grad_x, want.grad_x, bf16, want.grad_x.size());
+    compare("grad_w (dispatch)", got.grad_w_dispatch, want.grad_w_dispatch, false, want.grad_w_dispatch.size());
+    BOOST_TEST(got.tokens_per_expert == want.tokens_per_expert, boost::test_tools::per_element());
+    BOOST_TEST(got.tokens_per_rank == want.tokens_per_rank, boost::test_tools::per_element());
+    BOOST_TEST(got.token_in_rank == want.token_in_rank, boost::test_tools::per_element());
+    BOOST_TEST(got.counts == want.counts, boost::test_tools::per_element());
+    BOOST_TEST(got.status.recv_demand == want.status.recv_demand);
+    BOOST_TEST(got.status.dropped_slots == want.status.dropped_slots);
+  }
+}
+
+template <class Exec>
+bool is_cuda() {
+#if defined(KOKKOS_ENABLE_CUDA)
+  return std::is_same<Exec, Kokkos::Cuda>::value;
+#else
+  return false;
+#endif
+}
+
+}  // namespace
+
+// ----- case 1: bootstrap ---------------------------------------------------------------------------------------------
+BOOST_AUTO_TEST_SUITE(ep_setup)
+
+BOOST_AUTO_TEST_CASE_TEMPLATE(bootstrap_errors, DeviceType, KOKKOSMOE_DEVICE_TYPES) {
+  using Exec = typename DeviceType::execution_space;
+  Exec exec;
+  const Communicator& comm = ep_comm<Exec>();
+  const int R = comm.size();
+  auto rule_of = [&](auto&& f) -> Rule {
+    try {
+      f();
+    } catch (const InvalidArgument& e) {
+      return e.rule();
+    }
+    return Rule::ShapeMismatch;  // no throw: compared below against a rule that is never expected here
+  };
+  Communicator empty;
+  BOOST_TEST(!empty.valid());
+  BOOST_CHECK_THROW(empty.rank(), InvalidArgument);
+  BOOST_TEST(static_cast<int>(rule_of([&] { EpGroup<Exec>(exec, empty, default_config(R)); })) ==
+             static_cast<int>(Rule::ConfigValue));
+  auto c = default_config(R);
+  c.ep_size = R + 1;
+  BOOST_TEST(static_cast<int>(rule_of([&] { EpGroup<Exec>(exec, comm, c); })) == static_cast<int>(Rule::CommSize));
+  c = default_config(R);
+  c.num_experts = R > 1 ? 2 * R + 1 : 0;  // not a multiple of ep_size; at R = 1 simply out of range
+  BOOST_TEST(static_cast<int>(rule_of([&] { EpGroup<Exec>(exec, comm, c); })) == static_cast<int>(Rule::ConfigValue));
+  c = default_config(R);
+  c.top_k = c.num_experts + 1;
+  BOOST_TEST(static_cast<int>(rule_of([&] { EpGroup<Exec>(exec, comm, c); })) == static_cast<int>(Rule::ConfigValue));
+  c = default_config(R);
+  c.hidden = 0;
+  BOOST_TEST(static_cast<int>(rule_of([&] { EpGroup<Exec>(exec, comm, c); })) == static_cast<int>(Rule::ConfigValue));
+  c = default_config(R);
+  c.layout = RecvLayout::ExpertMajorFixed;
+  c.max_recv_tokens_per_rank = 16;
+  BOOST_TEST(static_cast<int>(rule_of([&] { EpGroup<Exec>(exec, comm, c); })) == static_cast<int>(Rule::ConfigValue));
+  BOOST_CHECK_THROW(comm.split(-1, 0), InvalidArgument);
+  // A malformed timeout in the environment is refused when a communicator is made.
+  setenv("KOKKOSMOE_COMM_TIMEOUT", "soon", 1);
+  BOOST_TEST(static_cast<int>(rule_of([&] { make_mpi_communicator(MPI_COMM_WORLD); })) ==
+             static_cast<int>(Rule::ConfigValue));
+  setenv("KOKKOSMOE_COMM_TIMEOUT", "-1", 1);
+  BOOST_TEST(static_cast<int>(rule_of([&] { make_mpi_communicator(MPI_COMM_WORLD); })) ==
+             static_cast<int>(Rule::ConfigValue));
+  unsetenv("KOKKOSMOE_COMM_TIMEOUT");
+}
+
+BOOST_AUTO_TEST_CASE_TEMPLATE(transport_mismatch, DeviceType, KOKKOSMOE_DEVICE_TYPES) {
+  using Exec = typename DeviceType::execution_space;
+  if (!is_cuda<Exec>()) {
+    // A host space needs an MPI communicator: the NCCL one of a CUDA build is refused.
+#if defined(KOKKOS_ENABLE_CUDA)
+    const Communicator& nccl = ep_comm<Kokkos::Cuda>();
+    BOOST_CHECK_EXCEPTION(EpGroup<Exec>(Exec(), nccl, default_config(nccl.size())), InvalidArgument,
+                          [](const InvalidArgument& e) { return e.rule() == Rule::TransportMismatch; });
+#endif
+    return;
+  }
+  // Kokkos::Cuda needs an NCCL communicator: the MPI one is refused.
+  const Communicator& mpi = ep_comm<Kokkos::DefaultHostExecutionSpace>();
+  BOOST_CHECK_EXCEPTION(EpGroup<Exec>(Exec(), mpi, default_config(mpi.size())), InvalidArgument,
+                        [](const InvalidArgument& e) { return e.rule() == Rule::TransportMismatch; });
+}
+
+BOOST_AUTO_TEST_CASE_TEMPLATE(mismatched_configs_fail_on_every_rank, DeviceType, KOKKOSMOE_DEVICE_TYPES) {
+  using Exec = typename DeviceType::execution_space;
+  const Communicator& comm = ep_comm<Exec>();
+  if (comm.size() < 2) return;  // one rank cannot disagree with itself; the 2- and 4-rank runs cover it
+  auto c = default_config(comm.size());
+  if (comm.rank() == comm.size() - 1) c.hidden = 48;
+  BOOST_CHECK_EXCEPTION(EpGroup<Exec>(Exec(), comm, c), InvalidArgument,
+                        [](const InvalidArgument& e) { return e.rule() == Rule::CommConfigMismatch; });
+}
+
+// ----- case 2: handle separation -----------------------------------------------------------------------------------
+BOOST_AUTO_TEST_CASE_TEMPLATE(handles_never_alias, DeviceType, KOKKOSMOE_DEVICE_TYPES) {
+  using Exec = typename DeviceType::execution_space;
+  Exec exec;
+  const Communicator& comm = ep_comm<Exec>();
+  const auto c = default_config(comm.size());
+  EpGroup<Exec> group(exec, comm, c);
+  auto a = group.make_handle({true, "layer 0"});
+  auto b = group.make_handle({true, "layer 1"});
+  std::set<const void*> seen;
+  for (const void* p : a.impl_buffers()) seen.insert(p);
+  for (const void* p : b.impl_buffers()) BOOST_TEST(seen.count(p) == 0u);
+  BOOST_TEST(group.handle_bytes() > 0u);
+  // Two layers in flight: layer 0's backward after layer 1's layout still uses layer 0's layout.
+  const auto in0 = group_inputs(c, Routing::Uniform, 11, false, false);
+  const auto in1 = group_inputs(c, Routing::Skewed, 12, false, false);
+  StepViews<Exec, float> s0(c, in0[comm.rank()]), s1(c, in1[comm.rank()]);
+  ep_layout(exec, a, s0.idx);
+  ep_layout(exec, b, s1.idx);
+  Kokkos::View<float**, Kokkos::LayoutRight, typename Exec::memory_space> rx("rx", a.num_recv_rows(), c.hidden);
+  Kokkos::View<float*, typename Exec::memory_space> rw("rw", a.num_recv_rows());
+  ep_dispatch(exec, a, s0.x, s0.w, rx, rw);
+  const auto want = expected_step(c, in0, comm.rank(), CombineMode::Sum, false);
+  compare("recv_x (layer 0 after layer 1's layout)", to_host_floats(rx), want.recv_x, false, want.recv_x.size());
+  // Handle reuse: a training handle takes no new layout before its backward ran.
+  BOOST_CHECK_EXCEPTION(ep_layout(exec, a, s1.idx), InvalidArgument,
+                        [](const InvalidArgument& e) { return e.rule() == Rule::HandleReuse; });
+  ep_synchronize(exec, a);
+}
+
+// ----- bad input -----------------------------------------------------------------------------------------------------
+BOOST_AUTO_TEST_CASE_TEMPLATE(bad_input_is_a_typed_error, DeviceType, KOKKOSMOE_DEVICE_TYPES) {
+  using Exec = typename DeviceType::execution_space;
+  using Mem = typename Exec::memory_space;
+  Exec exec;
+  const Communicator& comm = ep_comm<Exec>();
+  const auto c = default_config(comm.size());
+  EpGroup<Exec> group(exec, comm, c);
+  auto h = group.make_handle({false, "bad input"});
+  const auto in = group_inputs(c, Routing::Uniform, 21, false, false);
+  StepViews<Exec, float> s(c, in[comm.rank()]);
+  auto rule = [](Rule r) { return [r](const InvalidArgument& e) { return e.rule() == r; }; };
+  Kokkos::View<float**, Kokkos::LayoutRight, Mem> rx("rx", 64, c.hidden);
+  Kokkos::View<float*, Mem> rw("rw", 64);
+  // Dispatch before any layout.
+  BOOST_CHECK_EXCEPTION(ep_dispatch(exec, h, s.x, s.w, rx, rw), InvalidArgument, rule(Rule::HandleState));
+  // T > max_tokens_per_rank (the send capacity), wrong K.
+  Kokkos::View<int**, Kokkos::LayoutRight, Mem> big("big", c.max_tokens_per_rank + 1, c.top_k);
+  BOOST_CHECK_EXCEPTION(ep_layout(exec, h, big), InvalidArgument, rule(Rule::ShapeMismatch));
+  Kokkos::View<int**, Kokkos::LayoutRight, Mem> wide("wide", 2, c.top_k + 1);
+  BOOST_CHECK_EXCEPTION(ep_layout(exec, h, wide), InvalidArgument, rule(Rule::ShapeMismatch));
+  ep_layout(exec, h, s.idx);
+  const int N = h.num_recv_rows();
+  // x with the wrong row count or hidden size; recv_x too small.
+  Kokkos::View<float**, Kokkos::LayoutRight, Mem> x_bad("x_bad", s.x.extent(0) + 1, c.hidden);
+  BOOST_CHECK_EXCEPTION(ep_dispatch(exec, h, x_bad, s.w, rx, rw), InvalidArgument, rule(Rule::ShapeMismatch));
+  Kokkos::View<float**, Kokkos::LayoutRight, Mem> x_h("x_h", s.x.extent(0), c.hidden + 1);
+  BOOST_CHECK_EXCEPTION(ep_dispatch(exec, h, x_h, s.w, rx, rw), InvalidArgument, rule(Rule::ShapeMismatch));
+  if (N > 0) {
+    Kokkos::View<float**, Kokkos::LayoutRight, Mem> rx_small("rx_small", N - 1, c.hidden);
+    BOOST_CHECK_EXCEPTION(ep_dispatch(exec, h, s.x, s.w, rx_small, rw), InvalidArgument, rule(Rule::ShapeMismatch));
+  }
+  // A strided (non-contiguous) x: every other column of a wider View.
+  Kokkos::View<float**, Kokkos::LayoutRight, Mem> wider("wider", s.x.extent(0), 2 * c.hidden);
+  auto strided = Kokkos::subview(wider, Kokkos::ALL, std::make_pair(0, c.hidden));
+  if (s.x.extent(0) > 1)
+    BOOST_CHECK_EXCEPTION(ep_dispatch(exec, h, strided, s.w, rx, rw), InvalidArgument, rule(Rule::NotContiguous));
+  // A column-major x.
+  Kokkos::View<float**, Kokkos::LayoutLeft, Mem> left("left", s.x.extent(0), c.hidden);
+  if (s.x.extent(0) > 1)
+    BOOST_CHECK_EXCEPTION(ep_dispatch(exec, h, left, s.w, rx, rw), InvalidArgument, rule(Rule::NotContiguous));
+  // Combine with a bad mode value.
+  Kokkos::View<float**, Kokkos::LayoutRight, Mem> y("y", s.x.extent(0), c.hidden);
+  BOOST_CHECK_EXCEPTION(ep_combine(exec, h, static_cast<CombineMode>(7), rx, s.w, y), InvalidArgument,
+                        rule(Rule::ConfigValue));
+  ep_synchronize(exec, h);
+  // Expert ids >= E and < -1 on one rank: every rank gets the typed error (the counts carry the finding).
+  for (int bad : {c.num_experts, -2, 1 << 30}) {
+    auto hi = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), s.idx);
+    if (comm.rank() == 0 && hi.extent(0) > 0) hi(0, 0) = bad;
+    Kokkos::deep_copy(s.idx, hi);
+    const bool any_rows = c.max_tokens_per_rank > 0;
+    BOOST_CHECK_EXCEPTION(ep_layout(exec, h, s.idx), InvalidArgument, rule(Rule::ExpertIdRange));
+    (void)any_rows;
+  }
+  // Capacity mode: the finding surfaces at the next synchronization; those slots were treated as -1.
+  auto cc = c;
+  cc.max_recv_tokens_per_rank = c.max_tokens_per_rank * c.top_k * c.ep_size;
+  EpGroup<Exec> cgroup(exec, comm, cc);
+  auto ch = cgroup.make_handle({false, "capacity"});
+  ep_layout(exec, ch, s.idx);
+  BOOST_CHECK_EXCEPTION(ep_synchronize(exec, ch), InvalidArgument, rule(Rule::ExpertIdRange));
+}
+
+// ----- ownership: the group and its handles keep the transport alive -----------------------------------------------
+BOOST_AUTO_TEST_CASE_TEMPLATE(group_outlives_its_communicator, DeviceType, KOKKOSMOE_DEVICE_TYPES) {
+  using Exec = typename DeviceType::execution_space;
+  Exec exec;
+  const auto c = default_config(ep_comm<Exec>().size());
+  const auto in = group_inputs(c, Routing::Uniform, 31, false, false);
+  std::unique_ptr<EpGroup<Exec>> group;
+  {
+    Communicator split = ep_comm<Exec>().split(0, ep_comm<Exec>().rank());  // destroyed before the step runs
+    group = std::make_unique<EpGroup<Exec>>(exec, split, c);
+  }
+  auto handle = group->make_handle();
+  const int me = group->rank();
+  group.reset();  // the handle alone keeps the group state and the transport
+  auto state = handle.impl_state();
+  EpGroup<Exec>* none = nullptr;
+  (void)none;
+  StepViews<Exec, float> s(c, in[me]);
+  ep_layout(exec, handle, s.idx);
+  Kokkos::View<float**, Kokkos::LayoutRight, typename Exec::memory_space> rx("rx", handle.num_recv_rows(), c.hidden);
+  Kokkos::View<float*, typename Exec::memory_space> rw("rw", handle.num_recv_rows());
+  ep_dispatch(exec, handle, s.x, s.w, rx, rw);
+  ep_synchronize(exec, handle);
+  const auto want = expected_step(c, in, me, CombineMode::Sum, false);
+  compare("recv_x", to_host_floats(rx), want.recv_x, false, want.recv_x.size());
+  Kokkos::View<float**, Kokkos::LayoutRight, typename Exec::memory_space> gx("gx", s.x.extent(0), c.hidden);
+  Kokkos::View<float**, Kokkos::LayoutRight, typename Exec::memory_space> gw("gw", s.x.extent(0), c.top_k);
+  ep_dispatch_backward(exec, handle, rx, rw, gx, gw);
+  ep_synchronize(exec, handle);
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+// ----- case 3: layout outputs ----------------------------------------------------------------------------------------
+BOOST_AUTO_TEST_SUITE(ep_layout_outputs)
+
+BOOST_AUTO_TEST_CASE_TEMPLATE(layout_matches_host_histogram, DeviceType, KOKKOSMOE_DEVICE_TYPES) {
+  using Exec = typename DeviceType::execution_space;
+  Exec exec;
+  const Communicator& comm = ep_comm<Exec>();
+  auto c = default_config(comm.size());
+  c.max_tokens_per_rank = 37;
+  c.expert_alignment = 8;
+  c.top_k = 2;
+  for (Routing r : {Routing::Uniform, Routing::Skewed, Routing::AllToOneExpert, Routing::WithMinusOne}) {
+    const auto in = group_inputs(c, r, 41, false, true);
+    EpGroup<Exec> group(exec, comm, c);
+    auto handle = group.make_handle({false, "layout"});
+    StepViews<Exec, float> s(c, in[comm.rank()]);
+    ep_layout(exec, handle, s.idx);
+    const auto want = expected_step(c, in, comm.rank(), CombineMode::Sum, false);
+    BOOST_TEST(handle.num_recv_rows() == want.recv_rows);
+    BOOST_TEST(handle.num_recv_rows() % c.expert_alignment == 0);
+    BOOST_TEST(to_host<int>(handle.tokens_per_expert()) == want.tokens_per_expert, boost::test_tools::per_element());
+    BOOST_TEST(to_host<int>(handle.tokens_per_rank()) == want.tokens_per_rank, boost::test_tools::per_element());
+    BOOST_TEST(to_host<std::uint8_t>(handle.token_in_rank()) == want.token_in_rank, boost::test_tools::per_element());
+    BOOST_TEST(to_host<int>(handle.count_matrix()) == want.counts, boost::test_tools::per_element());
+    BOOST_TEST(to_host<int>(handle.recv_expert()) == want.recv_expert, boost::test_tools::per_element());
+    // The receive counts per local expert are the column sums of the count matrix.
+    const auto rc = to_host<int>(handle.recv_counts());
+    const int L = group.num_local_experts(), E = c.num_experts;
+    for (int l = 0; l < L; ++l) {
+      int n = 0;
+      for (int i = 0; i < comm.size(); ++i)
+        n += want.counts[static_cast<std::size_t>(i) * (E + 1) + comm.rank() * L + l];
+      BOOST_TEST(rc[l] == n);
+    }
+    ep_synchronize(exec, handle);
+  }
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+// ----- cases 4 and 5: round trips, gradients, the oracle over the adversarial matrix ---------------------------------
+BOOST_AUTO_TEST_SUITE(ep_dispatch_combine)
+
+BOOST_AUTO_TEST_CASE_TEMPLATE(step_matches_oracle, DeviceType, KOKKOSMOE_DEVICE_TYPES) {
+  using Exec = typename DeviceType::execution_space;
+  const int R = ep_comm<Exec>().size();
+  auto c = default_config(R);
+  auto c2 = c;
+  c2.num_experts = 3 * R;
+  c2.hidden = 37;  // not a multiple of 16 bytes: the element-wise path
+  c2.top_k = 3;
+  c2.max_tokens_per_rank = 50;
+  c2.expert_alignment = 4;
+  for (Routing r : {Routing::Uniform, Routing::Skewed, Routing::AllToOneExpert, Routing::SomeExpertsEmpty,
+                    Routing::WithMinusOne, Routing::Duplicates}) {
+    for (CombineMode m : {CombineMode::Sum, CombineMode::Weighted}) {
+      check_step<Exec, float>(c, r, m, 100 + static_cast<int>(r), false, "default shape");
+      check_step<Exec, bf16_t>(c2, r, m, 200 + static_cast<int>(r), true, "odd shape, T varies (T = 0 on rank 1)");
+    }
+  }
+  // Capacity mode with room for everything, and the fixed expert-major layout.
+  auto cap = c2;
+  cap.max_recv_tokens_per_rank = cap.max_tokens_per_rank * cap.top_k * R + 64;
+  check_step<Exec, float>(cap, Routing::Skewed, CombineMode::Weighted, 300, true, "capacity mode");
+  check_step<Exec, bf16_t>(cap, Routing::Uniform, CombineMode::Sum, 301, false, "capacity mode");
+  auto fixed = c;
+  fixed.layout = RecvLayout::ExpertMajorFixed;
+  check_step<Exec, bf16_t>(fixed, Routing::Uniform, CombineMode::Weighted, 302, false, "fixed layout");
+  check_step<Exec, float>(fixed, Routing::AllToOneExpert, CombineMode::Sum, 303, true, "fixed layout");
+}
+
+BOOST_AUTO_TEST_CASE_TEMPLATE(identity_expert_round_trip, DeviceType, KOKKOSMOE_DEVICE_TYPES) {
+  using Exec = typename DeviceType::execution_space;
+  using Mem = typename Exec::memory_space;
+  Exec exec;
+  const Communicator& comm = ep_comm<Exec>();
+  auto c = default_config(comm.size());
+  c.max_tokens_per_rank = 12;
+  for (Routing r : {Routing::Uniform, Routing::Skewed}) {
+    const auto in = group_inputs(c, r, 51, false, false);
+    const RankInputs& mine = in[comm.rank()];
+    EpGroup<Exec> group(exec, comm, c);
+    auto handle = group.make_handle({false, "identity"});
+    // 3-D input [batch = 3, sequence = 4, hidden] flattened to [12, hidden] without a copy.
+    Kokkos::View<float***, Kokkos::LayoutRight, Mem> x3("x3", 3, 4, c.hidden);
+    StepViews<Exec, float> s(c, mine);
+    Kokkos::deep_copy(
+        x3, Kokkos::View<float***, Kokkos::LayoutRight, Mem, Kokkos::MemoryUnmanaged>(s.x.data(), 3, 4, c.hidden));
+    Kokkos::View<float**, Kokkos::LayoutRight, Mem, Kokkos::MemoryUnmanaged> x2(x3.data(), 12, c.hidden);
+    // Normalized weights: the Weighted combine of the identity expert gives the input back.
+    auto hw = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), s.w);
+    for (int t = 0; t < mine.T; ++t) {
+      float sum = 0;
+      for (int k = 0; k < c.top_k; ++k) sum += hw(t, k);
+      for (int k = 0; k < c.top_k; ++k) hw(t, k) /= sum;
+    }
+    Kokkos::deep_copy(s.w, hw);
+    ep_layout(exec, handle, s.idx);
+    const int N = handle.num_recv_rows();
+    Kokkos::View<float**, Kokkos::LayoutRight, Mem> rx("rx", N, c.hidden);
+    Kokkos::View<float*, Mem> rw("rw", N);
+    Kokkos::View<float**, Kokkos::LayoutRight, Mem> y("y", mine.T, c.hidden), ysum("ysum", mine.T, c.hidden);
+    ep_dispatch(exec, handle, x2, s.w, rx, rw);
+    ep_combine(exec, handle, CombineMode::Weighted, rx, s.w, y);
+    ep_combine(exec, handle, CombineMode::Sum, rx, Kokkos::View<float**, Kokkos::LayoutRight, Mem>(), ysum);
+    ep_synchronize(exec, handle);
+    auto hy = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), y);
+    auto hs = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), ysum);
+    for (int t = 0; t < mine.T; ++t)
+      for (int h = 0; h < c.hidden; ++h) {
+        const float xv = mine.x[static_cast<std::size_t>(t) * c.hidden + h];
+        BOOST_TEST(close(hy(t, h), xv, false), "y(" << t << ", " << h << ") = " << hy(t, h) << ", x = " << xv);
+        BOOST_TEST(close(hs(t, h), c.top_k * xv, false));
+      }
+  }
+}
+
+BOOST_AUTO_TEST_CASE_TEMPLATE(closed_form_gradients, DeviceType, KOKKOSMOE_DEVICE_TYPES) {
+  using Exec = typename DeviceType::execution_space;
+  using Mem = typename Exec::memory_space;
+  Exec exec;
+  const Communicator& comm = ep_comm<Exec>();
+  auto c = default_config(comm.size());
+  c.max_tokens_per_rank = 9;
+  const auto in = group_inputs(c, Routing::Uniform, 61, false, false);
+  const RankInputs& mine = in[comm.rank()];
+  EpGroup<Exec> group(exec, comm, c);
+  auto handle = group.make_handle();
+  StepViews<Exec, float> s(c, mine);
+  ep_layout(exec, handle, s.idx);
+  const int N = handle.num_recv_rows(), T = mine.T, K = c.top_k, H = c.hidden;
+  Kokkos::View<float**, Kokkos::LayoutRight, Mem> rx("rx", N, H), gout("gout", N, H), gx("gx", T, H);
+  Kokkos::View<float*, Mem> rw("rw", N);
+  Kokkos::View<float**, Kokkos::LayoutRight, Mem> gw("gw", T, K), gwc("gwc", T, K), uni("uni", T, K);
+  ep_dispatch(exec, handle, s.x, s.w, rx, rw);
+  // Dispatch backward with every slot's upstream gradient its own token: grad_x = K * x; grad_w = recv_w.
+  ep_dispatch_backward(exec, handle, rx, rw, gx, gw);
+  // Combine backward with uniform weights 1/K: grad_out = grad_y / K; grad_w = dot(grad_y, out).
+  Kokkos::deep_copy(uni, 1.0f / K);
+  ep_combine_backward(exec, handle, CombineMode::Weighted, s.x, uni, rx, gout, gwc);
+  ep_synchronize(exec, handle);
+  auto hgx = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), gx);
+  auto hgw = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), gw);
+  auto hgwc = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), gwc);
+  auto hgo = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), gout);
+  auto hrx = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), rx);
+  for (int t = 0; t < T; ++t) {
+    float xx = 0;
+    for (int h = 0; h < H; ++h) {
+      const float xv = mine.x[static_cast<std::size_t>(t) * H + h];
+      xx += xv * xv;
+      BOOST_TEST(close(hgx(t, h), K * xv, false));
+    }
+    for (int k = 0; k < K; ++k) {
+      BOOST_TEST(close(hgw(t, k), mine.w[static_cast<std::size_t>(t) * K + k], false));
+      BOOST_TEST(std::fabs(hgwc(t, k) - xx) <= 1e-4f * (1 + xx));  // out = x (identity) so dot = |x|^2
+    }
+  }
+  for (int r = 0; r < N; ++r)
+    for (int h = 0; h < H; ++h) BOOST_TEST(close(hgo(r, h), hrx(r, h) / K, false));
+}
+
+BOOST_AUTO_TEST_CASE_TEMPLATE(same_bits_every_run, DeviceType, KOKKOSMOE_DEVICE_TYPES) {
+  using Exec = typename DeviceType::execution_space;
+  Exec exec;
+  const Communicator& comm = ep_comm<Exec>();
+  auto c = default_config(comm.size());
+  c.max_tokens_per_rank = 40;
+  c.top_k = 2;
+  const auto in = group_inputs(c, Routing::Skewed, 71, true, true);
+  EpGroup<Exec> group(exec, comm, c);
+  auto h1 = group.make_handle();
+  auto h2 = group.make_handle();
+  const auto a = run_step<Exec, bf16_t>(exec, group, h1, in[comm.rank()], CombineMode::Weighted);
+  const auto b = run_step<Exec, bf16_t>(exec, group, h2, in[comm.rank()], CombineMode::Weighted);
+  BOOST_TEST(a.recv_x == b.recv_x);
+  BOOST_TEST(a.y == b.y);
+  BOOST_TEST(a.grad_x == b.grad_x);
+  BOOST_TEST(a.grad_w_combine == b.grad_w_combine);
+  BOOST_TEST(a.grad_out == b.grad_out);
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+// ----- cases 6, 7, 8 and 10 ----------------------------------------------------------------------------------------
+BOOST_AUTO_TEST_SUITE(ep_capacity_and_streams)
+
+BOOST_AUTO_TEST_CASE_TEMPLATE(no_stray_communication, DeviceType, KOKKOSMOE_DEVICE_TYPES) {
+  using Exec = typename DeviceType::execution_space;
+  Exec exec;
+  const Communicator& comm = ep_comm<Exec>();
+  for (bool capacity : {false, true}) {
+    auto c = default_config(comm.size());
+    if (capacity) c.max_recv_tokens_per_rank = c.max_tokens_per_rank * c.top_k * c.ep_size;
+    const auto in = group_inputs(c, Routing::Uniform, 81, false, false);
+    EpGroup<Exec> group(exec, comm, c);
+    auto handle = group.make_handle();
+    const CommStats before = group.stats();
+    run_step<Exec, float>(exec, group, handle, in[comm.rank()], CombineMode::Weighted);
+    const CommStats after = group.stats();
+    const int R = comm.size();
+    // One count exchange; dispatch, combine, dispatch backward: one transfer each; Weighted combine backward: two.
+    BOOST_TEST(after.allgathers - before.allgathers == 1);
+    if (R == 1) {
+      BOOST_TEST(after.exchanges - before.exchanges == 0);
+      BOOST_TEST(after.alltoalls - before.alltoalls == 0);
+    } else if (capacity) {
+      // Rows and floats are separate all-to-alls: dispatch 2, combine 1, combine backward 2 + 1, dispatch bwd 2.
+      BOOST_TEST(after.alltoalls - before.alltoalls == 8);
+      BOOST_TEST(after.exchanges - before.exchanges == 0);
+    } else {
+      BOOST_TEST(after.exchanges - before.exchanges == 5);
+      BOOST_TEST(after.alltoalls - before.alltoalls == 0);
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE_TEMPLATE(one_stream, DeviceType, KOKKOSMOE_DEVICE_TYPES) {
+  using Exec = typename DeviceType::execution_space;
+  const Communicator& comm = ep_comm<Exec>();
+  auto c = default_config(comm.size());
+  const auto in = group_inputs(c, Routing::Uniform, 91, false, false);
+#if defined(KOKKOS_ENABLE_CUDA)
+  if constexpr (std::is_same<Exec, Kokkos::Cuda>::value) {
+    cudaStream_t stream = nullptr;
+    cudaStreamCreate(&stream);
+    {
+      Kokkos::Cuda exec(stream);
+      EpGroup<Exec> group(exec, comm, c);
+      auto handle = group.make_handle();
+      const CommStats before = group.stats();
+      run_step<Exec, float>(exec, group, handle, in[comm.rank()], CombineMode::Sum);
+      const CommStats after = group.stats();
+      // Every library call of the step went to the instance's stream.
+      BOOST_TEST(std::count(after.streams.begin(), after.streams.end(), static_cast<void*>(stream)) == 1);
+      BOOST_TEST(after.calls > before.calls);
+    }
+    cudaStreamDestroy(stream);
+    return;
+  }
+#endif
+  Exec exec;
+  EpGroup<Exec> group(exec, comm, c);
+  auto handle = group.make_handle();
+  run_step<Exec, float>(exec, group, handle, in[comm.rank()], CombineMode::Sum);
+  const CommStats s = group.stats();
+  BOOST_TEST(s.streams.size() == 1u);
+  BOOST_TEST(s.streams[0] == nullptr);
+}
+
+BOOST_AUTO_TEST_CASE_TEMPLATE(drop_on_overflow, DeviceType, KOKKOSMOE_DEVICE_TYPES) {
+  using Exec = typename DeviceType::execution_space;
+  Exec exec;
+  const Communicator& comm = ep_comm<Exec>();
+  auto c = default_config(comm.size());
+  c.max_tokens_per_rank = 16;
+  c.max_recv_tokens_per_rank = 6;  // smaller than the skewed demand on rank 0
+  c.drop_on_overflow = true;
+  for (CombineMode m : {CombineMode::Sum, CombineMode::Weighted}) {
+    check_step<Exec, float>(c, Routing::Skewed, m, 401, false, "drop");
+    check_step<Exec, bf16_t>(c, Routing::AllToOneExpert, m, 402, false, "drop");
+  }
+  // The reported demand exceeds the capacity where slots were dropped.
+  const auto in = group_inputs(c, Routing::AllToOneExpert, 403, false, false);
+  EpGroup<Exec> group(exec, comm, c);
+  auto handle = group.make_handle();
+  const auto got = run_step<Exec, float>(exec, group, handle, in[comm.rank()], CombineMode::Sum);
+  const auto want = expected_step(c, in, comm.rank(), CombineMode::Sum, false);
+  BOOST_TEST(got.status.recv_demand == want.status.recv_demand);
+  if (comm.rank() == comm.size() - 1) BOOST_TEST(got.status.recv_demand > c.max_recv_tokens_per_rank);
+  // Without drop_on_overflow the same step fails at the synchronization on the ranks that overflowed.
+  c.drop_on_overflow = false;
+  EpGroup<Exec> strict(exec, comm, c);
+  auto sh = strict.make_handle({false, "strict"});
+  StepViews<Exec, float> s(c, in[comm.rank()]);
+  ep_layout(exec, sh, s.idx);
+  const bool overflows = want.status.dropped_slots > 0;
+  if (overflows) {
+    BOOST_CHECK_EXCEPTION(ep_synchronize(exec, sh), CapacityOverflow, [&](const CapacityOverflow& e) {
+      return e.capacity() == c.max_recv_tokens_per_rank && e.demand() == want.status.recv_demand;
+    });
+  } else {
+    BOOST_CHECK_NO_THROW(ep_synchronize(exec, sh));
+  }
+}
+
+BOOST_AUTO_TEST_CASE_TEMPLATE(graph_capture_replays_new_routing, DeviceType, KOKKOSMOE_DEVICE_TYPES) {
+  using Exec = typename DeviceType::execution_space;
+  if (!is_cuda<Exec>()) {
+    BOOST_TEST_MESSAGE(
+        "graph capture needs Kokkos::Cuda; capacity mode's no-sync property is covered by "
+        "no_stray_communication on host spaces");
+    return;
+  }
+#if defined(KOKKOS_ENABLE_CUDA)
+  if constexpr (std::is_same<Exec, Kokkos::Cuda>::value) {
+    using Mem = typename Exec::memory_space;
+    const Communicator& comm = ep_comm<Exec>();
+    auto c = default_config(comm.size());
+    c.max_tokens_per_rank = 24;
+    c.max_recv_tokens_per_rank = c.max_tokens_per_rank * c.top_k * c.ep_size;
+    cudaStream_t stream = nullptr;
+    cudaStreamCreate(&stream);
+    {
+      Kokkos::Cuda exec(stream);
+      EpGroup<Exec> group(exec, comm, c);
+      auto handle = group.make_handle({false, "graph"});
+      const auto in1 = group_inputs(c, Routing::Uniform, 501, false, false);
+      const auto in2 = group_inputs(c, Routing::Skewed, 502, false, false);
+      StepViews<Exec, float> s(c, in1[comm.rank()]);
+      const int N = group.capacity_rows();
+      Kokkos::View<float**, Kokkos::LayoutRight, Mem> rx("rx", N, c.hidden), y("y", s.x.extent(0), c.hidden);
+      Kokkos::View<float*, Mem> rw("rw", N);
+      // Warm up once eagerly (Kokkos' lazy first-launch setup), then capture layout, dispatch and combine.
+      ep_layout(exec, handle, s.idx);
+      ep_dispatch(exec, handle, s.x, s.w, rx, rw);
+      ep_combine(exec, handle, CombineMode::Weighted, rx, s.w, y);
+      ep_synchronize(exec, handle);
+      cudaGraph_t graph = nullptr;
+      BOOST_TEST_REQUIRE(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal) == cudaSuccess);
+      ep_layout(exec, handle, s.idx);
+      ep_dispatch(exec, handle, s.x, s.w, rx, rw);
+      ep_combine(exec, handle, CombineMode::Weighted, rx, s.w, y);
+      BOOST_TEST_REQUIRE(cudaStreamEndCapture(stream, &graph) == cudaSuccess);
+      cudaGraphExec_t inst = nullptr;
+      BOOST_TEST_REQUIRE(cudaGraphInstantiate(&inst, graph, 0) == cudaSuccess);
+      // New routing and tokens in the same buffers, then replay.
+      StepViews<Exec, float> s2(c, in2[comm.rank()]);
+      Kokkos::deep_copy(s.idx, s2.idx);
+      Kokkos::deep_copy(s.w, s2.w);
+      Kokkos::deep_copy(s.x, s2.x);
+      Kokkos::fence();
+      BOOST_TEST_REQUIRE(cudaGraphLaunch(inst, stream) == cudaSuccess);
+      ep_synchronize(exec, handle);
+      const auto want = expected_step(c, in2, comm.rank(), CombineMode::Weighted, false);
+      compare("recv_x (replayed)", to_host_floats(rx), want.recv_x, false, want.recv_x.size());
+      compare("y (replayed)", to_host_floats(y), want.y, false, want.y.size());
+      cudaGraphExecDestroy(inst);
+      cudaGraphDestroy(graph);
+    }
+    cudaStreamDestroy(stream);
+  }
+#endif
+}
+
+BOOST_AUTO_TEST_CASE(dp_and_ep_groups_follow_the_mesh) {
+  const Communicator& world = host_world();
+  const Mesh mesh = test_mesh(world.size());
+  const Communicator& ep = ep_comm<Kokkos::DefaultHostExecutionSpace>();
+  const Communicator& dp = host_dp();
+  BOOST_TEST(ep.size() == mesh.ep);
+  BOOST_TEST(dp.size() == mesh.dp);
+  BOOST_TEST(ep.rank() == world.rank() % mesh.ep);
+  BOOST_TEST(dp.rank() == world.rank() / mesh.ep);
+}
+
+BOOST_AUTO_TEST_SUITE_END()
