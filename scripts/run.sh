@@ -3,6 +3,8 @@
 #   scripts/run.sh route [kokkosmoe-route options]   route a synthetic batch (default preset deepseek-v3) fwd + bwd
 #   scripts/run.sh test  [ctest options]             build and run the whole test suite with ctest
 #   scripts/run.sh bench [benchmark options]         run the router perf tests (Google Benchmark, JSON to stdout file)
+#   scripts/run.sh ep    [kokkosmoe-ep options]      one expert-parallel MoE step on KOKKOSMOE_EP_RANKS (default 2)
+#                                                    MPI ranks, checked against a single-rank computation
 # Environment: Kokkos_ROOT (your Kokkos wins), KOKKOSMOE_BUILD_DIR (default: build), KOKKOSMOE_JOBS.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -25,5 +27,9 @@ case "$cmd" in
   route) exec "$build/core/app/kokkosmoe-route" "$@" ;;
   test) exec ctest --test-dir "$build" --output-on-failure "$@" ;;
   bench) exec "$build/perf_test/KokkosMoE_RouterBenchmarks" "$@" ;;
-  *) echo "usage: scripts/run.sh route|test|bench [options]" >&2; exit 2 ;;
+  ep)
+    export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
+    exec mpirun -np "${KOKKOSMOE_EP_RANKS:-2}" --oversubscribe --bind-to none -x NCCL_NVLS_ENABLE -x OMP_NUM_THREADS \
+      -x OMP_PROC_BIND "$build/comm/app/kokkosmoe-ep" "$@" ;;
+  *) echo "usage: scripts/run.sh route|test|bench|ep [options]" >&2; exit 2 ;;
 esac

@@ -170,9 +170,16 @@ void layout_count(const Exec& exec, const EpShape s, const IdxView& idx,
 template <class Exec>
 void layout_offsets(const Exec& exec, const EpShape s, const EpLayoutViews<typename Exec::memory_space>& v) {
   auto counts = v.counts;
-  auto dest_base = v.dest_base, dest_limit = v.dest_limit, send_base = v.send_base, send_limit = v.send_limit;
-  auto expert_offsets = v.expert_offsets, recv_count = v.recv_count;
-  auto src_base = v.src_base, src_limit = v.src_limit, recv_base = v.recv_base, status = v.status;
+  auto dest_base = v.dest_base;
+  auto dest_limit = v.dest_limit;
+  auto send_base = v.send_base;
+  auto send_limit = v.send_limit;
+  auto expert_offsets = v.expert_offsets;
+  auto recv_count = v.recv_count;
+  auto src_base = v.src_base;
+  auto src_limit = v.src_limit;
+  auto recv_base = v.recv_base;
+  auto status = v.status;
   Kokkos::parallel_for(
       "KokkosMoE::ep_layout::offsets", Kokkos::RangePolicy<Exec>(exec, 0, s.E), KOKKOS_LAMBDA(int e) {
         const int j = e / s.L, l = e % s.L, E = s.E, L = s.L;
@@ -260,11 +267,22 @@ void layout_offsets(const Exec& exec, const EpShape s, const EpLayoutViews<typen
 template <class Exec, class IdxView>
 void layout_slots(const Exec& exec, const EpShape s, const IdxView& idx,
                   const EpLayoutViews<typename Exec::memory_space>& v, int recv_rows, int stage_rows) {
-  auto local_pos = v.local_pos, chunk_prefix = v.chunk_prefix, dest_base = v.dest_base, dest_limit = v.dest_limit;
-  auto send_base = v.send_base, send_limit = v.send_limit, slot_row = v.slot_row;
-  auto slot_local = v.slot_local, recv_expert = v.recv_expert, expert_offsets = v.expert_offsets;
-  auto recv_count = v.recv_count, stage_map = v.stage_map, src_base = v.src_base, src_end = v.src_limit;
-  auto recv_base = v.recv_base, status = v.status;
+  auto local_pos = v.local_pos;
+  auto chunk_prefix = v.chunk_prefix;
+  auto dest_base = v.dest_base;
+  auto dest_limit = v.dest_limit;
+  auto send_base = v.send_base;
+  auto send_limit = v.send_limit;
+  auto slot_row = v.slot_row;
+  auto slot_local = v.slot_local;
+  auto recv_expert = v.recv_expert;
+  auto expert_offsets = v.expert_offsets;
+  auto recv_count = v.recv_count;
+  auto stage_map = v.stage_map;
+  auto src_base = v.src_base;
+  auto src_end = v.src_limit;
+  auto recv_base = v.recv_base;
+  auto status = v.status;
   const std::int64_t slots = static_cast<std::int64_t>(s.T) * s.K;
   std::int64_t n = slots;
   n = recv_rows > n ? recv_rows : n;

@@ -1,0 +1,352 @@
+/*
+ * KokkosMoE: Mixture-of-Experts routing for Kokkos. SPDX-License-Identifier: Apache-2.0
+ */
+// kokkosmoe-ep: the expert-parallel main job. One MoE layer step across the ranks of MPI_COMM_WORLD (one EP group):
+// router forward (compact ids + weights), layout, dispatch, a deterministic linear expert, weighted combine, and the
+// backward of all of it (combine, expert, dispatch, router). Checks every rank's results against a single-rank
+// computation of the same step (plain loops over the rank's own routing) and prints a per-rank table of tokens,
+// slots, bytes, times and GB/s. Host execution spaces communicate over MPI, Kokkos::Cuda over NCCL.
+//
+//   mpirun -np 2 kokkosmoe-ep [--preset deepseek-v3] [--tokens 256] [--hidden H] [--dtype float|bf16]
+//                             [--capacity ROWS] [--alignment A] [--iters 5] [--seed 1]
+#include <KokkosMoE_Communicator_MPI.hpp>
+#include <KokkosMoE_EP.hpp>
+#include <KokkosMoE_Router.hpp>
+#include <KokkosMoE_RouterPresets.hpp>
+#if defined(KOKKOSMOE_HAVE_NCCL)
+#include <KokkosMoE_Communicator_NCCL.hpp>
+#endif
+
+#include <Kokkos_Core.hpp>
+
+#include <mpi.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <climits>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace {
+
+using namespace KokkosMoE;
+using Exec = Kokkos::DefaultExecutionSpace;
+using Mem = Exec::memory_space;
+
+struct Args {
+  std::string preset = "deepseek-v3";
+  long tokens = 256;
+  long hidden = 0;  // 0: the preset's hidden size
+  std::string dtype = "bf16";
+  long capacity = 0;
+  long alignment = 1;
+  long iters = 5;
+  long seed = 1;
+};
+
+struct UsageError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+long parse_long(const std::string& flag, const std::string& v, long lo, long hi) {
+  errno = 0;
+  char* end = nullptr;
+  const long x = std::strtol(v.c_str(), &end, 10);
+  if (v.empty() || end == v.c_str() || *end != '\0' || errno == ERANGE || x < lo || x > hi)
+    throw UsageError(flag + ": '" + v + "' is not an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) +
+                     "]");
+  return x;
+}
+
+Args parse(int argc, char** argv) {
+  Args a;
+  for (int i = 1; i < argc; ++i) {
+    const std::string opt = argv[i];
+    if (opt == "--help" || opt == "-h") throw UsageError("");
+    if (i + 1 >= argc) throw UsageError(opt + " needs a value (or is unknown); --help lists the options");
+    const std::string v = argv[++i];
+    if (opt == "--preset") {
+      a.preset = v;
+    } else if (opt == "--tokens") {
+      a.tokens = parse_long(opt, v, 0, 1 << 24);
+    } else if (opt == "--hidden") {
+      a.hidden = parse_long(opt, v, 1, 1 << 16);
+    } else if (opt == "--dtype") {
+      if (v != "float" && v != "bf16") throw UsageError("--dtype: '" + v + "' is not float or bf16");
+      a.dtype = v;
+    } else if (opt == "--capacity") {
+      a.capacity = parse_long(opt, v, 0, INT_MAX);
+    } else if (opt == "--alignment") {
+      a.alignment = parse_long(opt, v, 1, 1 << 16);
+    } else if (opt == "--iters") {
+      a.iters = parse_long(opt, v, 1, 1000);
+    } else if (opt == "--seed") {
+      a.seed = parse_long(opt, v, 0, INT_MAX);
+    } else {
+      throw UsageError("unknown option " + opt + "; --help lists the options");
+    }
+  }
+  return a;
+}
+
+const char* kUsage =
+    "usage: mpirun -np R kokkosmoe-ep [options]\n"
+    "  --preset NAME     router preset (default deepseek-v3): its E, top-k, grouping and hidden size\n"
+    "  --tokens N        tokens per rank (default 256)\n"
+    "  --hidden H        token row elements (default: the preset's)\n"
+    "  --dtype float|bf16  token rows (default bf16)\n"
+    "  --capacity ROWS   receive capacity per rank (capacity mode, drop on overflow); 0 = eager (default)\n"
+    "  --alignment A     rows per expert slab padded to a multiple of A (default 1)\n"
+    "  --iters N         timed repetitions, median reported (default 5)\n"
+    "  --seed S          input seed (default 1)\n";
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0.0 : v[v.size() / 2];
+}
+
+template <class Scalar>
+int run(const Args& args, const Communicator& comm, int world_rank) {
+  const RouterPreset preset = router_preset(args.preset);
+  const int R = comm.size(), me = comm.rank();
+  const int T = static_cast<int>(args.tokens), E = preset.num_experts, K = preset.config.topk;
+  const int H = static_cast<int>(args.hidden > 0 ? args.hidden : preset.hidden_size);
+  constexpr bool is_bf16 = std::is_same<Scalar, bf16_t>::value;
+  Exec exec;
+  EpGroupConfig c;
+  c.ep_size = R;
+  c.num_experts = E;
+  c.hidden = H;
+  c.top_k = K;
+  c.max_tokens_per_rank = std::max(T, 1);
+  c.max_recv_tokens_per_rank = static_cast<int>(args.capacity);
+  c.expert_alignment = static_cast<int>(args.alignment);
+  c.drop_on_overflow = args.capacity > 0;
+  EpGroup<Exec> group(exec, comm, c);
+  auto handle = group.make_handle({true, "layer 0"});
+  const int L = group.num_local_experts();
+
+  // Router inputs and the token rows, seeded per rank.
+  Kokkos::View<float**, Kokkos::LayoutRight, Mem> logits("logits", T, E), weights("weights", T, K),
+      grad_w("grad_w", T, K), grad_logits("grad_logits", T, E);
+  Kokkos::View<float*, Mem> bias("bias", preset.has_bias ? E : 0);
+  Kokkos::View<int**, Kokkos::LayoutRight, Mem> ids("ids", T, K);
+  Kokkos::View<Scalar**, Kokkos::LayoutRight, Mem> x("x", T, H), y("y", T, H), grad_y("grad_y", T, H),
+      grad_x("grad_x", T, H);
+  {
+    std::mt19937_64 gen(static_cast<std::uint64_t>(args.seed) * 1315423911ull + static_cast<std::uint64_t>(me));
+    std::normal_distribution<float> n01(0.0f, 1.0f);
+    auto hl = Kokkos::create_mirror_view(logits);
+    for (int t = 0; t < T; ++t)
+      for (int e = 0; e < E; ++e) hl(t, e) = n01(gen);
+    Kokkos::deep_copy(logits, hl);
+    auto hb = Kokkos::create_mirror_view(bias);
+    for (std::size_t e = 0; e < hb.extent(0); ++e) hb(e) = 0.02f * (n01(gen) * 0.5f);
+    Kokkos::deep_copy(bias, hb);
+    auto hx = Kokkos::create_mirror_view(x);
+    auto hg = Kokkos::create_mirror_view(grad_y);
+    for (int t = 0; t < T; ++t)
+      for (int h = 0; h < H; ++h) {
+        hx(t, h) = Scalar(0.25f * n01(gen));
+        hg(t, h) = Scalar(0.125f * n01(gen));
+      }
+    Kokkos::deep_copy(x, hx);
+    Kokkos::deep_copy(grad_y, hg);
+  }
+  RouterConfig rc = preset.config;
+  if (preset.has_bias) {
+    topk_router_compact(exec, rc, logits, bias, ids, weights);
+  } else {
+    topk_router_compact(exec, rc, logits, Kokkos::View<const float*, Mem>(), ids, weights);
+  }
+
+  std::vector<double> t_layout, t_dispatch, t_combine, t_combine_bwd, t_dispatch_bwd;
+  Kokkos::View<Scalar**, Kokkos::LayoutRight, Mem> recv_x, out, grad_out, grad_recv_x;
+  Kokkos::View<float*, Mem> recv_w;
+  int N = 0;
+  auto timed = [&](std::vector<double>& acc, auto&& f) {
+    exec.fence();
+    MPI_Barrier(MPI_COMM_WORLD);
+    Kokkos::Timer timer;
+    f();
+    ep_synchronize(exec, handle);
+    acc.push_back(timer.seconds());
+  };
+  for (long it = 0; it < args.iters; ++it) {
+    timed(t_layout, [&] { ep_layout(exec, handle, ids); });
+    if (handle.num_recv_rows() != N || recv_x.extent(0) == 0) {
+      N = handle.num_recv_rows();
+      recv_x = decltype(recv_x)("recv_x", N, H);
+      out = decltype(out)("out", N, H);
+      grad_out = decltype(grad_out)("grad_out", N, H);
+      grad_recv_x = decltype(grad_recv_x)("grad_recv_x", N, H);
+      recv_w = decltype(recv_w)("recv_w", N);
+    }
+    timed(t_dispatch, [&] { ep_dispatch(exec, handle, x, weights, recv_x, recv_w); });
+    // The expert: out = a_e * x + b_e, a_e = 1 + (e % 5) / 8, b_e = (e % 3) / 16.
+    auto recv_expert = handle.recv_expert();
+    auto rx = recv_x;
+    auto o = out;
+    Kokkos::parallel_for(
+        "kokkosmoe-ep::expert", Kokkos::RangePolicy<Exec>(exec, 0, static_cast<std::int64_t>(N) * H),
+        KOKKOS_LAMBDA(std::int64_t i) {
+          const int r = static_cast<int>(i / H), h = static_cast<int>(i % H), l = recv_expert(r);
+          const int e = me * L + (l < 0 ? 0 : l);
+          o(r, h) = Scalar(l < 0 ? 0.0f : static_cast<float>(rx(r, h)) * (1.0f + (e % 5) * 0.125f) + (e % 3) * 0.0625f);
+        });
+    timed(t_combine, [&] { ep_combine(exec, handle, CombineMode::Weighted, out, weights, y); });
+    timed(t_combine_bwd,
+          [&] { ep_combine_backward(exec, handle, CombineMode::Weighted, grad_y, weights, out, grad_out, grad_w); });
+    auto go = grad_out;
+    auto grx = grad_recv_x;
+    Kokkos::parallel_for(
+        "kokkosmoe-ep::expert_backward", Kokkos::RangePolicy<Exec>(exec, 0, static_cast<std::int64_t>(N) * H),
+        KOKKOS_LAMBDA(std::int64_t i) {
+          const int r = static_cast<int>(i / H), h = static_cast<int>(i % H), l = recv_expert(r);
+          const int e = me * L + (l < 0 ? 0 : l);
+          grx(r, h) = Scalar(l < 0 ? 0.0f : static_cast<float>(go(r, h)) * (1.0f + (e % 5) * 0.125f));
+        });
+    timed(t_dispatch_bwd, [&] {
+      ep_dispatch_backward(exec, handle, grad_recv_x, Kokkos::View<const float*, Mem>(), grad_x,
+                           Kokkos::View<float**, Kokkos::LayoutRight, Mem>());
+    });
+  }
+  topk_router_compact_backward(exec, rc, logits, ids, grad_w, grad_logits);
+  exec.fence();
+
+  // The single-rank computation of the same step from this rank's own routing.
+  auto hx = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), x);
+  auto hy = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), y);
+  auto hgy = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), grad_y);
+  auto hgx = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), grad_x);
+  auto hgw = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), grad_w);
+  auto hid = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), ids);
+  auto hw = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), weights);
+  auto hgl = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), grad_logits);
+  auto rnd = [&](float v) { return is_bf16 ? static_cast<float>(bf16_t(v)) : v; };
+  double err_y = 0, err_gx = 0, err_gw = 0;
+  bool finite = true;
+  for (int t = 0; t < T; ++t) {
+    for (int h = 0; h < H; ++h) {
+      float acc = 0, gacc = 0;
+      for (int k = 0; k < K; ++k) {
+        const int e = hid(t, k);
+        if (e < 0) continue;
+        const float a = 1.0f + (e % 5) * 0.125f, b = (e % 3) * 0.0625f;
+        acc += hw(t, k) * rnd(static_cast<float>(hx(t, h)) * a + b);
+        gacc += rnd(rnd(hw(t, k) * static_cast<float>(hgy(t, h))) * a);
+      }
+      err_y = std::max(err_y, static_cast<double>(std::fabs(static_cast<float>(hy(t, h)) - rnd(acc))));
+      err_gx = std::max(err_gx, static_cast<double>(std::fabs(static_cast<float>(hgx(t, h)) - rnd(gacc))));
+    }
+    for (int k = 0; k < K; ++k) {
+      const int e = hid(t, k);
+      float d = 0;
+      if (e >= 0)
+        for (int h = 0; h < H; ++h)
+          d += static_cast<float>(hgy(t, h)) *
+               rnd(static_cast<float>(hx(t, h)) * (1.0f + (e % 5) * 0.125f) + (e % 3) * 0.0625f);
+      err_gw = std::max(err_gw, static_cast<double>(std::fabs(hgw(t, k) - d)) / (1.0 + std::fabs(d)));
+    }
+    for (int e = 0; e < E; ++e) finite = finite && std::isfinite(hgl(t, e));
+  }
+  const double tol = is_bf16 ? 5e-2 : 1e-4;
+  const bool pass = err_y <= tol && err_gx <= tol && err_gw <= 1e-3 && finite;
+
+  // This rank's row of the table.
+  auto tpr = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), handle.tokens_per_rank());
+  auto tpe = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), handle.tokens_per_expert());
+  auto rcnt = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), handle.recv_counts());
+  long slots = 0, local = 0, sent_tokens = 0;
+  for (int e = 0; e < E; ++e) {
+    slots += tpe(e);
+    if (e / L == me) local += tpe(e);
+  }
+  for (int r = 0; r < R; ++r) sent_tokens += tpr(r);
+  long recv_slots = 0;
+  std::string per_expert;
+  for (int l = 0; l < L; ++l) {
+    recv_slots += rcnt(l);
+    if (l < 8) per_expert += (per_expert.empty() ? "" : ",") + std::to_string(rcnt(l));
+  }
+  if (L > 8) per_expert += ",...";
+  const double row_bytes = static_cast<double>(H) * sizeof(Scalar);
+  const double bytes = static_cast<double>(recv_slots) * row_bytes;  // docs/ep.md §9: received rows, local included
+  const double td = median(t_dispatch), tc = median(t_combine), tcb = median(t_combine_bwd),
+               tdb = median(t_dispatch_bwd), tl = median(t_layout);
+  char line[1024];
+  std::snprintf(line, sizeof line,
+                "%4d %6d %7ld %7ld %7ld %8ld  %-22s %9.2f %9.1f %9.1f %9.1f %9.1f %9.1f %8.2f %8.2f  %s", world_rank, T,
+                slots, local, sent_tokens, recv_slots, per_expert.c_str(), bytes / 1e6, tl * 1e6, td * 1e6, tc * 1e6,
+                tcb * 1e6, tdb * 1e6, td > 0 ? bytes / td / 1e9 : 0.0, tc > 0 ? bytes / tc / 1e9 : 0.0,
+                pass ? "PASS" : "FAIL");
+  std::vector<char> all(static_cast<std::size_t>(R) * sizeof line);
+  MPI_Gather(line, sizeof line, MPI_CHAR, all.data(), sizeof line, MPI_CHAR, 0, MPI_COMM_WORLD);
+  int pass_all = pass ? 1 : 0, pass_min = 0;
+  MPI_Allreduce(&pass_all, &pass_min, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  double errs[3] = {err_y, err_gx, err_gw}, errs_max[3];
+  MPI_Reduce(errs, errs_max, 3, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
+  if (world_rank == 0) {
+    std::printf(
+        "kokkosmoe-ep: %s (E = %d, top-%d, %d local experts per rank), %d ranks over %s, %s rows of %d, %s mode\n",
+        preset.name.c_str(), E, K, L, R, to_string(comm.transport()), is_bf16 ? "bf16" : "fp32", H,
+        args.capacity > 0 ? ("capacity (" + std::to_string(args.capacity) + " rows, drop)").c_str() : "eager");
+    std::printf("execution space %s; times are medians of %ld steps (fenced wall time, ep_synchronize included)\n",
+                Exec::name(), args.iters);
+    std::printf(
+        "rank tokens   slots   local  tok->r recvslot  recv per local expert  recv MB  layout us dispatch "
+        "us combine us comb.bwd  disp.bwd disp GB/s comb GB/s  check\n");
+    for (int r = 0; r < R; ++r) std::printf("%s\n", all.data() + static_cast<std::size_t>(r) * sizeof line);
+    std::printf(
+        "check against the single-rank computation: max |y err| %.3g, |grad_x err| %.3g, rel |grad_w err| %.3g, "
+        "router grad_logits finite: %s -> %s\n",
+        errs_max[0], errs_max[1], errs_max[2], finite ? "yes" : "no", pass_min ? "PASS" : "FAIL");
+    std::printf("GB/s: logical bandwidth of docs/ep.md §9 (received rows x H x %zu B, the rank's own included)\n",
+                sizeof(Scalar));
+  }
+  return pass_min ? 0 : 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int provided = 0;
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
+  int world_rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
+  int rc = 1;
+  Args args;
+  try {
+    args = parse(argc, argv);
+  } catch (const UsageError& e) {
+    if (world_rank == 0) std::fprintf(stderr, "%s%s%s", e.what(), *e.what() ? "\n" : "", kUsage);
+    MPI_Finalize();
+    return *e.what() ? 2 : 0;
+  }
+  Kokkos::initialize();
+  try {
+    Communicator host = make_mpi_communicator(MPI_COMM_WORLD);
+#if defined(KOKKOS_ENABLE_CUDA) && defined(KOKKOSMOE_HAVE_NCCL)
+    Communicator comm = make_nccl_communicator(host, Kokkos::DefaultExecutionSpace().cuda_device());
+#else
+    Communicator& comm = host;
+#endif
+    rc = args.dtype == "bf16" ? run<bf16_t>(args, comm, world_rank) : run<float>(args, comm, world_rank);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "kokkosmoe-ep: rank %d: %s\n", world_rank, e.what());
+    rc = 1;
+  }
+  Kokkos::finalize();
+  if (rc == 1) {
+    // A failed rank may leave peers waiting: end the job instead of hanging in MPI_Finalize.
+    MPI_Abort(MPI_COMM_WORLD, 1);
+  }
+  MPI_Finalize();
+  return rc;
+}
