@@ -5,8 +5,11 @@
 #define KOKKOSMOE_TEST_EPTESTENV_HPP
 
 // The EP tests' world: MPI is initialized by the test main (utf_main_mpi.cpp); host device types run over an MPI
-// communicator of MPI_COMM_WORLD, Kokkos::Cuda over an NCCL communicator bootstrapped through it. The mesh is
-// KOKKOSMOE_TEST_EP_MESH=DPxEP, by default DP2 x EP2 on 4 ranks and DP1 x EP(world) otherwise (docs/ep.md §12).
+// communicator of MPI_COMM_WORLD, Kokkos::Cuda over an NCCL communicator bootstrapped through it. Started by
+// multi_gpu_launch.sh instead (one process per GPU, no mpirun: KOKKOSMOE_LAUNCH_RANK, _SIZE and _ID_FILE set), the
+// NCCL world spans the launched processes and its unique id travels through a file; host types then run on one
+// rank. The mesh is KOKKOSMOE_TEST_EP_MESH=DPxEP, by default DP2 x EP2 on 4 ranks and DP1 x EP(world) otherwise
+// (docs/ep.md §12).
 
 #include <KokkosMoE_Communicator.hpp>
 #include <KokkosMoE_Communicator_MPI.hpp>
@@ -18,10 +21,14 @@
 
 #include <mpi.h>
 
+#include <chrono>
+#include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <thread>
 
 namespace KokkosMoE::Test {
 
@@ -61,6 +68,42 @@ inline int world_size() {
   return n;
 }
 
+/// The launcher's rank and size (multi_gpu_launch.sh), or -1 when not launched by it.
+inline int launch_rank() {
+  const char* r = std::getenv("KOKKOSMOE_LAUNCH_RANK");
+  return r != nullptr && *r != '\0' ? std::atoi(r) : -1;
+}
+inline int launch_size() {
+  const char* n = std::getenv("KOKKOSMOE_LAUNCH_SIZE");
+  return n != nullptr && *n != '\0' ? std::atoi(n) : -1;
+}
+
+#if defined(KOKKOSMOE_HAVE_NCCL)
+/// Rank 0 writes the unique id to KOKKOSMOE_LAUNCH_ID_FILE (atomically, by rename); the others wait for it with the
+/// communicator's timeout.
+inline ncclUniqueId exchange_id_by_file(int rank) {
+  const std::string path = std::getenv("KOKKOSMOE_LAUNCH_ID_FILE");
+  ncclUniqueId id{};
+  if (rank == 0) {
+    id = make_nccl_unique_id();
+    const std::string tmp = path + ".tmp";
+    std::ofstream(tmp, std::ios::binary).write(reinterpret_cast<const char*>(&id), sizeof id);
+    std::rename(tmp.c_str(), path.c_str());
+    return id;
+  }
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  while (std::chrono::steady_clock::now() < until) {
+    std::ifstream in(path, std::ios::binary);
+    if (in.read(reinterpret_cast<char*>(&id), sizeof id)) return id;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  throw std::runtime_error("rank " + std::to_string(rank) + ": no NCCL unique id in " + path + " after 120 s");
+}
+#endif
+
+/// The mesh of the host (MPI) world: one rank per process under multi_gpu_launch.sh.
+inline Mesh host_mesh() { return launch_size() > 0 ? Mesh{} : test_mesh(world_size()); }
+
 /// Communicators shared by the test cases of one process, released before MPI and Kokkos finalize.
 struct CommCache {
   std::unique_ptr<Communicator> host_world, host_ep, host_dp;
@@ -83,7 +126,7 @@ struct CommCache {
 template <class ExecSpace>
 const Communicator& ep_comm() {
   CommCache& c = CommCache::get();
-  const Mesh mesh = test_mesh(world_size());
+  const Mesh mesh = host_mesh();
   const int r = world_rank();
   if (!c.host_world) {
     c.host_world = std::make_unique<Communicator>(make_mpi_communicator(MPI_COMM_WORLD));
@@ -93,13 +136,17 @@ const Communicator& ep_comm() {
 #if defined(KOKKOS_ENABLE_CUDA) && defined(KOKKOSMOE_HAVE_NCCL)
   if constexpr (std::is_same<ExecSpace, Kokkos::Cuda>::value) {
     if (!c.nccl_world) {
-      int ndev = 0;
-      cudaGetDeviceCount(&ndev);
       const int device = Kokkos::DefaultExecutionSpace().cuda_device();
-      c.nccl_world = std::make_unique<Communicator>(make_nccl_communicator(*c.host_world, device));
-      c.nccl_ep = std::make_unique<Communicator>(c.nccl_world->split(r / mesh.ep, r % mesh.ep));
-      c.nccl_dp = std::make_unique<Communicator>(c.nccl_world->split(r % mesh.ep, r / mesh.ep));
-      (void)ndev;
+      if (launch_size() > 0) {
+        const int lr = launch_rank(), ln = launch_size();
+        c.nccl_world = std::make_unique<Communicator>(make_nccl_communicator(exchange_id_by_file(lr), lr, ln, device));
+      } else {
+        c.nccl_world = std::make_unique<Communicator>(make_nccl_communicator(*c.host_world, device));
+      }
+      const Mesh gm = test_mesh(c.nccl_world->size());
+      const int gr = c.nccl_world->rank();
+      c.nccl_ep = std::make_unique<Communicator>(c.nccl_world->split(gr / gm.ep, gr % gm.ep));
+      c.nccl_dp = std::make_unique<Communicator>(c.nccl_world->split(gr % gm.ep, gr / gm.ep));
     }
     return *c.nccl_ep;
   }

@@ -654,7 +654,7 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(graph_capture_replays_new_routing, DeviceType, KOK
 
 BOOST_AUTO_TEST_CASE(dp_and_ep_groups_follow_the_mesh) {
   const Communicator& world = host_world();
-  const Mesh mesh = test_mesh(world.size());
+  const Mesh mesh = host_mesh();
   const Communicator& ep = ep_comm<Kokkos::DefaultHostExecutionSpace>();
   const Communicator& dp = host_dp();
   BOOST_TEST(ep.size() == mesh.ep);

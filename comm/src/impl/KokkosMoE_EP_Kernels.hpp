@@ -65,7 +65,7 @@ struct EpShape {
   int slab = 0;        // fixed: R*B
   int capacity = 0;    // > 0: receive rows of the padded layout (capacity mode); 0: eager
   int block = 0;       // capacity mode: rows per peer block of the stages
-  bool eager() const { return capacity == 0 && !fixed; }
+  KOKKOS_INLINE_FUNCTION bool eager() const { return capacity == 0 && !fixed; }
 };
 
 KOKKOS_INLINE_FUNCTION int pad_to(int n, int a) { return a <= 1 ? n : (n + a - 1) / a * a; }
