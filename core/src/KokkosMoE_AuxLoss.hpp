@@ -5,7 +5,7 @@
 #define KOKKOSMOE_AUXLOSS_HPP
 
 /// \file KokkosMoE_AuxLoss.hpp
-/// \brief Load-balancing auxiliary loss: the score helper (router-spec §10) and the loss (router-spec §11).
+/// \brief Load-balancing auxiliary loss: the score helper (docs/router.md §10) and the loss (docs/router.md §11).
 ///
 /// Execution space first, config, input Views, output Views; validation on the host, work enqueued on \p exec,
 /// no fence, no allocation (aux_loss takes a caller-provided workspace sized by aux_loss_workspace_size()).
@@ -117,7 +117,7 @@ AuxLossArgs lower_aux_loss(const char* fn, const AuxLossConfig& config, const Pr
 }
 }  // namespace Impl
 
-/// \brief Aux-loss score helper (router-spec §10): dense FP32 scores, a routing map of the top-k of the scores,
+/// \brief Aux-loss score helper (docs/router.md §10): dense FP32 scores, a routing map of the top-k of the scores,
 /// and the FP32 intermediate saved for the backward. Sigmoid/SqrtSoftplus normalize over all E (even k = 1).
 /// \param logits        [T, E] float, fp16_t or bf16_t
 /// \param scores        [T, E] float output
@@ -167,7 +167,7 @@ void aux_scores(const ExecSpace& exec, const AuxScoresConfig& config, const Logi
   Impl::dispatch(exec, config.implementation, a);
 }
 
-/// \brief Backward of aux_scores (router-spec §10): no routing mask, all experts take part.
+/// \brief Backward of aux_scores (docs/router.md §10): no routing mask, all experts take part.
 /// \param intermediate  [T, E] float from aux_scores
 /// \param grad_scores   [T, E] float
 /// \param grad_logits   [T, E] output, float, fp16_t or bf16_t (the logits' type)
@@ -210,7 +210,7 @@ inline std::size_t aux_loss_workspace_size(std::int64_t rows, std::int64_t cols)
   return Impl::aux_loss_workspace_floats(rows, cols);
 }
 
-/// \brief Aux loss (router-spec §11) with a host-side total token count.
+/// \brief Aux loss (docs/router.md §11) with a host-side total token count.
 ///
 /// Const = ((E * coeff) / topk) / T_total / T_total;  loss = Const * sum_c (sum_r probs[r,c]) * tpe[c].
 /// \param probs              [R, C] float/fp16_t/bf16_t, C = m * E (m sequences side by side)

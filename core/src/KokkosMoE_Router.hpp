@@ -7,7 +7,7 @@
 /// \file KokkosMoE_Router.hpp
 /// \brief Fused top-k MoE router: forward (routing map, dense indices or compact output) and backward.
 ///
-/// The contract is docs/router-spec.md (TransformerEngine's fused router, with KokkosMoE's tie-breaking and
+/// The contract is docs/router.md (TransformerEngine's fused router, with KokkosMoE's tie-breaking and
 /// non-finite rules). Every function takes the execution space instance first, then a RouterConfig, then input
 /// Views, then preallocated output Views. All tensors are rank 2, row-major, contiguous. Calls validate on the host,
 /// enqueue on \p exec and return without fencing; nothing is allocated per call. On Kokkos::Cuda the hand-tuned
@@ -32,8 +32,8 @@ namespace KokkosMoE {
 /// \param expert_bias   [E] float/fp16_t/bf16_t, or an empty View for none (Sigmoid/SqrtSoftplus only)
 /// \param probs         [T, E] output, logits' type, non-zero only at the selected experts
 /// \param routing_map   [T, E] uint8 (Bytemap) or [T, ceil(E/8)] uint8 (BitmapU8, LSB-first, zero padding)
-/// \param intermediate  [T, E] float output, saved for the backward pass (router-spec §5.1, §8)
-/// \throws KokkosMoE::InvalidArgument if a shape, type or attribute violates router-spec §4
+/// \param intermediate  [T, E] float output, saved for the backward pass (docs/router.md §5.1, §8)
+/// \throws KokkosMoE::InvalidArgument if a shape, type or attribute violates docs/router.md §4
 /// \throws KokkosMoE::NonFiniteInput if config.check_finite and the logits hold a non-finite value
 template <class ExecSpace, class LogitsView, class BiasView, class ProbsView, class MapView, class InterView>
 void topk_router(const ExecSpace& exec, const RouterConfig& config, const LogitsView& logits,
@@ -112,7 +112,7 @@ void topk_router_indices(const ExecSpace& exec, const RouterConfig& config, cons
   Impl::run_topk_forward(fn, exec, a, logits);
 }
 
-/// \brief Compact forward for inference (router-spec §5.5): ids [T, k] int32 in selection order and
+/// \brief Compact forward for inference (docs/router.md §5.5): ids [T, k] int32 in selection order and
 /// weights [T, k] float (= scaling_factor * v[i] in FP32). No probs, map or intermediate is written.
 template <class ExecSpace, class LogitsView, class BiasView, class IdsView, class WeightsView>
 void topk_router_compact(const ExecSpace& exec, const RouterConfig& config, const LogitsView& logits,
@@ -136,7 +136,7 @@ void topk_router_compact(const ExecSpace& exec, const RouterConfig& config, cons
   Impl::run_topk_forward(fn, exec, a, logits);
 }
 
-/// \brief Backward of topk_router (router-spec §9) from the saved routing map (config.map_format) and
+/// \brief Backward of topk_router (docs/router.md §9) from the saved routing map (config.map_format) and
 /// intermediate. grad_logits has grad_probs' type. Bytemap and BitmapU8 give bit-identical gradients.
 /// Uses config.topk, score_function, use_pre_softmax and scaling_factor (grouping and bias play no part).
 template <class ExecSpace, class MapView, class InterView, class GradProbsView, class GradLogitsView>
@@ -186,7 +186,7 @@ void topk_router_indices_backward(const ExecSpace& exec, const RouterConfig& con
   Impl::run_topk_backward(exec, a);
 }
 
-/// \brief Backward of topk_router_compact (router-spec §5.5): recomputes the activations from the logits.
+/// \brief Backward of topk_router_compact (docs/router.md §5.5): recomputes the activations from the logits.
 /// \param logits        [T, E] the forward's logits, unchanged
 /// \param ids           [T, k] int32 from the compact forward
 /// \param grad_weights  [T, k] float or the logits' type
@@ -235,7 +235,7 @@ void topk_router_compact_backward(const ExecSpace& exec, const RouterConfig& con
   Impl::run_topk_backward(exec, a);
 }
 
-/// \brief Debug check (router-spec §7.1): scans a [T, E] float/fp16_t/bf16_t View and throws
+/// \brief Debug check (docs/router.md §7.1): scans a [T, E] float/fp16_t/bf16_t View and throws
 /// KokkosMoE::NonFiniteInput naming the first non-finite element in row-major order. Fences \p exec.
 template <class ExecSpace, class View>
 void check_finite(const ExecSpace& exec, const View& values, const char* parameter = "logits") {

@@ -5,14 +5,14 @@
 #define KOKKOSMOE_PARTITION_HPP
 
 /// \file KokkosMoE_Partition.hpp
-/// \brief Partition rules of the router operations and their shard callables (router-spec §13, §14; contract:
+/// \brief Partition rules of the router operations and their shard callables (docs/router.md §13, §14; contract:
 /// docs/planner.md §5), plus a virtual mesh that runs a partitioned operation over N shards of one host backend.
 ///
 /// partition_router() takes a mesh, the operation with its configuration and the input shardings, and returns
 /// the required argument shardings, the output shardings (router_sharding_rule) and a type-erased callable that
 /// runs the operation on one device's local shard. **The callable owns copies of every configuration value it
 /// uses** (routing-map format, score function, top-k, scaling, grouping, the global token count, ...): it stays
-/// valid after the mesh, the spec, the shardings and the builder's temporaries are gone (router-spec §14).
+/// valid after the mesh, the spec, the shardings and the builder's temporaries are gone (docs/router.md §14).
 
 #include <KokkosMoE_AuxLoss.hpp>
 #include <KokkosMoE_Error.hpp>
@@ -91,7 +91,7 @@ struct ShardConfig {
       std::string("partitioned ") + to_string(s.op), param, Rule::ShardingRule,
       std::string(param) + " has " + std::to_string(local) +
           " experts on this shard, but the operation is configured for num_experts = " + std::to_string(s.num_experts) +
-          ": the expert axis was split. Keep it whole on every shard (router-spec §13)");
+          ": the expert axis was split. Keep it whole on every shard (docs/router.md §13)");
 }
 
 template <class ExecSpace, class Scalar>
@@ -147,7 +147,7 @@ inline bool uses_router_config(RouterOp op) {
          op != RouterOp::AuxLossBackward;
 }
 
-// Builds the callable. The configuration is copied into the closure (router-spec §14). The negative control of
+// Builds the callable. The configuration is copied into the closure (docs/router.md §14). The negative control of
 // §14 compiles this header with KOKKOSMOE_IMPL_TEST_DANGLING_PARTITION_CAPTURE, which reintroduces the seed's bug
 // (the closure refers to this function's local copy, dead once it returns); only the test tstPartitionDeferred's
 // dangling build defines it, and AddressSanitizer must report it.
@@ -163,7 +163,7 @@ ShardFunction<ExecSpace, Scalar> make_shard_function(const RouterOpSpec& spec) {
 
 }  // namespace Impl
 
-/// \brief Partitions a router operation over \p mesh (router-spec §13).
+/// \brief Partitions a router operation over \p mesh (docs/router.md §13).
 ///
 /// \param mesh    the device mesh
 /// \param spec    the operation and its configuration; spec.num_experts (E >= 1) is required for the top-k and

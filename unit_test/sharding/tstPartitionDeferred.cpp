@@ -1,7 +1,7 @@
 /*
  * KokkosMoE: Mixture-of-Experts routing for Kokkos. SPDX-License-Identifier: Apache-2.0
  */
-// router-spec §14 under AddressSanitizer: every stored shard callable is invoked after the mesh, spec, shardings
+// docs/router.md §14 under AddressSanitizer: every stored shard callable is invoked after the mesh, spec, shardings
 // and builder temporaries it was made from are destroyed, and must reproduce the eager result bitwise. Built
 // twice (unit_test/sharding/CMakeLists.txt), both with -fsanitize=address and run with
 // ASAN_OPTIONS=detect_stack_use_after_return=1:

@@ -5,7 +5,7 @@
 #define KOKKOSMOE_TST_PARTITION_HELPERS_HPP
 
 // Shared by tstPartition.cpp (Boost.Test) and tstPartitionDeferred.cpp (the AddressSanitizer executables):
-// deterministic operands for every router operation (router-spec §16.2: per-row permutations of well-separated
+// deterministic operands for every router operation (docs/router.md §16.2: per-row permutations of well-separated
 // values plus noise below the separation, so rows are tie-free and select different experts), the eager
 // (unsharded) reference through the public API, and bitwise comparison of outputs.
 
@@ -203,7 +203,7 @@ RouterOperands<Exec, Scalar> make_operands(const Exec& exec, const RouterOpSpec&
   o.grad_scores = typename Ops::template Matrix<float>("grad_scores", T, E);
   fill_uniform(o.grad_scores, rng, -1.0f, 1.0f);
   if (s.op == RouterOp::AuxLoss || s.op == RouterOp::AuxLossBackward) {
-    const int C = 2 * E;  // two sequences side by side (router-spec §11)
+    const int C = 2 * E;  // two sequences side by side (docs/router.md §11)
     o.probs = typename Ops::template Matrix<Scalar>("aux_probs", T, C);
     fill_uniform(o.probs, rng, 0.0f, 1.0f);
     o.grad_probs = typename Ops::template Matrix<Scalar>("aux_grad_probs", T, C);
@@ -259,7 +259,7 @@ std::vector<std::string> differing_outputs(const Ops& a, const Ops& b, const Rou
 }
 
 /// Overwrites freshly allocated heap memory and a deep stack region with a pattern, so that a callable that
-/// refers to destroyed state reads garbage instead of the old values (router-spec §14).
+/// refers to destroyed state reads garbage instead of the old values (docs/router.md §14).
 inline void scribble_memory() {
   for (int i = 0; i < 64; ++i) {
     std::vector<unsigned char> junk(4096 + 64 * i, static_cast<unsigned char>(0xA5 ^ i));
@@ -346,7 +346,7 @@ RouterOperands<Exec, Scalar> eager_reference(const Exec& exec, const RouterOpSpe
   return ref;
 }
 
-/// The survival test of router-spec §14 for one operation: the partition (mesh, spec, shardings, builder
+/// The survival test of docs/router.md §14 for one operation: the partition (mesh, spec, shardings, builder
 /// temporaries) is built in a scope whose objects are overwritten and destroyed, memory is scribbled over, then the
 /// stored callable runs on two logical shards and must match the eager result bitwise. Returns "" or what failed.
 template <class Exec, class Scalar>

@@ -2,7 +2,7 @@
  * KokkosMoE: Mixture-of-Experts routing for Kokkos. SPDX-License-Identifier: Apache-2.0
  */
 // Backward kernels: topk_backward (Bytemap, BitmapU8, dense indices, compact) and aux_scores_backward
-// (router-spec §5.5, §9, §10).
+// (docs/router.md §5.5, §9, §10).
 //
 // bwd_dense<GI, GO, TPT, NC, W>: map path and aux-score path. TPT lanes per token, NC chunks of W experts per lane
 //   (16/32-byte vector accesses), rows longer than one register tile are processed in tiles with a second

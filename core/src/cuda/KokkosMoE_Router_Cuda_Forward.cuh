@@ -4,7 +4,7 @@
 #ifndef KOKKOSMOE_ROUTER_CUDA_FORWARD_CUH
 #define KOKKOSMOE_ROUTER_CUDA_FORWARD_CUH
 
-// Forward kernels of topk_router (all output kinds) and aux_scores (router-spec §5, §10).
+// Forward kernels of topk_router (all output kinds) and aux_scores (docs/router.md §5, §10).
 //
 // topk_fwd_reg<DT, TPT, NC, W>: the fast path for E <= 1024. TPT lanes (1..32) own one token; lane `ls` owns NC
 //   chunks of W contiguous experts, chunk c covering experts (c*TPT + ls)*W .. +W-1 (16-byte loads when W is the
@@ -572,7 +572,7 @@ __device__ __forceinline__ void topq_insert(unsigned (&Lk)[Q], int (&Lp)[Q], uns
   Lp[0] = g[0] ? pos : Lp[0];
 }
 
-/// Weight of the slot held by a slot lane (router-spec §5.2): yr is the slot's activation (Softmax post: its logit;
+/// Weight of the slot held by a slot lane (docs/router.md §5.2): yr is the slot's activation (Softmax post: its logit;
 /// idle lanes pass 1, a value that keeps the division on its fast path). Sums run over the k slot lanes of the
 /// segment starting at lane sbase, in slot order, through shuffles; one division per lane. All lanes must call it.
 __device__ __forceinline__ float slot_weight(const FwdParams& P, int k, bool softmax_post, float yr, int sbase) {

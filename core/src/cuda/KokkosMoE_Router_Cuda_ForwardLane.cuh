@@ -11,7 +11,7 @@
 //
 // Mapping: TPT lanes own one token; lane `ls` owns NC chunks of W contiguous experts, chunk c covering experts
 // (c*TPT + ls)*W .. +W-1 (16- or 32-byte loads). Per token:
-//   1. activations, order-preserving keys (router-spec §5.1, §7) and early FP32 outputs, chunk by chunk; the
+//   1. activations, order-preserving keys (docs/router.md §5.1, §7) and early FP32 outputs, chunk by chunk; the
 //      activation and key rows also go to a per-token shared row. Only the packed keys stay in registers: the
 //      key's upper 32-IB bits over the inverted expert index (IB = index bits of the row), unique per token;
 //   2. group-limited routing (§5.3, NC == 1, kg <= 2): lane top-2 keys merged over the lanes of a group; with
@@ -33,7 +33,7 @@
 //      ids/weights/indices coalesced, and drops the weight into the shared row from which the owners build their
 //      dense outputs (probs, map, Softmax-post intermediate) with vector stores.
 // Bit-identical to the other CUDA forward kernels (same keys, slot order and FP32 expressions) except Softmax pre,
-// whose row sum is associated per lane layout (last-bit differences, within router-spec §16.1).
+// whose row sum is associated per lane layout (last-bit differences, within docs/router.md §16.1).
 
 #include <cuda/KokkosMoE_Router_Cuda_Forward.cuh>
 

@@ -10,7 +10,7 @@
 //
 // Every launcher runs on seeded, per-row varied, tie-free inputs (random permutations of well-separated values)
 // for many shapes, dtypes and output kinds, and is compared with a double-precision CPU reference written from
-// router-spec §5-§11: routing maps / index sets exactly, values within §16.1 (E-scaled FP32 tolerances; 16-bit
+// docs/router.md §5-§11: routing maps / index sets exactly, values within §16.1 (E-scaled FP32 tolerances; 16-bit
 // outputs within 1 ulp of the reference rounded to their type). Rows whose deciding margin is below FP32
 // resolution are reported as ill-conditioned and only checked for well-formedness. Also: tie and non-finite
 // rows (§7, §16.4), cross-output-kind bit identity, determinism (two runs bitwise equal), CUDA-graph capture and
@@ -248,7 +248,7 @@ static Tol tol_for(long long E) {
 static long long ord16(std::uint16_t b) {
   return (b & 0x8000) ? -static_cast<long long>(b & 0x7fff) : static_cast<long long>(b);
 }
-/// Value check of one output element against a double reference (router-spec §16.1).
+/// Value check of one output element against a double reference (docs/router.md §16.1).
 static bool close(DType t, double out, std::uint64_t outbits, double ref, const Tol& tol) {
   if (std::isnan(ref) || std::isnan(out)) return std::isnan(ref) && std::isnan(out);
   if (std::isinf(ref) || std::isinf(out)) return ref == out;
@@ -262,7 +262,7 @@ static bool close(DType t, double out, std::uint64_t outbits, double ref, const 
 }
 
 // ------------------------------------------------------------------------------------------------------------
-// double-precision reference (router-spec §5-§11)
+// double-precision reference (docs/router.md §5-§11)
 // ------------------------------------------------------------------------------------------------------------
 static double dsig(double x) { return 1.0 / (1.0 + std::exp(-x)); }
 static double dssp(double x) { return std::sqrt(x > 20.0 ? x : std::log1p(std::exp(x))); }
@@ -429,7 +429,7 @@ static void ref_backward(ScoreFunction fn, bool pre, int k, double scale, const 
 }
 
 // ------------------------------------------------------------------------------------------------------------
-// input generators (router-spec §16.2: seeded, per-row varied, tie-free, well-conditioned)
+// input generators (docs/router.md §16.2: seeded, per-row varied, tie-free, well-conditioned)
 // ------------------------------------------------------------------------------------------------------------
 static void gen_logits(Rng& rng, const FwdCfg& c, Buf& x) {
   const int E = c.E;
