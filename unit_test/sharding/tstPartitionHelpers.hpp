@@ -24,6 +24,8 @@
 #include <string>
 #include <vector>
 
+#include "tstVirtualMesh.hpp"
+
 namespace KokkosMoE::Test {
 
 /// A named router configuration (score function, grouping, bias, scaling).
@@ -228,7 +230,7 @@ template <class Ops>
 Ops with_fresh_outputs(const Ops& base, const RouterOpSpec& s) {
   Ops o = base;
   for (const auto& out : Impl::describe(s).outs)
-    Impl::with_operand(o, out.name, [&](auto& v) {
+    with_operand(o, out.name, [&](auto& v) {
       using V = std::decay_t<decltype(v)>;
       if constexpr (V::rank == 0)
         v = V("fresh." + out.name);
@@ -247,10 +249,10 @@ std::vector<std::string> differing_outputs(const Ops& a, const Ops& b, const Rou
   std::vector<std::string> diff;
   for (const auto& out : Impl::describe(s).outs) {
     bool same = true;
-    Impl::with_operand(a, out.name, [&](auto& va) {
+    with_operand(a, out.name, [&](auto& va) {
       using V = std::decay_t<decltype(va)>;
-      Impl::with_operand(b, out.name, [&](auto& vb) {
-        if constexpr (std::is_same_v<std::decay_t<decltype(vb)>, V>) same = Impl::bitwise_equal(va, vb);
+      with_operand(b, out.name, [&](auto& vb) {
+        if constexpr (std::is_same_v<std::decay_t<decltype(vb)>, V>) same = bitwise_equal(va, vb);
       });
     });
     if (!same) diff.push_back(out.name);
@@ -346,6 +348,18 @@ RouterOperands<Exec, Scalar> eager_reference(const Exec& exec, const RouterOpSpe
   return ref;
 }
 
+#if defined(KOKKOSMOE_TEST_DANGLING_PARTITION_CAPTURE)
+/// The negative control of docs/router.md §14: the shard callable built the wrong way, capturing this function's
+/// local copy of the configuration by reference (the reference's historical bug). The copy dies when the function
+/// returns, so the callable reads a dead stack frame and AddressSanitizer (detect_stack_use_after_return=1) must
+/// report it. Only the KokkosMoE_PartitionDeferred_Dangling build defines the macro; the library has no such path.
+template <class Exec, class Scalar>
+[[gnu::noinline]] ShardFunction<Exec, Scalar> dangling_shard_function(const RouterOpSpec& spec) {
+  Impl::ShardConfig cfg{spec};
+  return [&cfg](const Exec& exec, const RouterOperands<Exec, Scalar>& o) { Impl::run_shard(exec, cfg, o); };
+}
+#endif
+
 /// The survival test of docs/router.md §14 for one operation: the partition (mesh, spec, shardings, builder
 /// temporaries) is built in a scope whose objects are overwritten and destroyed, memory is scribbled over, then the
 /// stored callable runs on two logical shards and must match the eager result bitwise. Returns "" or what failed.
@@ -361,6 +375,9 @@ std::string deferred_survival(const Exec& exec, RouterOpSpec spec, int T, unsign
     auto sp = std::make_unique<RouterOpSpec>(spec);
     auto in = std::make_unique<std::vector<ShardingSpec>>(input_shardings(*sp, {"dp"}));
     part = partition_router<Exec, Scalar>(*mesh, *sp, *in);
+#if defined(KOKKOSMOE_TEST_DANGLING_PARTITION_CAPTURE)
+    part.run_shard = dangling_shard_function<Exec, Scalar>(*sp);
+#endif
     // Overwrite every source before destroying it: a callable that still refers to any of them would see these.
     sp->router.map_format =
         sp->router.map_format == RoutingMapFormat::Bytemap ? RoutingMapFormat::BitmapU8 : RoutingMapFormat::Bytemap;
