@@ -9,8 +9,10 @@
 ///
 /// Execution space first, config, input Views, output Views; validation on the host, work enqueued on \p exec,
 /// no fence, no allocation (aux_loss takes a caller-provided workspace sized by aux_loss_workspace_size()).
-/// The loss reduction is a fixed-order two-stage sum: bitwise reproducible per backend and thread count.
+/// The loss reduction is a fixed-order two-stage sum: bitwise reproducible per backend and thread count. Every
+/// function also has an overload without \p exec, which runs on Kokkos::DefaultExecutionSpace{}.
 
+#include <KokkosMoE_Config.hpp>
 #include <KokkosMoE_Error.hpp>
 #include <KokkosMoE_RouterConfig.hpp>
 
@@ -303,6 +305,48 @@ void aux_loss_backward(const ExecSpace& exec, const AuxLossConfig& config, const
   a.grad_probs_type = Impl::dtype_of<G>();
   a.grad_probs = grad_probs.data();
   Impl::dispatch(exec, config.implementation, a);
+}
+
+// ---- the same operations on Kokkos::DefaultExecutionSpace{} ----------------------------------------------------
+
+/// \brief aux_scores on Kokkos::DefaultExecutionSpace{}.
+template <class LogitsView, class ScoresView, class MapView, class InterView>
+void aux_scores(const AuxScoresConfig& config, const LogitsView& logits, const ScoresView& scores,
+                const MapView& routing_map, const InterView& intermediate) {
+  aux_scores(Kokkos::DefaultExecutionSpace{}, config, logits, scores, routing_map, intermediate);
+}
+
+/// \brief aux_scores_backward on Kokkos::DefaultExecutionSpace{}.
+template <class InterView, class GradScoresView, class GradLogitsView>
+void aux_scores_backward(const AuxScoresConfig& config, const InterView& intermediate,
+                         const GradScoresView& grad_scores, const GradLogitsView& grad_logits) {
+  aux_scores_backward(Kokkos::DefaultExecutionSpace{}, config, intermediate, grad_scores, grad_logits);
+}
+
+/// \brief aux_loss with a host-side total on Kokkos::DefaultExecutionSpace{}.
+template <class ProbsView, class TpeView, class LossView, class ConstView, class WorkView>
+void aux_loss(const AuxLossConfig& config, const ProbsView& probs, const TpeView& tokens_per_expert,
+              std::int64_t total_num_tokens, const LossView& loss, const ConstView& const_buf,
+              const WorkView& workspace) {
+  aux_loss(Kokkos::DefaultExecutionSpace{}, config, probs, tokens_per_expert, total_num_tokens, loss, const_buf,
+           workspace);
+}
+
+/// \brief aux_loss with a device-side total on Kokkos::DefaultExecutionSpace{}.
+template <class ProbsView, class TpeView, class TotalView, class LossView, class ConstView, class WorkView,
+          std::enable_if_t<Kokkos::is_view<TotalView>::value, int> = 0>
+void aux_loss(const AuxLossConfig& config, const ProbsView& probs, const TpeView& tokens_per_expert,
+              const TotalView& total_num_tokens, const LossView& loss, const ConstView& const_buf,
+              const WorkView& workspace) {
+  aux_loss(Kokkos::DefaultExecutionSpace{}, config, probs, tokens_per_expert, total_num_tokens, loss, const_buf,
+           workspace);
+}
+
+/// \brief aux_loss_backward on Kokkos::DefaultExecutionSpace{}.
+template <class ConstView, class TpeView, class GradLossView, class GradProbsView>
+void aux_loss_backward(const AuxLossConfig& config, const ConstView& const_buf, const TpeView& tokens_per_expert,
+                       const GradLossView& grad_loss, const GradProbsView& grad_probs) {
+  aux_loss_backward(Kokkos::DefaultExecutionSpace{}, config, const_buf, tokens_per_expert, grad_loss, grad_probs);
 }
 
 }  // namespace KokkosMoE

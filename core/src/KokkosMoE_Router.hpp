@@ -12,7 +12,10 @@
 /// Views, then preallocated output Views. All tensors are rank 2, row-major, contiguous. Calls validate on the host,
 /// enqueue on \p exec and return without fencing; nothing is allocated per call. On Kokkos::Cuda the hand-tuned
 /// CUDA kernels run (config.implementation = Auto); Implementation::Portable forces the generic Kokkos kernels.
+/// Every function also has an overload without \p exec, which runs on Kokkos::DefaultExecutionSpace{}, and every
+/// forward one without \p expert_bias.
 
+#include <KokkosMoE_Config.hpp>
 #include <KokkosMoE_Error.hpp>
 #include <KokkosMoE_RouterConfig.hpp>
 
@@ -112,6 +115,13 @@ void topk_router_indices(const ExecSpace& exec, const RouterConfig& config, cons
   Impl::run_topk_forward(fn, exec, a, logits);
 }
 
+/// \brief topk_router_indices without an expert bias.
+template <class ExecSpace, class LogitsView, class ProbsView, class IndicesView, class InterView>
+void topk_router_indices(const ExecSpace& exec, const RouterConfig& config, const LogitsView& logits,
+                         const ProbsView& probs, const IndicesView& indices, const InterView& intermediate) {
+  topk_router_indices(exec, config, logits, Impl::no_bias<LogitsView>(), probs, indices, intermediate);
+}
+
 /// \brief Compact forward for inference (docs/router.md §5.5): ids [T, k] int32 in selection order and
 /// weights [T, k] float (= scaling_factor * v[i] in FP32). No probs, map or intermediate is written.
 template <class ExecSpace, class LogitsView, class BiasView, class IdsView, class WeightsView>
@@ -134,6 +144,13 @@ void topk_router_compact(const ExecSpace& exec, const RouterConfig& config, cons
   a.ids = ids.data();
   a.weights = weights.data();
   Impl::run_topk_forward(fn, exec, a, logits);
+}
+
+/// \brief topk_router_compact without an expert bias.
+template <class ExecSpace, class LogitsView, class IdsView, class WeightsView>
+void topk_router_compact(const ExecSpace& exec, const RouterConfig& config, const LogitsView& logits,
+                         const IdsView& ids, const WeightsView& weights) {
+  topk_router_compact(exec, config, logits, Impl::no_bias<LogitsView>(), ids, weights);
 }
 
 /// \brief Backward of topk_router (docs/router.md §9) from the saved routing map (config.map_format) and
@@ -237,13 +254,84 @@ void topk_router_compact_backward(const ExecSpace& exec, const RouterConfig& con
 
 /// \brief Debug check (docs/router.md §7.1): scans a [T, E] float/fp16_t/bf16_t View and throws
 /// KokkosMoE::NonFiniteInput naming the first non-finite element in row-major order. Fences \p exec.
-template <class ExecSpace, class View>
+template <class ExecSpace, class View, std::enable_if_t<Kokkos::is_execution_space<ExecSpace>::value, int> = 0>
 void check_finite(const ExecSpace& exec, const View& values, const char* parameter = "logits") {
   Impl::static_check_view<ExecSpace, View, 2>();
   using Scalar = typename View::non_const_value_type;
   static_assert(Impl::is_router_float<Scalar>::value, "KokkosMoE::check_finite: float, fp16_t or bf16_t only");
   Impl::check_contiguous("check_finite", parameter, values);
   Impl::run_check_finite(exec, "check_finite", parameter, values.data(), values.extent(0), values.extent(1));
+}
+
+// ---- the same operations on Kokkos::DefaultExecutionSpace{} ----------------------------------------------------
+
+/// \brief topk_router on Kokkos::DefaultExecutionSpace{}.
+template <class LogitsView, class BiasView, class ProbsView, class MapView, class InterView>
+void topk_router(const RouterConfig& config, const LogitsView& logits, const BiasView& expert_bias,
+                 const ProbsView& probs, const MapView& routing_map, const InterView& intermediate) {
+  topk_router(Kokkos::DefaultExecutionSpace{}, config, logits, expert_bias, probs, routing_map, intermediate);
+}
+
+/// \brief topk_router without an expert bias on Kokkos::DefaultExecutionSpace{}.
+template <class LogitsView, class ProbsView, class MapView, class InterView>
+void topk_router(const RouterConfig& config, const LogitsView& logits, const ProbsView& probs,
+                 const MapView& routing_map, const InterView& intermediate) {
+  topk_router(Kokkos::DefaultExecutionSpace{}, config, logits, probs, routing_map, intermediate);
+}
+
+/// \brief topk_router_indices on Kokkos::DefaultExecutionSpace{}.
+template <class LogitsView, class BiasView, class ProbsView, class IndicesView, class InterView>
+void topk_router_indices(const RouterConfig& config, const LogitsView& logits, const BiasView& expert_bias,
+                         const ProbsView& probs, const IndicesView& indices, const InterView& intermediate) {
+  topk_router_indices(Kokkos::DefaultExecutionSpace{}, config, logits, expert_bias, probs, indices, intermediate);
+}
+
+/// \brief topk_router_indices without an expert bias on Kokkos::DefaultExecutionSpace{}.
+template <class LogitsView, class ProbsView, class IndicesView, class InterView>
+void topk_router_indices(const RouterConfig& config, const LogitsView& logits, const ProbsView& probs,
+                         const IndicesView& indices, const InterView& intermediate) {
+  topk_router_indices(Kokkos::DefaultExecutionSpace{}, config, logits, probs, indices, intermediate);
+}
+
+/// \brief topk_router_compact on Kokkos::DefaultExecutionSpace{}.
+template <class LogitsView, class BiasView, class IdsView, class WeightsView>
+void topk_router_compact(const RouterConfig& config, const LogitsView& logits, const BiasView& expert_bias,
+                         const IdsView& ids, const WeightsView& weights) {
+  topk_router_compact(Kokkos::DefaultExecutionSpace{}, config, logits, expert_bias, ids, weights);
+}
+
+/// \brief topk_router_compact without an expert bias on Kokkos::DefaultExecutionSpace{}.
+template <class LogitsView, class IdsView, class WeightsView>
+void topk_router_compact(const RouterConfig& config, const LogitsView& logits, const IdsView& ids,
+                         const WeightsView& weights) {
+  topk_router_compact(Kokkos::DefaultExecutionSpace{}, config, logits, ids, weights);
+}
+
+/// \brief topk_router_backward on Kokkos::DefaultExecutionSpace{}.
+template <class MapView, class InterView, class GradProbsView, class GradLogitsView>
+void topk_router_backward(const RouterConfig& config, const MapView& routing_map, const InterView& intermediate,
+                          const GradProbsView& grad_probs, const GradLogitsView& grad_logits) {
+  topk_router_backward(Kokkos::DefaultExecutionSpace{}, config, routing_map, intermediate, grad_probs, grad_logits);
+}
+
+/// \brief topk_router_indices_backward on Kokkos::DefaultExecutionSpace{}.
+template <class IndicesView, class InterView, class GradProbsView, class GradLogitsView>
+void topk_router_indices_backward(const RouterConfig& config, const IndicesView& indices, const InterView& intermediate,
+                                  const GradProbsView& grad_probs, const GradLogitsView& grad_logits) {
+  topk_router_indices_backward(Kokkos::DefaultExecutionSpace{}, config, indices, intermediate, grad_probs, grad_logits);
+}
+
+/// \brief topk_router_compact_backward on Kokkos::DefaultExecutionSpace{}.
+template <class LogitsView, class IdsView, class GradWeightsView, class GradLogitsView>
+void topk_router_compact_backward(const RouterConfig& config, const LogitsView& logits, const IdsView& ids,
+                                  const GradWeightsView& grad_weights, const GradLogitsView& grad_logits) {
+  topk_router_compact_backward(Kokkos::DefaultExecutionSpace{}, config, logits, ids, grad_weights, grad_logits);
+}
+
+/// \brief check_finite on Kokkos::DefaultExecutionSpace{}.
+template <class View, std::enable_if_t<Kokkos::is_view<View>::value, int> = 0>
+void check_finite(const View& values, const char* parameter = "logits") {
+  check_finite(Kokkos::DefaultExecutionSpace{}, values, parameter);
 }
 
 }  // namespace KokkosMoE
