@@ -21,7 +21,14 @@ function(kokkosmoe_add_component name)
   target_link_libraries(kokkosmoe_${name} PUBLIC ${ARG_PUBLIC_LIBS} PRIVATE ${ARG_PRIVATE_LIBS})
   target_compile_features(kokkosmoe_${name} PUBLIC cxx_std_17)
   install(TARGETS kokkosmoe_${name} EXPORT KokkosMoETargets)
-  install(DIRECTORY src/ DESTINATION ${CMAKE_INSTALL_INCLUDEDIR} FILES_MATCHING PATTERN "*.hpp")
+  # Headers keep their paths below src/ (impl/, cuda/, kokkos_ext/). One install() per file, so that a folder
+  # without headers is never created in the prefix (install(DIRECTORY) with FILES_MATCHING creates every folder).
+  file(GLOB_RECURSE _headers RELATIVE ${CMAKE_CURRENT_SOURCE_DIR}/src CONFIGURE_DEPENDS
+       ${CMAKE_CURRENT_SOURCE_DIR}/src/*.hpp)
+  foreach(_header IN LISTS _headers)
+    get_filename_component(_dir ${_header} DIRECTORY)
+    install(FILES src/${_header} DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/${_dir})
+  endforeach()
 endfunction()
 
 # A Boost.Test executable with one ctest entry per top-level test suite, so ctest reports every suite.

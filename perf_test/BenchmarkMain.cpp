@@ -1,7 +1,7 @@
 /*
  * KokkosMoE: Mixture-of-Experts routing for Kokkos. SPDX-License-Identifier: Apache-2.0
  */
-// The shared main of the KokkosMoE benchmark binaries (style.md §2.9): initializes Kokkos, parses the
+// The shared main of the KokkosMoE benchmark binaries (docs/conventions.md §7): initializes Kokkos, parses the
 // --kokkosmoe_* options, records the configuration (Kokkos, execution space, compiler, GPU model and driver, git
 // hash, copy baseline and launch floor) into the Google Benchmark context, registers the benchmarks and runs them.
 // Google Benchmark's flags work as usual, e.g. --benchmark_out=r.json --benchmark_out_format=json.

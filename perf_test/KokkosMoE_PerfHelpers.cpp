@@ -93,7 +93,7 @@ void BM_CopyBaseline(benchmark::State& state) {
   state.SetLabel("deep_copy of " + std::to_string(copy_baseline_bytes() >> 20) + " MiB, read+write counted");
 }
 
-// BM_EmptyKernel: the launch floor t_floor (router-spec §17).
+// BM_EmptyKernel: the launch floor t_floor (docs/router.md §17).
 void BM_EmptyKernel(benchmark::State& state) {
   ExecSpace exec;
   for (int i = 0; i < 10; ++i) time_empty_kernel(exec);

@@ -5,7 +5,7 @@
 #define KOKKOSMOE_PERFHELPERS_HPP
 
 /// \file KokkosMoE_PerfHelpers.hpp
-/// \brief Shared pieces of the Google Benchmark perf tests (style.md §2.9): options, the once-per-process copy
+/// \brief Shared pieces of the Google Benchmark perf tests (docs/conventions.md §7): options, the once-per-process copy
 /// baseline and launch floor, seeded input generation, the fenced manual-time loop and the standard counters.
 ///
 /// Every benchmark of every component reports, besides Google Benchmark's own columns:
@@ -13,7 +13,7 @@
 ///   tokens/s         T / time
 ///   bytes_per_token  the formula's value
 ///   frac_copy        GB/s / the copy baseline's GB/s (read + write bytes), measured once per process
-///   target_ratio     time / (t_floor + bytes / (0.85 * copy GB/s)), router-spec §17: <= 1 meets the target
+///   target_ratio     time / (t_floor + bytes / (0.85 * copy GB/s)), docs/router.md §17: <= 1 meets the target
 /// where t_floor is the launch floor (an empty fenced kernel) measured once per process.
 
 #include <Kokkos_Core.hpp>
@@ -94,7 +94,7 @@ KOKKOS_INLINE_FUNCTION float uniform01(std::uint64_t seed, std::uint64_t i) {
 
 /// Fills every element of a contiguous View with lo + (hi - lo) * uniform01(seed, i), converted to the View's type
 /// (float, fp16_t, bf16_t or an integer type), on the View's execution space. Every element is drawn
-/// independently, so rows differ: different tokens select different experts (router-spec §16.2: not degenerate).
+/// independently, so rows differ: different tokens select different experts (docs/router.md §16.2: not degenerate).
 template <class View>
 void fill_uniform(const View& v, std::uint64_t seed, float lo, float hi) {
   using T = typename View::non_const_value_type;
@@ -127,7 +127,7 @@ void fill_normal(const View& v, std::uint64_t seed, float mean, float stddev) {
 
 // --- timing and counters ----------------------------------------------------------------------------------------
 
-/// The timed loop of style.md §2.9: fence, start the timer, run op(iteration), fence, stop; manual time.
+/// The timed loop of docs/conventions.md §7: fence, start the timer, run op(iteration), fence, stop; manual time.
 /// Returns the total seconds over all iterations.
 template <class Op>
 double timed_loop(benchmark::State& state, const ExecSpace& exec, Op&& op) {

@@ -274,7 +274,7 @@ int run(const Args& args, const RouterPreset& preset) {
   fill_random(grad_probs, args.seed + 2, -1.0f, 1.0f);
   View2<Scalar> grad_logits(Kokkos::view_alloc(std::string("grad_logits"), wi), T, E);
 
-  // Aux loss chain (router-spec §10-§11): scores over all experts, loss from the routed tokens per expert.
+  // Aux loss chain (docs/router.md §10-§11): scores over all experts, loss from the routed tokens per expert.
   AuxScoresConfig acfg;
   acfg.topk = k;
   acfg.score_function = cfg.score_function;
@@ -348,7 +348,7 @@ int run(const Args& args, const RouterPreset& preset) {
   }
 
   // 2. Timings: one warm-up, then the median of `repeats` fenced calls. Bytes per token as in perf_test
-  // (router-spec §17): the minimum each operation must move.
+  // (docs/router.md §17): the minimum each operation must move.
   const double map_b = bitmap ? std::ceil(E / 8.0) : static_cast<double>(E);
   std::vector<TimingRow> timings(4);
   timings[0] = {"forward", "probs + routing map + FP32 intermediate", E * (2 * s + 4) + map_b};

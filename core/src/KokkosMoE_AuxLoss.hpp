@@ -5,12 +5,14 @@
 #define KOKKOSMOE_AUXLOSS_HPP
 
 /// \file KokkosMoE_AuxLoss.hpp
-/// \brief Load-balancing auxiliary loss: the score helper (router-spec §10) and the loss (router-spec §11).
+/// \brief Load-balancing auxiliary loss: the score helper (docs/router.md §10) and the loss (docs/router.md §11).
 ///
 /// Execution space first, config, input Views, output Views; validation on the host, work enqueued on \p exec,
 /// no fence, no allocation (aux_loss takes a caller-provided workspace sized by aux_loss_workspace_size()).
-/// The loss reduction is a fixed-order two-stage sum: bitwise reproducible per backend and thread count.
+/// The loss reduction is a fixed-order two-stage sum: bitwise reproducible per backend and thread count. Every
+/// function also has an overload without \p exec, which runs on Kokkos::DefaultExecutionSpace{}.
 
+#include <KokkosMoE_Config.hpp>
 #include <KokkosMoE_Error.hpp>
 #include <KokkosMoE_RouterConfig.hpp>
 
@@ -117,7 +119,7 @@ AuxLossArgs lower_aux_loss(const char* fn, const AuxLossConfig& config, const Pr
 }
 }  // namespace Impl
 
-/// \brief Aux-loss score helper (router-spec §10): dense FP32 scores, a routing map of the top-k of the scores,
+/// \brief Aux-loss score helper (docs/router.md §10): dense FP32 scores, a routing map of the top-k of the scores,
 /// and the FP32 intermediate saved for the backward. Sigmoid/SqrtSoftplus normalize over all E (even k = 1).
 /// \param logits        [T, E] float, fp16_t or bf16_t
 /// \param scores        [T, E] float output
@@ -167,7 +169,7 @@ void aux_scores(const ExecSpace& exec, const AuxScoresConfig& config, const Logi
   Impl::dispatch(exec, config.implementation, a);
 }
 
-/// \brief Backward of aux_scores (router-spec §10): no routing mask, all experts take part.
+/// \brief Backward of aux_scores (docs/router.md §10): no routing mask, all experts take part.
 /// \param intermediate  [T, E] float from aux_scores
 /// \param grad_scores   [T, E] float
 /// \param grad_logits   [T, E] output, float, fp16_t or bf16_t (the logits' type)
@@ -210,7 +212,7 @@ inline std::size_t aux_loss_workspace_size(std::int64_t rows, std::int64_t cols)
   return Impl::aux_loss_workspace_floats(rows, cols);
 }
 
-/// \brief Aux loss (router-spec §11) with a host-side total token count.
+/// \brief Aux loss (docs/router.md §11) with a host-side total token count.
 ///
 /// Const = ((E * coeff) / topk) / T_total / T_total;  loss = Const * sum_c (sum_r probs[r,c]) * tpe[c].
 /// \param probs              [R, C] float/fp16_t/bf16_t, C = m * E (m sequences side by side)
@@ -303,6 +305,48 @@ void aux_loss_backward(const ExecSpace& exec, const AuxLossConfig& config, const
   a.grad_probs_type = Impl::dtype_of<G>();
   a.grad_probs = grad_probs.data();
   Impl::dispatch(exec, config.implementation, a);
+}
+
+// ---- the same operations on Kokkos::DefaultExecutionSpace{} ----------------------------------------------------
+
+/// \brief aux_scores on Kokkos::DefaultExecutionSpace{}.
+template <class LogitsView, class ScoresView, class MapView, class InterView>
+void aux_scores(const AuxScoresConfig& config, const LogitsView& logits, const ScoresView& scores,
+                const MapView& routing_map, const InterView& intermediate) {
+  aux_scores(Kokkos::DefaultExecutionSpace{}, config, logits, scores, routing_map, intermediate);
+}
+
+/// \brief aux_scores_backward on Kokkos::DefaultExecutionSpace{}.
+template <class InterView, class GradScoresView, class GradLogitsView>
+void aux_scores_backward(const AuxScoresConfig& config, const InterView& intermediate,
+                         const GradScoresView& grad_scores, const GradLogitsView& grad_logits) {
+  aux_scores_backward(Kokkos::DefaultExecutionSpace{}, config, intermediate, grad_scores, grad_logits);
+}
+
+/// \brief aux_loss with a host-side total on Kokkos::DefaultExecutionSpace{}.
+template <class ProbsView, class TpeView, class LossView, class ConstView, class WorkView>
+void aux_loss(const AuxLossConfig& config, const ProbsView& probs, const TpeView& tokens_per_expert,
+              std::int64_t total_num_tokens, const LossView& loss, const ConstView& const_buf,
+              const WorkView& workspace) {
+  aux_loss(Kokkos::DefaultExecutionSpace{}, config, probs, tokens_per_expert, total_num_tokens, loss, const_buf,
+           workspace);
+}
+
+/// \brief aux_loss with a device-side total on Kokkos::DefaultExecutionSpace{}.
+template <class ProbsView, class TpeView, class TotalView, class LossView, class ConstView, class WorkView,
+          std::enable_if_t<Kokkos::is_view<TotalView>::value, int> = 0>
+void aux_loss(const AuxLossConfig& config, const ProbsView& probs, const TpeView& tokens_per_expert,
+              const TotalView& total_num_tokens, const LossView& loss, const ConstView& const_buf,
+              const WorkView& workspace) {
+  aux_loss(Kokkos::DefaultExecutionSpace{}, config, probs, tokens_per_expert, total_num_tokens, loss, const_buf,
+           workspace);
+}
+
+/// \brief aux_loss_backward on Kokkos::DefaultExecutionSpace{}.
+template <class ConstView, class TpeView, class GradLossView, class GradProbsView>
+void aux_loss_backward(const AuxLossConfig& config, const ConstView& const_buf, const TpeView& tokens_per_expert,
+                       const GradLossView& grad_loss, const GradProbsView& grad_probs) {
+  aux_loss_backward(Kokkos::DefaultExecutionSpace{}, config, const_buf, tokens_per_expert, grad_loss, grad_probs);
 }
 
 }  // namespace KokkosMoE

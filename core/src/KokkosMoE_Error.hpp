@@ -5,7 +5,7 @@
 #define KOKKOSMOE_ERROR_HPP
 
 /// \file KokkosMoE_Error.hpp
-/// \brief The exception types thrown at KokkosMoE's public boundary (docs/router-spec.md §4, style.md §2.6).
+/// \brief The exception types thrown at KokkosMoE's public boundary (docs/router.md §4, docs/conventions.md §5).
 
 #include <cstdint>
 #include <stdexcept>
@@ -18,7 +18,7 @@ namespace KokkosMoE {
 ///
 /// The numeric values are part of the API: new rules are appended, existing ones never renumbered.
 enum class Rule : int {
-  ShapeMismatch = 1,       ///< an extent does not match the contract (router-spec §4.1)
+  ShapeMismatch = 1,       ///< an extent does not match the contract (docs/router.md §4.1)
   NotContiguous = 2,       ///< a View is not contiguous row-major
   NumExpertsPositive = 3,  ///< E >= 1
   TopkRange = 4,           ///< 1 <= topk <= E

@@ -5,7 +5,7 @@
 #define KOKKOSMOE_ROUTERCONFIG_HPP
 
 /// \file KokkosMoE_RouterConfig.hpp
-/// \brief Value-type configuration of the router operations (docs/router-spec.md §2, §3, §10, §11).
+/// \brief Value-type configuration of the router operations (docs/router.md §2, §3, §10, §11).
 ///
 /// Plain C++ (no Kokkos, no CUDA): the structs are copied into deferred callables and native kernels.
 
@@ -21,7 +21,7 @@ enum class RoutingMapFormat : int { Bytemap = 0, BitmapU8 = 1 };
 /// (Kokkos::Cuda) and the portable Kokkos implementation otherwise; `Portable` forces the portable one.
 enum class Implementation : int { Auto = 0, Portable = 1 };
 
-/// \brief Attributes of topk_router and its variants (router-spec §3).
+/// \brief Attributes of topk_router and its variants (docs/router.md §3).
 struct RouterConfig {
   int topk = 1;                                             ///< 1 <= topk <= E
   ScoreFunction score_function = ScoreFunction::Softmax;    ///<
@@ -36,7 +36,7 @@ struct RouterConfig {
   bool grouped() const noexcept { return group_topk > 0; }
 };
 
-/// \brief Attributes of aux_scores (router-spec §10): no bias, grouping, pre-softmax or scaling.
+/// \brief Attributes of aux_scores (docs/router.md §10): no bias, grouping, pre-softmax or scaling.
 struct AuxScoresConfig {
   int topk = 1;
   ScoreFunction score_function = ScoreFunction::Softmax;
@@ -44,7 +44,7 @@ struct AuxScoresConfig {
   Implementation implementation = Implementation::Auto;
 };
 
-/// \brief Attributes of aux_loss (router-spec §11).
+/// \brief Attributes of aux_loss (docs/router.md §11).
 struct AuxLossConfig {
   int num_experts = 1;  ///< E; the probs' column count C must be a positive multiple of E
   int topk = 1;         ///< 1 <= topk <= E

@@ -5,7 +5,7 @@
 #define KOKKOSMOE_ROUTERPRESETS_HPP
 
 /// \file KokkosMoE_RouterPresets.hpp
-/// \brief Named router configurations of published MoE models (router-spec §15). Names use hyphens.
+/// \brief Named router configurations of published MoE models (docs/router.md §15). Names use hyphens.
 
 #include <KokkosMoE_RouterConfig.hpp>
 
@@ -28,7 +28,7 @@ struct RouterPreset {
 /// "large"). \throws KokkosMoE::InvalidArgument (rule config_value) naming the known presets otherwise.
 RouterPreset router_preset(const std::string& name);
 
-/// \brief Every preset name, in the order of router-spec §15.
+/// \brief Every preset name, in the order of docs/router.md §15.
 std::vector<std::string> router_preset_names();
 
 }  // namespace KokkosMoE

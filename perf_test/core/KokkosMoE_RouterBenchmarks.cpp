@@ -78,9 +78,9 @@ const char* op_name(Op op) {
   return "?";
 }
 
-/// Bytes per token each operation must move at least (router-spec §5.5, §17; style.md §2.9), with s the logits'
-/// element size, E experts, k = topk, map = E (Bytemap) or ceil(E/8) (BitmapU8). Per-call constants (the [E] bias,
-/// tokens_per_expert, const_buf) are left out; they do not scale with T.
+/// Bytes per token each operation must move at least (docs/router.md §5.5, §17; docs/conventions.md §7), with s the
+/// logits' element size, E experts, k = topk, map = E (Bytemap) or ceil(E/8) (BitmapU8). Per-call constants (the [E]
+/// bias, tokens_per_expert, const_buf) are left out; they do not scale with T.
 ///   fwd_dense      E*(2s + 4) + E          read logits (sE); write probs (sE), FP32 intermediate (4E), Bytemap (E)
 ///   fwd_bitmap     E*(2s + 4) + ceil(E/8)  the same with a BitmapU8 map
 ///   fwd_compact    sE + 8k                 read logits; write int32 ids (4k) and FP32 weights (4k)
@@ -192,7 +192,7 @@ class RouterFixture final : public Fixture {
       fill_normal(b.logits, seed + 1, 0.0f, 1.0f);
       if (m_preset.has_bias && !is_aux_scores) {
         // Random FP32 score correction, comparable to the spread of the sigmoid scores near the top-k boundary
-        // (router-spec §16.2): it steers the selection without dominating it.
+        // (docs/router.md §16.2): it steers the selection without dominating it.
         b.bias = View1<float>(Kokkos::view_alloc(std::string("KokkosMoE::perf::bias"), Kokkos::WithoutInitializing), E);
         fill_uniform(b.bias, seed + 2, -0.02f, 0.02f);
       }

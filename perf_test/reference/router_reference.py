@@ -2,12 +2,12 @@
 # KokkosMoE: Mixture-of-Experts routing for Kokkos. SPDX-License-Identifier: Apache-2.0
 """PyTorch reference of the KokkosMoE router math, timed with CUDA events, for comparison with the C++ benchmarks.
 
-Same math as docs/router-spec.md (the framework-reference style of TransformerEngine's tests):
+Same math as docs/router.md (the framework-reference style of TransformerEngine's tests):
   * Sigmoid (DeepSeek-V3: grouped top-k, FP32 expert bias shifting the selection only, normalization, scale),
   * Softmax post-top-k (softmax over the k selected logits = renormalized top-k; Qwen3-MoE, Mixtral, "large")
     and pre-top-k (softmax over all experts, not renormalized),
   * backward through autograd,
-  * the aux-loss score helper and the aux loss (router-spec §10-§11),
+  * the aux-loss score helper and the aux loss (docs/router.md §10-§11),
 each in eager mode and under torch.compile. Cases and names match perf_test/core/KokkosMoE_RouterBenchmarks.cpp:
 op in {fwd_dense, fwd_bitmap, fwd_compact, bwd_dense, bwd_compact, aux_scores_fwd, aux_scores_bwd, aux_loss_fwd,
 aux_loss_bwd}, preset in {deepseek-v3, qwen3-moe, mixtral, large}, dtype in {float, bf16}, T in
@@ -38,7 +38,7 @@ import sys
 import time
 
 PRESETS = {
-    # name: E, k, score function, pre-softmax, bias, groups, group_topk, scale  (router-spec §15)
+    # name: E, k, score function, pre-softmax, bias, groups, group_topk, scale  (docs/router.md §15)
     "deepseek-v3": dict(E=256, k=8, func="sigmoid", pre=False, bias=True, G=8, gk=4, scale=2.5),
     "qwen3-moe": dict(E=128, k=8, func="softmax", pre=False, bias=False, G=0, gk=0, scale=1.0),
     "mixtral": dict(E=8, k=2, func="softmax", pre=False, bias=False, G=0, gk=0, scale=1.0),
@@ -72,7 +72,7 @@ def bytes_per_token(op, p, s):
 
 
 def aux_loss_const(p, total_tokens):
-    """Const of router-spec §11 in the same order of operations (in double here; FP32 on the device)."""
+    """Const of docs/router.md §11 in the same order of operations (in double here; FP32 on the device)."""
     return ((p["E"] * AUX_COEFF) / p["k"]) / total_tokens / total_tokens
 
 
@@ -96,7 +96,7 @@ def make_math(torch):
         k = p["k"]
         y = activation(x, p)
         s = y + bias if bias is not None else y
-        if p["gk"] > 0:  # group-limited routing (router-spec §5.3)
+        if p["gk"] > 0:  # group-limited routing (docs/router.md §5.3)
             G, gk = p["G"], p["gk"]
             group_scores = s.view(T, G, E // G).topk(k // gk, dim=-1).values.sum(dim=-1)
             group_idx = group_scores.topk(gk, dim=-1).indices
@@ -135,12 +135,12 @@ def make_math(torch):
         return probs, packed
 
     def router_compact(logits, bias, p):
-        """Compact forward (router-spec §5.5): int32 ids [T, k] and FP32 weights [T, k]."""
+        """Compact forward (docs/router.md §5.5): int32 ids [T, k] and FP32 weights [T, k]."""
         idx, v = select(logits.float(), bias, p)
         return idx.to(torch.int32), weights_of(v, p)
 
     def aux_scores(logits, p):
-        """Aux-loss score helper (router-spec §10): FP32 scores over all E and a routing map of their top-k."""
+        """Aux-loss score helper (docs/router.md §10): FP32 scores over all E and a routing map of their top-k."""
         x = logits.float()
         if p["func"] == "softmax":
             s = torch.softmax(x, dim=-1)
@@ -152,7 +152,7 @@ def make_math(torch):
         return s, routing_map
 
     def aux_loss(probs, tokens_per_expert, const, p):
-        """Aux loss (router-spec §11) with C = E: Const * sum_c (sum_r probs[r, c]) * tpe[c]. Const is a 0-d FP32
+        """Aux loss (docs/router.md §11) with C = E: Const * sum_c (sum_r probs[r, c]) * tpe[c]. Const is a 0-d FP32
         tensor, ((E * coeff) / topk) / T_total / T_total computed by aux_loss_const (a tensor, so that a dynamic T
         is not specialized by torch.compile)."""
         return const * (probs.float().sum(dim=0) * tokens_per_expert.float()).sum()

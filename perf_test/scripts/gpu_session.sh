@@ -4,7 +4,7 @@
 # BIN_DIR holds the CUDA-build binaries (KokkosMoE_CoreTests, KokkosMoE_ShardingTests, KokkosMoE_ShardingLiveTest,
 # kokkosmoe-topo, kokkosmoe-plan, kokkosmoe-route, KokkosMoE_RouterBenchmarks, libbenchmark.so.1debian) plus
 # router_reference.py; every log and result lands in OUT_DIR. PHASE: tests (the fast GPU tier: the core suites on
-# Serial + Cuda, sanitizers, topology, main job), fulltier (router-spec §16.3 full tier, KOKKOSMOE_TEST_TIER=full),
+# Serial + Cuda, sanitizers, topology, main job), fulltier (docs/router.md §16.3 full tier, KOKKOSMOE_TEST_TIER=full),
 # bench (benchmarks and the PyTorch reference, back to back), profile (ncu of the DeepSeek-V3 and large kernels)
 # or all (every phase but fulltier). Each phase fits one 10-minute device call; steps whose binaries are not in
 # BIN_DIR are skipped.
@@ -47,7 +47,7 @@ step "main job"
 
 fi
 if [ "$phase" = fulltier ]; then
-step "full tier (router-spec §16.3) on the Cuda device type: KokkosMoE_CoreTests --run_test=router_full_tier/*Cuda*"
+step "full tier (docs/router.md §16.3) on the Cuda device type: KokkosMoE_CoreTests --run_test=router_full_tier/*Cuda*"
 KOKKOSMOE_TEST_TIER=full timeout 560 "$bin/KokkosMoE_CoreTests" --run_test='router_full_tier/*Cuda*' --report_level=short \
   --log_level=message >full-tier.log 2>&1
 echo "full tier exit $?"; grep -E "full-tier cases|test cases|assertions|error" full-tier.log | head -20

@@ -192,7 +192,7 @@ def main(argv=None):
     # --- details ---
     md.append("## Details\n")
     md.append("µs: median time per call (fenced). ×eager / ×compile: PyTorch time / KokkosMoE time (> 1: faster "
-              "than PyTorch). target: time / (t_floor + bytes / (0.85 · copy GB/s)), ≤ 1 meets router-spec §17.\n")
+              "than PyTorch). target: time / (t_floor + bytes / (0.85 · copy GB/s)), ≤ 1 meets docs/router.md §17.\n")
     for pr in presets:
         table = []
         ops = sorted({r["op"] for r in rows.values() if r["preset"] == pr} | {k[0] for k in trows if k[1] == pr},

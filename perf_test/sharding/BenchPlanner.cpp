@@ -37,7 +37,7 @@ NvlinkTopology first_gpus(const NvlinkTopology& t, int n) {
 }
 
 MoeLayerConfig layer(const char* preset) {
-  // The same facts as router-spec §15 (the presets live in kokkosmoe_core, which this benchmark does not link).
+  // The same facts as docs/router.md §15 (the presets live in kokkosmoe_core, which this benchmark does not link).
   MoeLayerConfig l;
   l.name = preset;
   l.tokens_per_rank = 4096;

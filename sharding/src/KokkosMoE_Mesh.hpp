@@ -6,7 +6,7 @@
 
 /// \file KokkosMoE_Mesh.hpp
 /// \brief Value types of the sharding vocabulary: a device mesh with named axes and a per-dimension sharding
-/// spec (docs/planner.md §5, router-spec §13). Plain C++ (no Kokkos): the planner and the partition rules share it.
+/// spec (docs/planner.md §5, docs/router.md §13). Plain C++ (no Kokkos): the planner and the partition rules share it.
 
 #include <KokkosMoE_Error.hpp>
 

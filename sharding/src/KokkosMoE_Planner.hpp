@@ -64,7 +64,7 @@ struct MoeLayerConfig {
   int num_experts = 0;  ///< E
   int topk = 1;         ///< k, 1 <= k <= E
   int num_groups = 0;   ///< G (used when group_topk > 0)
-  int group_topk = 0;   ///< gk; group-limited routing iff > 0 (router-spec §5.3 rules apply)
+  int group_topk = 0;   ///< gk; group-limited routing iff > 0 (docs/router.md §5.3 rules apply)
   int hidden_size = 0;  ///< H, elements per token row
   TokenDType dispatch_dtype = TokenDType::BF16;
   TokenDType combine_dtype = TokenDType::BF16;
@@ -256,7 +256,7 @@ struct Plan {
 /// first, larger EP first among them (fewer experts per GPU); then EP groups over PCIe or the network, fastest
 /// first; EP = 1 (experts replicated) last. Deterministic: equal requests give equal plans.
 /// \throws KokkosMoE::InvalidArgument with Rule::PlanInfeasible (what to change: E not divisible, EP larger than
-/// the world, no GPUs, ...), Rule::TopkRange, Rule::NumExpertsPositive, the grouping rules of router-spec §4.6, or
+/// the world, no GPUs, ...), Rule::TopkRange, Rule::NumExpertsPositive, the grouping rules of docs/router.md §4.6, or
 /// Rule::ConfigValue for a non-positive size, bandwidth or efficiency
 Plan make_plan(const PlanRequest& request);
 

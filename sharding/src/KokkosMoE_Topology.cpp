@@ -1,7 +1,7 @@
 /*
  * KokkosMoE: Mixture-of-Experts routing for Kokkos. SPDX-License-Identifier: Apache-2.0
  */
-// The value-type parts of the topology API: PCI addresses, pair access, islands and cliques (topology.md §10.1-2)
+// The value-type parts of the topology API: PCI addresses, pair access, islands and cliques (docs/topology.md §10.1-2)
 // and the `nvidia-smi topo -m`-style report. Detection lives in impl/.
 
 #include <KokkosMoE_Topology.hpp>
@@ -288,7 +288,7 @@ std::vector<std::vector<int>> nvlink_cliques_capped(const NvlinkTopology& topo, 
   std::vector<std::vector<int>> out;
   CliqueSearch search{adj, out, limit};
   for (const auto& island : nvlink_islands(topo)) {
-    // Short-circuit (topology.md §10.2): a fully connected island (every NVSwitch island) is its own clique.
+    // Short-circuit (docs/topology.md §10.2): a fully connected island (every NVSwitch island) is its own clique.
     bool complete = true;
     for (std::size_t a = 0; a < island.size() && complete; ++a)
       for (std::size_t b = a + 1; b < island.size() && complete; ++b) complete = adj[island[a]][island[b]];

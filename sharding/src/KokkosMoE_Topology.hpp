@@ -44,7 +44,7 @@ struct PciAddress {
   bool operator<(const PciAddress& o) const;
 };
 
-/// \brief PCIe path between two GPUs; the values are NVML's common-ancestor levels (topology.md §4.1, §7).
+/// \brief PCIe path between two GPUs; the values are NVML's common-ancestor levels (docs/topology.md §4.1, §7).
 enum class PcieLevel : std::uint8_t {
   Internal = 0,  ///< same board
   Pix = 10,      ///< at most one PCIe switch
@@ -71,7 +71,7 @@ struct FabricIdentity {
 /// \brief One GPU of the host.
 struct GpuInfo {
   int id = 0;                             ///< dense 0..n-1, ordered by PCI address
-  PciAddress pci;                         ///< the key (see topology.md §2: never key by index)
+  PciAddress pci;                         ///< the key (see docs/topology.md §2: never key by index)
   std::uint16_t pci_device_id = 0;        ///< PCI device id (e.g. 0x2335), 0 = unknown
   std::string uuid;                       ///< "GPU-...", empty = unknown
   std::string model;                      ///< "NVIDIA H200", empty = unknown
@@ -107,7 +107,7 @@ struct GpuPair {
   bool operator!=(const GpuPair& o) const { return !(*this == o); }
 };
 
-/// \brief The GPUs of one host and how they are connected (topology.md §2).
+/// \brief The GPUs of one host and how they are connected (docs/topology.md §2).
 struct NvlinkTopology {
   enum class Source { HwlocXml, Live, NcclXml, None };
 

@@ -4,7 +4,7 @@
 #ifndef KOKKOSMOE_TEST_ROUTERGRID_HPP
 #define KOKKOSMOE_TEST_ROUTERGRID_HPP
 
-// The router parameter grid of router-spec §16.3, scaled for the CPU suite: the full cross product of score
+// The router parameter grid of docs/router.md §16.3, scaled for the CPU suite: the full cross product of score
 // function (with bias on/off for Sigmoid/SqrtSoftplus, pre/post for Softmax), grouping {off, G=8/gk=4},
 // scale {1.0, 1.2} and (E, k) pairs covering E in {8, 32, 128, 130, 256, 1024} and k in {1, 2, 4, 8, 32}, with small,
 // odd token counts. Every case runs every output kind and both implementations (RouterRunner.hpp).

@@ -4,7 +4,7 @@
 #ifndef KOKKOSMOE_TEST_ROUTERORACLE_HPP
 #define KOKKOSMOE_TEST_ROUTERORACLE_HPP
 
-// Independent plain-loop oracle of docs/router-spec.md in double precision. It includes no KokkosMoE header and
+// Independent plain-loop oracle of docs/router.md in double precision. It includes no KokkosMoE header and
 // calls no library code: its own enums, its own selection order (§6, §7), its own softmax (§5.1), grouping (§5.3),
 // forward (§5.2), compact backward (§5.5), backward (§9), aux scores (§10), aux loss (§11), and its own
 // round-to-nearest-even conversions to binary16 / bfloat16 (cross-checked against the library's storage types in
@@ -21,10 +21,10 @@
 namespace KokkosMoETest {
 namespace Oracle {
 
-/// Score functions; the numeric values equal router-spec §2 (and therefore the library's enum).
+/// Score functions; the numeric values equal docs/router.md §2 (and therefore the library's enum).
 enum class Score : int { Sigmoid = 0, Softmax = 1, SqrtSoftplus = 2 };
 
-/// Attributes of one router call (router-spec §3). Grouping is on iff gk > 0.
+/// Attributes of one router call (docs/router.md §3). Grouping is on iff gk > 0.
 struct Attr {
   int topk = 1;
   Score f = Score::Softmax;
@@ -34,12 +34,12 @@ struct Attr {
   double scale = 1.0;
 };
 
-constexpr double kEps = 1e-20;  // router-spec §1
+constexpr double kEps = 1e-20;  // docs/router.md §1
 inline double inf() { return std::numeric_limits<double>::infinity(); }
 inline double qnan() { return std::numeric_limits<double>::quiet_NaN(); }
 
 // ------------------------------------------------------------------------------------------------------------------
-// Total order of router-spec §6/§7: value descending; -0.0 == +0.0; +inf above finite; -inf below finite; NaN (any)
+// Total order of docs/router.md §6/§7: value descending; -0.0 == +0.0; +inf above finite; -inf below finite; NaN (any)
 // below -inf; equal keys -> lower index first.
 // ------------------------------------------------------------------------------------------------------------------
 /// a ranks strictly above b.

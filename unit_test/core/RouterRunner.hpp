@@ -296,7 +296,7 @@ void run_router_case(const RouterCase<D, S>& c, RunFlags flags) {
   const int T = c.T(), E = c.E(), k = c.k();
   const bool pre = c.attr.f == Oracle::Score::Softmax && c.attr.pre;
   BOOST_TEST_CONTEXT(c.name) {
-    // upstream gradient: random at routed positions, NaN at every non-routed one (never read, router-spec §9)
+    // upstream gradient: random at routed positions, NaN at every non-routed one (never read, docs/router.md §9)
     std::vector<double> gp = random_values<S>(static_cast<std::size_t>(T) * E, mix_seed(0x6EAD, T * 131 + E));
     for (int t = 0; t < T; ++t)
       for (int e = 0; e < E; ++e)
@@ -329,7 +329,7 @@ void run_router_case(const RouterCase<D, S>& c, RunFlags flags) {
         host[oi] = fetch(dev[oi]);
         if (flags.forward) check_forward_output(ctx + out_name(out), out, host[oi], c.ref, T, E, k);
       }
-      // Bytemap vs BitmapU8: probs and intermediate bit-identical (router-spec §16.1)
+      // Bytemap vs BitmapU8: probs and intermediate bit-identical (docs/router.md §16.1)
       BOOST_TEST(bytes_equal(host[0].probs, host[1].probs), ctx << "bitmap probs differ from bytemap probs");
       BOOST_TEST(bytes_equal(host[0].inter, host[1].inter), ctx << "bitmap intermediate differs from bytemap");
       for (int oi = 0; oi < 6; ++oi) routing_by_impl[ii].push_back(host[oi]);

@@ -6,7 +6,7 @@
 
 // Shared helpers of the router tests: numeric traits of the three logits types (the library's fp16_t / bf16_t are
 // used as storage only, filled and read through the oracle's own conversions), a portable seeded RNG, the input
-// generators of router-spec §16.2 (seeded, per-row varied, tie-free and well-conditioned by construction; plus the
+// generators of docs/router.md §16.2 (seeded, per-row varied, tie-free and well-conditioned by construction; plus the
 // reference's patterns), device View transfer, the tolerances of §16.1 and a mismatch collector.
 
 #include <KokkosMoE_AuxLoss.hpp>
@@ -145,14 +145,14 @@ inline std::string describe(const Oracle::Attr& a, int T, int E, bool bias, cons
   os << " scale=" << a.scale << " dtype=" << dtype;
   return os.str();
 }
-/// True when (E, k, grouping) satisfies router-spec §4 rule 6.
+/// True when (E, k, grouping) satisfies docs/router.md §4 rule 6.
 inline bool grouping_valid(int E, int k, int G, int gk) {
   if (gk <= 0) return true;
   return G > 0 && gk <= G && E % G == 0 && k % gk == 0 && k / gk <= E / G;
 }
 
 // ------------------------------------------------------------------------------------------------------------------
-// Tolerances (router-spec §16.1) and comparisons
+// Tolerances (docs/router.md §16.1) and comparisons
 // ------------------------------------------------------------------------------------------------------------------
 struct Tol {
   double atol, rtol;
@@ -298,7 +298,7 @@ inline const char* impl_name(KokkosMoE::Implementation i) {
 }
 
 // ------------------------------------------------------------------------------------------------------------------
-// Conditioning of a row (router-spec §16.1 "ill-conditioned rows"): every decision the row's routing depends on
+// Conditioning of a row (docs/router.md §16.1 "ill-conditioned rows"): every decision the row's routing depends on
 // (adjacent ranks among the first k+1 eligible experts; the boundary between the gk-th and (gk+1)-th group) must be
 // separated by far more than the FP32 evaluation error, or be an exact tie of identical inputs (which FP32 and the
 // oracle both resolve to the lower index).
@@ -340,7 +340,7 @@ inline bool well_conditioned(const Oracle::Attr& a, const double* x, const doubl
 }
 
 // ------------------------------------------------------------------------------------------------------------------
-// Generators (router-spec §16.2)
+// Generators (docs/router.md §16.2)
 // ------------------------------------------------------------------------------------------------------------------
 struct RouterInputs {
   int T = 0, E = 0;
@@ -421,7 +421,8 @@ RouterInputs generate_router_inputs(const Oracle::Attr& a, int T, int E, bool wi
   return in;
 }
 
-/// The reference's own patterns (router-spec §16.2), a compatibility case only: every token selects the same experts.
+/// The reference's own patterns (docs/router.md §16.2), a compatibility case only: every token selects the same
+/// experts.
 inline RouterInputs reference_pattern_inputs(const Oracle::Attr& a, int T, int E, bool with_bias) {
   RouterInputs in;
   in.T = T;

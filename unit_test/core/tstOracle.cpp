@@ -3,7 +3,7 @@
  */
 // Self-tests of the oracle (RouterOracle.hpp) before anything is compared against it: its own RNE conversions
 // against the library's storage types (exhaustive decode, special values, ties, random patterns), hand-worked
-// examples from router-spec.md, and central finite differences in double of its forward against its backward
+// examples from docs/router.md, and central finite differences in double of its forward against its backward
 // formulas (§9, §10) — the oracle's backward is the spec's formula, validated here against the spec's forward.
 
 #include <boost/test/unit_test.hpp>
@@ -119,7 +119,7 @@ BOOST_AUTO_TEST_CASE(total_order) {
 }
 
 BOOST_AUTO_TEST_CASE(hand_worked_examples) {
-  // router-spec §5.4: E = 10, selected {0, 3, 9} -> bytes 0x09, 0x02
+  // docs/router.md §5.4: E = 10, selected {0, 3, 9} -> bytes 0x09, 0x02
   std::vector<char> routed(10, 0);
   routed[0] = routed[3] = routed[9] = 1;
   const auto bytes = Oracle::pack_bits(routed);

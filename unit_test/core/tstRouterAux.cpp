@@ -1,7 +1,7 @@
 /*
  * KokkosMoE: Mixture-of-Experts routing for Kokkos. SPDX-License-Identifier: Apache-2.0
  */
-// The aux-loss score helper (router-spec §10) and the aux loss (§11) against the oracle: aux_scores forward/backward
+// The aux-loss score helper (docs/router.md §10) and the aux loss (§11) against the oracle: aux_scores forward/backward
 // over functions, shapes, logits types and both map formats (bit-exact between them), finite differences of the
 // library's scores; aux_loss forward/backward with every tokens_per_expert type, sequence aux loss (C = m*E, m = 2),
 // the host-total and device-total overloads (bitwise equal; the device total re-read on every launch), R = 0,
@@ -317,7 +317,7 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(finite_differences, DeviceType, KOKKOSMOE_DEVICE_T
   }
 }
 
-// Non-finite logits propagate (router-spec §7.5): a NaN row gives NaN scores; the map stays well formed.
+// Non-finite logits propagate (docs/router.md §7.5): a NaN row gives NaN scores; the map stays well formed.
 BOOST_AUTO_TEST_CASE_TEMPLATE(non_finite_rows, DeviceType, KOKKOSMOE_DEVICE_TYPES) {
   using D = DeviceType;
   using Exec = typename D::execution_space;
@@ -360,7 +360,7 @@ BOOST_AUTO_TEST_SUITE_END()
 BOOST_AUTO_TEST_SUITE(aux_loss)
 
 BOOST_AUTO_TEST_CASE_TEMPLATE(grid_float_int32, DeviceType, KOKKOSMOE_DEVICE_TYPES) {
-  // router-spec §16.3 aux-loss grid, scaled: E in {32, 128, 256, 1024}, k in {4, 32}, m in {1, 2}
+  // docs/router.md §16.3 aux-loss grid, scaled: E in {32, 128, 256, 1024}, k in {4, 32}, m in {1, 2}
   std::uint64_t seed = 1;
   for (int E : {32, 128, 256, 1024})
     for (int k : {4, 32})
@@ -396,7 +396,7 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(zero_rows_write_loss_and_const, DeviceType, KOKKOS
 }
 
 // The device total is read on every launch (the CUDA-graph use case): changing it between calls on the same
-// Views changes Const; a total of 0 makes Const non-finite (documented, router-spec §4.3).
+// Views changes Const; a total of 0 makes Const non-finite (documented, docs/router.md §4.3).
 BOOST_AUTO_TEST_CASE_TEMPLATE(device_total_changes_between_calls, DeviceType, KOKKOSMOE_DEVICE_TYPES) {
   using D = DeviceType;
   using Exec = typename D::execution_space;

@@ -1,7 +1,7 @@
 /*
  * KokkosMoE: Mixture-of-Experts routing for Kokkos. SPDX-License-Identifier: Apache-2.0
  */
-// topk_router backward (router-spec §9) and the compact backward (§5.5) for every forward variant: the grid of §16.3
+// topk_router backward (docs/router.md §9) and the compact backward (§5.5) for every forward variant: the grid of §16.3
 // with gradients against the oracle (Bytemap vs BitmapU8 bit-identical, indices within tolerance, compact == dense
 // backward of the scattered gradient, non-routed entries exactly +0.0 except Softmax pre, NaN upstream gradients at
 // non-routed positions never read), plus finite-difference checks of the library's own FP32 forward.
@@ -131,7 +131,7 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(finite_differences, DeviceType, KOKKOSMOE_DEVICE_T
       }
 }
 
-// grad_probs in another type than the forward's logits (grad_logits follows grad_probs, router-spec §2).
+// grad_probs in another type than the forward's logits (grad_logits follows grad_probs, docs/router.md §2).
 BOOST_AUTO_TEST_CASE_TEMPLATE(gradient_type_independent_of_logits_type, DeviceType, KOKKOSMOE_DEVICE_TYPES) {
   using D = DeviceType;
   using Exec = typename D::execution_space;
@@ -156,7 +156,7 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(gradient_type_independent_of_logits_type, DeviceTy
   }
 }
 
-// Non-finite values of the saved intermediate and of grad_probs at non-routed positions never leak (router-spec §9):
+// Non-finite values of the saved intermediate and of grad_probs at non-routed positions never leak (docs/router.md §9):
 // the gradients are bitwise those of a clean run.
 BOOST_AUTO_TEST_CASE_TEMPLATE(non_routed_values_never_read, DeviceType, KOKKOSMOE_DEVICE_TYPES) {
   using D = DeviceType;

@@ -1,7 +1,7 @@
 /*
  * KokkosMoE: Mixture-of-Experts routing for Kokkos. SPDX-License-Identifier: Apache-2.0
  */
-// CUDA-graph capture of the Kokkos::Cuda specialization (router-spec §11, §16.3 "aux loss graph capture",
+// CUDA-graph capture of the Kokkos::Cuda specialization (docs/router.md §11, §16.3 "aux loss graph capture",
 // §16.4 "CUDA-graph replay with changed inputs gives the eager results"): forward, backward and the aux loss with
 // a device-side token total are captured once on a stream and replayed with new inputs and totals.
 #include <KokkosMoE_AuxLoss.hpp>

@@ -1,7 +1,7 @@
 /*
  * KokkosMoE: Mixture-of-Experts routing for Kokkos. SPDX-License-Identifier: Apache-2.0
  */
-// Determinism (router-spec §12): a battery of forward/backward/aux-score/aux-loss calls whose every output byte is
+// Determinism (docs/router.md §12): a battery of forward/backward/aux-score/aux-loss calls whose every output byte is
 // collected. `two_runs_bitwise_equal` runs it twice in one process and compares every byte. `thread_dump` writes, per
 // output, its size and two independent 64-bit digests of its bytes (FNV-1a, under which any single changed byte
 // always changes the digest, and a multiply-rotate hash over 8-byte words) to $KOKKOSMOE_DETERMINISM_DUMP.<space>.txt;

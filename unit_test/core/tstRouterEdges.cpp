@@ -1,7 +1,7 @@
 /*
  * KokkosMoE: Mixture-of-Experts routing for Kokkos. SPDX-License-Identifier: Apache-2.0
  */
-// Edges of router-spec §16.4: k = E, E = 1, E = 130 (partial last bitmap byte, zero padding), T = 0 for every entry
+// Edges of docs/router.md §16.4: k = E, E = 1, E = 130 (partial last bitmap byte, zero padding), T = 0 for every entry
 // point (and the aux loss's scalar outputs), token counts that are not multiples of anything, int16 indices at
 // E = 32767, the SqrtSoftplus branch at x = 20, unusual scaling factors, strided-but-row-major and offset Views.
 
@@ -113,7 +113,7 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(zero_tokens, DeviceType, KOKKOSMOE_DEVICE_TYPES) {
       BOOST_TEST(false, "T = 0 must be a valid no-op: " << e.what());
     }
   }
-  // aux loss with R = 0: loss = 0 and Const are written (router-spec §4.3), for both overloads
+  // aux loss with R = 0: loss = 0 and Const are written (docs/router.md §4.3), for both overloads
   KokkosMoE::AuxLossConfig ac;
   ac.num_experts = 8;
   ac.topk = 2;
@@ -156,7 +156,7 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(odd_token_counts, DeviceType, KOKKOSMOE_DEVICE_TYP
     }
 }
 
-// int16 dense indices at their limit E = 32767, the best expert at the last index (router-spec §16.4).
+// int16 dense indices at their limit E = 32767, the best expert at the last index (docs/router.md §16.4).
 BOOST_AUTO_TEST_CASE_TEMPLATE(int16_indices_at_32767_experts, DeviceType, KOKKOSMOE_DEVICE_TYPES) {
   const int E = 32767, T = 3;
   for (const bool pre : {false, true}) {
@@ -171,7 +171,7 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(int16_indices_at_32767_experts, DeviceType, KOKKOS
   }
 }
 
-// SqrtSoftplus switches to the identity above x = 20 (router-spec §5.1).
+// SqrtSoftplus switches to the identity above x = 20 (docs/router.md §5.1).
 BOOST_AUTO_TEST_CASE_TEMPLATE(sqrtsoftplus_branch_at_20, DeviceType, KOKKOSMOE_DEVICE_TYPES) {
   const std::vector<double> row = {19.5, 19.99, 20.0, 20.01, 20.5, 30.0, 80.0, -30.0, -80.0, 0.0, 1.0, 15.0};
   for (int k : {1, 3, 6}) {
@@ -184,7 +184,7 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(sqrtsoftplus_branch_at_20, DeviceType, KOKKOSMOE_D
   }
 }
 
-// scaling_factor is applied in every mode; any finite value is allowed (router-spec §3, §4.7).
+// scaling_factor is applied in every mode; any finite value is allowed (docs/router.md §3, §4.7).
 BOOST_AUTO_TEST_CASE_TEMPLATE(scaling_factors, DeviceType, KOKKOSMOE_DEVICE_TYPES) {
   std::uint64_t seed = 70;
   for (double scale : {0.0, -0.5, 2.5, 1e-3, 1e3})
@@ -225,7 +225,7 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(strided_offset_and_overloads, DeviceType, KOKKOSMO
   BOOST_TEST(bytes_equal(download(map), base.map));
 }
 
-// The bias type is independent of the logits type (router-spec §2: float, fp16 or bf16, widened to FP32).
+// The bias type is independent of the logits type (docs/router.md §2: float, fp16 or bf16, widened to FP32).
 template <class D, class S, class B>
 void mixed_bias_case(Score f, std::uint64_t seed) {
   const Oracle::Attr a = make_attr(f, false, 8, 8, 4, 2.5);

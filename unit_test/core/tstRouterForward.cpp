@@ -1,7 +1,7 @@
 /*
  * KokkosMoE: Mixture-of-Experts routing for Kokkos. SPDX-License-Identifier: Apache-2.0
  */
-// topk_router forward (router-spec §5) against the double-precision oracle: the parameter grid of §16.3 over every
+// topk_router forward (docs/router.md §5) against the double-precision oracle: the parameter grid of §16.3 over every
 // output kind, both implementations and the three logits types; the reference's patterns as a compatibility case;
 // the named presets of §15.
 
@@ -28,7 +28,7 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(grid_bf16, DeviceType, KOKKOSMOE_DEVICE_TYPES) {
   run_router_grid<DeviceType, bf16_t>(RunFlags{true, false}, 0xF0B16);
 }
 
-// The reference's own input patterns (router-spec §16.2): degenerate (every token picks the same experts), kept as a
+// The reference's own input patterns (docs/router.md §16.2): degenerate (every token picks the same experts), kept as a
 // compatibility case only. Shapes from the quick/extended tiers of §16.3.
 BOOST_AUTO_TEST_CASE_TEMPLATE(reference_patterns_compat, DeviceType, KOKKOSMOE_DEVICE_TYPES) {
   const int shapes[][3] = {{128, 32, 4}, {256, 128, 8}, {97, 1024, 16}};
@@ -47,7 +47,7 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(reference_patterns_compat, DeviceType, KOKKOSMOE_D
       }
 }
 
-// The named presets (router-spec §15): the library's table against the spec's, then a routed batch of each.
+// The named presets (docs/router.md §15): the library's table against the spec's, then a routed batch of each.
 BOOST_AUTO_TEST_CASE_TEMPLATE(presets, DeviceType, KOKKOSMOE_DEVICE_TYPES) {
   struct Row {
     const char* name;

@@ -1,7 +1,7 @@
 /*
  * KokkosMoE: Mixture-of-Experts routing for Kokkos. SPDX-License-Identifier: Apache-2.0
  */
-// The full tier of router-spec §16.3 (FP32 forward, every routing output kind, against the double-precision
+// The full tier of docs/router.md §16.3 (FP32 forward, every routing output kind, against the double-precision
 // oracle) at the reference's token counts. Hours on the 2-core CPU machine, minutes on a GPU host, so it runs only
 // when KOKKOSMOE_TEST_TIER=full (the GPU session sets it); otherwise every case reports as skipped. It runs the
 // library's default implementation (the Cuda specialization on a GPU); the generic path and the backward run the
@@ -30,7 +30,7 @@ struct FullTierEnabled {
 };
 
 /// One function's grid: T x E x k x grouping {off, 4 of 8} x scale {1.0, 1.2} x modes, skipping k >= E and
-/// k/gk >= E/G (router-spec §16.3).
+/// k/gk >= E/G (docs/router.md §16.3).
 template <class D>
 void run_full_tier(Oracle::Score f, std::initializer_list<int> tokens, std::uint64_t salt) {
   const bool softmax = f == Oracle::Score::Softmax;

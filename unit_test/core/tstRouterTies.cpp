@@ -1,7 +1,7 @@
 /*
  * KokkosMoE: Mixture-of-Experts routing for Kokkos. SPDX-License-Identifier: Apache-2.0
  */
-// Tie-breaking (router-spec §6) and non-finite values (§7), the explicit cases of §16.4. Every expectation here is
+// Tie-breaking (docs/router.md §6) and non-finite values (§7), the explicit cases of §16.4. Every expectation here is
 // derived by hand from the spec and asserted against both the oracle and the library (all output kinds, both
 // implementations, forward and backward), plus the config.check_finite debug check (NonFiniteInput naming (t, e)).
 
@@ -101,7 +101,7 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(duplicates_resolve_to_lower_index, DeviceType, KOK
   hand_case<DeviceType, float>("bias ties", make_attr(Score::SqrtSoftplus, false, 3), 8, x, b, {{1, 5, 7}});
 }
 
-// -0.0 and +0.0 are a tie (router-spec §7.2): the lower index wins whichever sign it has.
+// -0.0 and +0.0 are a tie (docs/router.md §7.2): the lower index wins whichever sign it has.
 BOOST_AUTO_TEST_CASE_TEMPLATE(signed_zeros_tie, DeviceType, KOKKOSMOE_DEVICE_TYPES) {
   const Oracle::Attr a1 = make_attr(Score::Softmax, false, 1), a2 = make_attr(Score::Softmax, false, 2);
   const std::vector<double> r1 = {-1.0, -0.0, 0.0, -2.0, -0.5, -3.0};
@@ -118,7 +118,7 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(signed_zeros_tie, DeviceType, KOKKOSMOE_DEVICE_TYP
   hand_case<DeviceType, float>("signed-zero group tie", g, 6, {-1.0, -5.0, -0.0, -1.0, 0.0, -1.0}, {}, {{2}});
 }
 
-// Ties across a group boundary and ties between group scores (router-spec §5.3, §6).
+// Ties across a group boundary and ties between group scores (docs/router.md §5.3, §6).
 BOOST_AUTO_TEST_CASE_TEMPLATE(group_ties, DeviceType, KOKKOSMOE_DEVICE_TYPES) {
   // E = 16, G = 4 (gs = 4), gk = 2, k = 4 (kg = 2). Group ranking g1 > g0 > g2 > g3 under every score function
   // (raw: 6, 5, -2, -4); experts 3 and 4 tie across the group boundary -> 3 first.
@@ -138,7 +138,7 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(group_ties, DeviceType, KOKKOSMOE_DEVICE_TYPES) {
                                std::vector<double>(16, 0.3), std::vector<double>(16, 0.0), {{0, 1, 2, 3}});
 }
 
-// FP32 sigmoid saturates (router-spec §15): logits 17 (expert 1) and 20 (expert 3) both give exactly 1.0f, a tie the
+// FP32 sigmoid saturates (docs/router.md §15): logits 17 (expert 1) and 20 (expert 3) both give exactly 1.0f, a tie the
 // lower index wins although expert 3 has the larger logit. (A double oracle would pick 3: this is checked directly.)
 BOOST_AUTO_TEST_CASE_TEMPLATE(sigmoid_saturation_ties_to_lower_index, DeviceType, KOKKOSMOE_DEVICE_TYPES) {
   using D = DeviceType;
@@ -187,7 +187,7 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(all_neg_inf_rows, DeviceType, KOKKOSMOE_DEVICE_TYP
       }
       hand_case<DeviceType, bf16_t>("all -inf", make_attr(m.f, m.pre, k), E, x, {}, {iota_vec(k)});
     }
-  // a row that starts with -inf followed by finite values is not NaN (router-spec §5.1)
+  // a row that starts with -inf followed by finite values is not NaN (docs/router.md §5.1)
   const std::vector<double> lead = {-kInf, -kInf, 1.0, 0.0, 2.0, -kInf, 0.5, -1.0};
   for (const bool pre : {false, true}) {
     const auto c =
@@ -229,7 +229,7 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(nan_in_bias, DeviceType, KOKKOSMOE_DEVICE_TYPES) {
   }
 }
 
-// NaN inside a group (router-spec §7.3): outside the group's top kg it does not matter; inside, the group score is
+// NaN inside a group (docs/router.md §7.3): outside the group's top kg it does not matter; inside, the group score is
 // NaN and the group ranks last. Raw logits (Softmax post) keep the arithmetic exact.
 BOOST_AUTO_TEST_CASE_TEMPLATE(nan_inside_groups, DeviceType, KOKKOSMOE_DEVICE_TYPES) {
   const std::vector<double> x = {1, 1, 1, 1, 5, 4, kNaN, 1, 3, 3, 0, 0, 0, 0, 0, 0};
@@ -344,8 +344,8 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(fewer_finite_scores_than_k, DeviceType, KOKKOSMOE_
   BOOST_TEST(c.ref[0].probs[1] == 0.0);
 }
 
-// style.md §2.6: exception messages name the function. NonFiniteInput from config.check_finite must name the entry
-// point that was called (topk_router, topk_router_indices, topk_router_compact).
+// docs/conventions.md §5: exception messages name the function. NonFiniteInput from config.check_finite must name the
+// entry point that was called (topk_router, topk_router_indices, topk_router_compact).
 BOOST_AUTO_TEST_CASE_TEMPLATE(check_finite_message_names_entry_point, DeviceType, KOKKOSMOE_DEVICE_TYPES) {
   using D = DeviceType;
   std::vector<double> x(2 * 4, 0.5);

@@ -1,8 +1,8 @@
 /*
  * KokkosMoE: Mixture-of-Experts routing for Kokkos. SPDX-License-Identifier: Apache-2.0
  */
-// Validation at the public boundary (router-spec §4): every rule asserted by its stable rule id (style.md §2.6), for
-// every entry point — forward (map, indices, compact), backward (map, indices, compact), aux_scores (fwd/bwd),
+// Validation at the public boundary (docs/router.md §4): every rule asserted by its stable rule id (docs/conventions.md
+// §5), for every entry point — forward (map, indices, compact), backward (map, indices, compact), aux_scores (fwd/bwd),
 // aux_loss (host and device total, fwd/bwd). Each case starts from a valid call and breaks exactly one thing.
 // Rejected calls must not have launched anything: outputs keep their sentinel.
 
@@ -565,7 +565,7 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(aux_loss_rules, DeviceType, KOKKOSMOE_DEVICE_TYPES
   BOOST_TEST((cb[0] == kSentinel && cb[1] == kSentinel), "a rejected aux_loss wrote const_buf");
 }
 
-// Contiguity of every operand (router-spec §4.1), row limits of the aux loss, and options documented as ignored.
+// Contiguity of every operand (docs/router.md §4.1), row limits of the aux loss, and options documented as ignored.
 BOOST_AUTO_TEST_CASE_TEMPLATE(contiguity_limits_and_ignored_options, DeviceType, KOKKOSMOE_DEVICE_TYPES) {
   using D = DeviceType;
   using Exec = typename D::execution_space;

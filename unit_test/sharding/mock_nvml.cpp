@@ -7,7 +7,7 @@
 //   h200_vm, h200_1gpu, hgx, mesh, container, partition, unknown_version, fabric, weird_peer, asym_direct,
 //   no_devices, init_fails.
 // Built twice: full, and with KOKKOSMOE_MOCK_NVML_MINIMAL (only the symbols the detector requires).
-// It models NVML's documented behaviour (topology.md §4.2, §8), e.g. INVALID_ARGUMENT past the last link.
+// It models NVML's documented behaviour (docs/topology.md §4.2, §8), e.g. INVALID_ARGUMENT past the last link.
 
 #include <cstdlib>
 #include <cstring>

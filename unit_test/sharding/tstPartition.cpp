@@ -1,8 +1,8 @@
 /*
  * KokkosMoE: Mixture-of-Experts routing for Kokkos. SPDX-License-Identifier: Apache-2.0
  */
-// Router partition rules (router-spec §13), virtual-mesh execution (sharded == unsharded, bitwise), the deferred
-// callable survival test of router-spec §14 (its AddressSanitizer variant and negative control are the separate
+// Router partition rules (docs/router.md §13), virtual-mesh execution (sharded == unsharded, bitwise), the deferred
+// callable survival test of docs/router.md §14 (its AddressSanitizer variant and negative control are the separate
 // executables of tstPartitionDeferred.cpp), and the planner's routing models against the real router.
 
 #include <KokkosMoE_EnableDeviceTypes.hpp>
@@ -332,7 +332,7 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(aux_loss_psum_gather_and_backward, DeviceType, KOK
     s.op = RouterOp::AuxLossBackward;
     check_sharded_equals_unsharded<Exec, float>(s, false, 8);
   }
-  // The psum result agrees with the unsharded loss within the aux-loss tolerance (router-spec §16.1, C = 2E)...
+  // The psum result agrees with the unsharded loss within the aux-loss tolerance (docs/router.md §16.1, C = 2E)...
   Exec exec;
   s.op = RouterOp::AuxLoss;
   s.aux_loss_mode = AuxLossMode::PartialSum;
@@ -370,7 +370,7 @@ BOOST_AUTO_TEST_CASE(bf16_and_fp16_logits) {
 }
 
 BOOST_AUTO_TEST_CASE(empty_shards_are_valid) {
-  // 3 tokens over 4 shards: one shard has no rows (router-spec §4.3: T = 0 is valid)
+  // 3 tokens over 4 shards: one shard has no rows (docs/router.md §4.3: T = 0 is valid)
   using Exec = Kokkos::DefaultHostExecutionSpace;
   Exec exec;
   RouterOpSpec s = forward_spec();
@@ -388,7 +388,7 @@ BOOST_AUTO_TEST_SUITE_END()
 
 BOOST_AUTO_TEST_SUITE(partition_deferred)
 
-// router-spec §14 without AddressSanitizer (scribbled memory); tstPartitionDeferred runs it under ASan with
+// docs/router.md §14 without AddressSanitizer (scribbled memory); tstPartitionDeferred runs it under ASan with
 // detect_stack_use_after_return=1, plus the dangling negative control that must fail.
 BOOST_AUTO_TEST_CASE(callables_survive_their_sources) {
   using Exec = Kokkos::DefaultHostExecutionSpace;

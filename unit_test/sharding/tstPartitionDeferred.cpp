@@ -1,14 +1,15 @@
 /*
  * KokkosMoE: Mixture-of-Experts routing for Kokkos. SPDX-License-Identifier: Apache-2.0
  */
-// router-spec §14 under AddressSanitizer: every stored shard callable is invoked after the mesh, spec, shardings
+// docs/router.md §14 under AddressSanitizer: every stored shard callable is invoked after the mesh, spec, shardings
 // and builder temporaries it was made from are destroyed, and must reproduce the eager result bitwise. Built
 // twice (unit_test/sharding/CMakeLists.txt), both with -fsanitize=address and run with
 // ASAN_OPTIONS=detect_stack_use_after_return=1:
 //  * KokkosMoE_PartitionDeferred_ASan: the library as shipped; must pass.
-//  * KokkosMoE_PartitionDeferred_Dangling: compiled with KOKKOSMOE_IMPL_TEST_DANGLING_PARTITION_CAPTURE, which makes
-//    the builder capture its local configuration by reference (the seed's bug); must fail (WILL_FAIL), and a second
-//    test requires ASan's "stack-use-after-return" report, so it fails for the right reason.
+//  * KokkosMoE_PartitionDeferred_Dangling: compiled with KOKKOSMOE_TEST_DANGLING_PARTITION_CAPTURE, which replaces
+//    each stored callable by one that captures its builder's local configuration by reference (the reference's
+//    bug, tstPartitionHelpers.hpp); must fail (WILL_FAIL), and a second test requires ASan's
+//    "stack-use-after-return" report, so it fails for the right reason.
 // Plain main (no Boost): the smallest program that shows the bug class. Exit 0 = every case matched.
 
 #include <Kokkos_Core.hpp>

@@ -5,7 +5,7 @@
 #define KOKKOSMOE_TST_PARTITION_HELPERS_HPP
 
 // Shared by tstPartition.cpp (Boost.Test) and tstPartitionDeferred.cpp (the AddressSanitizer executables):
-// deterministic operands for every router operation (router-spec §16.2: per-row permutations of well-separated
+// deterministic operands for every router operation (docs/router.md §16.2: per-row permutations of well-separated
 // values plus noise below the separation, so rows are tie-free and select different experts), the eager
 // (unsharded) reference through the public API, and bitwise comparison of outputs.
 
@@ -23,6 +23,8 @@
 #include <random>
 #include <string>
 #include <vector>
+
+#include "tstVirtualMesh.hpp"
 
 namespace KokkosMoE::Test {
 
@@ -203,7 +205,7 @@ RouterOperands<Exec, Scalar> make_operands(const Exec& exec, const RouterOpSpec&
   o.grad_scores = typename Ops::template Matrix<float>("grad_scores", T, E);
   fill_uniform(o.grad_scores, rng, -1.0f, 1.0f);
   if (s.op == RouterOp::AuxLoss || s.op == RouterOp::AuxLossBackward) {
-    const int C = 2 * E;  // two sequences side by side (router-spec §11)
+    const int C = 2 * E;  // two sequences side by side (docs/router.md §11)
     o.probs = typename Ops::template Matrix<Scalar>("aux_probs", T, C);
     fill_uniform(o.probs, rng, 0.0f, 1.0f);
     o.grad_probs = typename Ops::template Matrix<Scalar>("aux_grad_probs", T, C);
@@ -228,7 +230,7 @@ template <class Ops>
 Ops with_fresh_outputs(const Ops& base, const RouterOpSpec& s) {
   Ops o = base;
   for (const auto& out : Impl::describe(s).outs)
-    Impl::with_operand(o, out.name, [&](auto& v) {
+    with_operand(o, out.name, [&](auto& v) {
       using V = std::decay_t<decltype(v)>;
       if constexpr (V::rank == 0)
         v = V("fresh." + out.name);
@@ -247,10 +249,10 @@ std::vector<std::string> differing_outputs(const Ops& a, const Ops& b, const Rou
   std::vector<std::string> diff;
   for (const auto& out : Impl::describe(s).outs) {
     bool same = true;
-    Impl::with_operand(a, out.name, [&](auto& va) {
+    with_operand(a, out.name, [&](auto& va) {
       using V = std::decay_t<decltype(va)>;
-      Impl::with_operand(b, out.name, [&](auto& vb) {
-        if constexpr (std::is_same_v<std::decay_t<decltype(vb)>, V>) same = Impl::bitwise_equal(va, vb);
+      with_operand(b, out.name, [&](auto& vb) {
+        if constexpr (std::is_same_v<std::decay_t<decltype(vb)>, V>) same = bitwise_equal(va, vb);
       });
     });
     if (!same) diff.push_back(out.name);
@@ -259,7 +261,7 @@ std::vector<std::string> differing_outputs(const Ops& a, const Ops& b, const Rou
 }
 
 /// Overwrites freshly allocated heap memory and a deep stack region with a pattern, so that a callable that
-/// refers to destroyed state reads garbage instead of the old values (router-spec §14).
+/// refers to destroyed state reads garbage instead of the old values (docs/router.md §14).
 inline void scribble_memory() {
   for (int i = 0; i < 64; ++i) {
     std::vector<unsigned char> junk(4096 + 64 * i, static_cast<unsigned char>(0xA5 ^ i));
@@ -346,7 +348,19 @@ RouterOperands<Exec, Scalar> eager_reference(const Exec& exec, const RouterOpSpe
   return ref;
 }
 
-/// The survival test of router-spec §14 for one operation: the partition (mesh, spec, shardings, builder
+#if defined(KOKKOSMOE_TEST_DANGLING_PARTITION_CAPTURE)
+/// The negative control of docs/router.md §14: the shard callable built the wrong way, capturing this function's
+/// local copy of the configuration by reference (the reference's historical bug). The copy dies when the function
+/// returns, so the callable reads a dead stack frame and AddressSanitizer (detect_stack_use_after_return=1) must
+/// report it. Only the KokkosMoE_PartitionDeferred_Dangling build defines the macro; the library has no such path.
+template <class Exec, class Scalar>
+[[gnu::noinline]] ShardFunction<Exec, Scalar> dangling_shard_function(const RouterOpSpec& spec) {
+  Impl::ShardConfig cfg{spec};
+  return [&cfg](const Exec& exec, const RouterOperands<Exec, Scalar>& o) { Impl::run_shard(exec, cfg, o); };
+}
+#endif
+
+/// The survival test of docs/router.md §14 for one operation: the partition (mesh, spec, shardings, builder
 /// temporaries) is built in a scope whose objects are overwritten and destroyed, memory is scribbled over, then the
 /// stored callable runs on two logical shards and must match the eager result bitwise. Returns "" or what failed.
 template <class Exec, class Scalar>
@@ -361,6 +375,9 @@ std::string deferred_survival(const Exec& exec, RouterOpSpec spec, int T, unsign
     auto sp = std::make_unique<RouterOpSpec>(spec);
     auto in = std::make_unique<std::vector<ShardingSpec>>(input_shardings(*sp, {"dp"}));
     part = partition_router<Exec, Scalar>(*mesh, *sp, *in);
+#if defined(KOKKOSMOE_TEST_DANGLING_PARTITION_CAPTURE)
+    part.run_shard = dangling_shard_function<Exec, Scalar>(*sp);
+#endif
     // Overwrite every source before destroying it: a callable that still refers to any of them would see these.
     sp->router.map_format =
         sp->router.map_format == RoutingMapFormat::Bytemap ? RoutingMapFormat::BitmapU8 : RoutingMapFormat::Bytemap;

@@ -165,7 +165,7 @@ BOOST_AUTO_TEST_CASE(uniform_closed_form_matches_enumeration_and_doc) {
     const auto p = rank_hit_probabilities(l, R);
     for (int r = 0; r < R; ++r) BOOST_TEST(p[r] == brute[r], tt::tolerance(1e-12));
   }
-  // ep.md §11: DeepSeek-V3 at EP8 without the group limit: 8 * (1 - C(224,8)/C(256,8)) = 5.29
+  // docs/ep.md §11: DeepSeek-V3 at EP8 without the group limit: 8 * (1 - C(224,8)/C(256,8)) = 5.29
   const double d = expected_destinations_uniform(256, 8, 8);
   BOOST_TEST(d == 8.0 * (1.0 - double(choose(224, 8)) / double(choose(256, 8))), tt::tolerance(1e-13));
   BOOST_TEST(std::abs(d - 5.29) < 0.005);
@@ -252,7 +252,7 @@ BOOST_AUTO_TEST_CASE(hgx8_deepseek_uniform_matches_ep_md_table) {
   BOOST_TEST(p.traffic.dispatch.bytes_sent == remote, tt::tolerance(1e-12));
   BOOST_TEST(p.traffic.dispatch.bytes_received == remote, tt::tolerance(1e-12));
   BOOST_TEST(p.traffic.dispatch.bytes_local == sent_all / 8.0, tt::tolerance(1e-12));
-  // ep.md §11: 311 MB per rank, 272 MB remote, 735 us at 370 GB/s (here 369 GB/s = 18 x 25 x 0.82)
+  // docs/ep.md §11: 311 MB per rank, 272 MB remote, 735 us at 370 GB/s (here 369 GB/s = 18 x 25 x 0.82)
   BOOST_TEST(std::abs(sent_all / 1e6 - 311.0) < 0.5);
   BOOST_TEST(std::abs(remote / 1e6 - 272.0) < 0.5);
   const double t = remote / (kSwitchPort * 1e9) * 1e6;
@@ -267,7 +267,7 @@ BOOST_AUTO_TEST_CASE(hgx8_deepseek_uniform_matches_ep_md_table) {
   r.layer.dispatch_dtype = TokenDType::FP8;
   const Plan q = make_plan(r);
   BOOST_TEST(q.traffic.dispatch.bytes_sent == 4096.0 * 7392.0 * D * 7.0 / 8.0, tt::tolerance(1e-12));
-  BOOST_TEST(std::abs(q.traffic.dispatch.bytes_sent / 1e6 - 140.0) < 0.5);  // ep.md: FP8 remote 140 MB
+  BOOST_TEST(std::abs(q.traffic.dispatch.bytes_sent / 1e6 - 140.0) < 0.5);  // docs/ep.md: FP8 remote 140 MB
   BOOST_TEST(q.traffic.combine.bytes_sent == remote, tt::tolerance(1e-12));
 }
 

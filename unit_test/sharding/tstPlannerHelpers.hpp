@@ -111,7 +111,7 @@ inline NvlinkTopology dgx1() {
   return t;
 }
 
-/// DeepSeek-V3's MoE layer (router-spec §15): E = 256, top-8, 8 groups / top-4, hidden 7168.
+/// DeepSeek-V3's MoE layer (docs/router.md §15): E = 256, top-8, 8 groups / top-4, hidden 7168.
 inline MoeLayerConfig deepseek_v3(std::int64_t tokens) {
   MoeLayerConfig l;
   l.name = "deepseek-v3";

@@ -83,7 +83,7 @@ BOOST_AUTO_TEST_CASE(hgx_h100_8gpu_4sw) {
   BOOST_TEST((t.source == NvlinkTopology::Source::HwlocXml));
 }
 
-// topology.md §6 "default_filter_regression": the HGX fixture through the public API keeps its GPUs and matrix,
+// docs/topology.md §6 "default_filter_regression": the HGX fixture through the public API keeps its GPUs and matrix,
 // which only happens when the loader sets hwloc's I/O filter.
 BOOST_AUTO_TEST_CASE(default_filter_regression) {
   KokkosMoE::DetectOptions o;

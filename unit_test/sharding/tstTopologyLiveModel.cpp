@@ -1,7 +1,7 @@
 /*
  * KokkosMoE: Mixture-of-Experts routing for Kokkos. SPDX-License-Identifier: Apache-2.0
  */
-// topology.md §4.2's link classification as a pure function: hwloc scans and NVML snapshots built by hand.
+// docs/topology.md §4.2's link classification as a pure function: hwloc scans and NVML snapshots built by hand.
 
 #include <KokkosMoE_Topology.hpp>
 

@@ -1,7 +1,8 @@
 /*
  * KokkosMoE: Mixture-of-Experts routing for Kokkos. SPDX-License-Identifier: Apache-2.0
  */
-// Malformed fixtures fail with a TopologyError that names the file, the line and what is wrong (topology.md §3, §6).
+// Malformed fixtures fail with a TopologyError that names the file, the line and what is wrong (docs/topology.md §3,
+// §6).
 
 #include <KokkosMoE_Topology.hpp>
 

@@ -252,7 +252,7 @@ BOOST_AUTO_TEST_CASE(capture_two_h200_writes_the_fabric_matrix) {
   const std::string base = KokkosMoETest::read_fixture("h200_2gpu_vm_machine_only");
   const std::string xml = KokkosMoE::Impl::capture_xml(mock(), &base);
   BOOST_TEST(xml.find("name=\"NVLinkBandwidth\"") != std::string::npos);
-  BOOST_TEST(xml.find("0 450000 450000 0 ") != std::string::npos);  // FROM_USER matrix of topology.md §6
+  BOOST_TEST(xml.find("0 450000 450000 0 ") != std::string::npos);  // FROM_USER matrix of docs/topology.md §6
   BOOST_TEST(xml.find("KokkosMoENVLinkP2P") == std::string::npos);  // P2P agrees with the links: not written
   // Capturing over a base that already has a matrix replaces it rather than adding a second one.
   const std::string again = KokkosMoE::Impl::capture_xml(mock(), &xml);

@@ -1,7 +1,7 @@
 /*
  * KokkosMoE: Mixture-of-Experts routing for Kokkos. SPDX-License-Identifier: Apache-2.0
  */
-// aux_loss forward/backward (router-spec §11). Deterministic fixed-order two-stage reduction, no float atomics:
+// aux_loss forward/backward (docs/router.md §11). Deterministic fixed-order two-stage reduction, no float atomics:
 //   1. column partial sums over row chunks of kAuxLossRowChunk rows (sequential in row order) -> workspace
 //   2. per column: sum of the chunk partials in chunk order, times tokens_per_expert[c] -> workspace
 //   3. one block: fixed-order sum over the columns, Const computed on the device (device total read there on

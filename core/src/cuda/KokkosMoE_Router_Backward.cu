@@ -2,7 +2,7 @@
  * KokkosMoE: Mixture-of-Experts routing for Kokkos. SPDX-License-Identifier: Apache-2.0
  */
 // Backward kernels: topk_backward (Bytemap, BitmapU8, dense indices, compact) and aux_scores_backward
-// (router-spec §5.5, §9, §10).
+// (docs/router.md §5.5, §9, §10).
 //
 // bwd_dense<GI, GO, TPT, NC, W>: map path and aux-score path. TPT lanes per token, NC chunks of W experts per lane
 //   (16/32-byte vector accesses), rows longer than one register tile are processed in tiles with a second
@@ -97,7 +97,7 @@ __global__ void __launch_bounds__(128, NC == 1 ? 6 : 1) bwd_dense(const BwdParam
   const long long gwarp = static_cast<long long>(blockIdx.x) * (blockDim.x >> 5) + warp;
 
   // The pipelined single-tile path needs two tokens of chunks in registers: with FP32 gradients and <= 16
-  // experts per lane ptxas caps it at 72 registers and spills (measured 280 vs 207 us on DeepSeek-V3 f32), so
+  // experts per lane ptxas caps it at 72 registers and spills, which costs more than the pipeline hides, so
   // those instantiations keep the plain loop below.
   constexpr bool kPipe = (GI != kDtF32) || (V >= 32);
   if constexpr (kPipe)

@@ -4,7 +4,7 @@
 #ifndef KOKKOSMOE_ROUTER_CUDA_COMMON_CUH
 #define KOKKOSMOE_ROUTER_CUDA_COMMON_CUH
 
-// Private helpers of the native CUDA router kernels (router-spec §5-§12): dtype traits and 16-byte chunk
+// Private helpers of the native CUDA router kernels (docs/router.md §5-§12): dtype traits and 16-byte chunk
 // loads/stores, the order-preserving selection key of §7, segmented warp reductions, launch-geometry caches.
 // Nothing here needs Kokkos. Compiled without fast-math: expf/log1pf/sqrtf are the accurate versions and every
 // '/' is an IEEE division.
@@ -17,7 +17,7 @@
 #include <cstdint>
 
 #if defined(__CUDACC__) && defined(__FAST_MATH__)
-#error "KokkosMoE router kernels must be compiled without fast-math (router-spec §1)"
+#error "KokkosMoE router kernels must be compiled without fast-math (docs/router.md §1)"
 #endif
 
 namespace KokkosMoE {
@@ -165,7 +165,7 @@ __device__ __forceinline__ void store_bytes(unsigned char* p, const unsigned cha
 }
 
 // ------------------------------------------------------------------------------------------------------------
-// Selection keys (router-spec §6, §7)
+// Selection keys (docs/router.md §6, §7)
 // ------------------------------------------------------------------------------------------------------------
 /// Order-preserving unsigned key of an FP32 score: -0.0 == +0.0, -inf < finite < +inf, NaN (any sign or payload)
 /// maps to 1, below -inf (whose key is 0x007fffff). Key 0 is reserved for "not a candidate" (padding, ineligible
@@ -189,7 +189,7 @@ __device__ __forceinline__ unsigned comp_idx(unsigned long long c) {
 }
 
 // ------------------------------------------------------------------------------------------------------------
-// Score functions (router-spec §5.1), FP32, accurate math
+// Score functions (docs/router.md §5.1), FP32, accurate math
 // ------------------------------------------------------------------------------------------------------------
 __device__ __forceinline__ float sigmoidf_(float x) { return 1.0f / (1.0f + expf(-x)); }
 __device__ __forceinline__ float sqrtsoftplusf_(float x) { return sqrtf(x > 20.0f ? x : log1pf(expf(x))); }

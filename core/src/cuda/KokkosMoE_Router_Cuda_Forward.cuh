@@ -4,7 +4,7 @@
 #ifndef KOKKOSMOE_ROUTER_CUDA_FORWARD_CUH
 #define KOKKOSMOE_ROUTER_CUDA_FORWARD_CUH
 
-// Forward kernels of topk_router (all output kinds) and aux_scores (router-spec §5, §10).
+// Forward kernels of topk_router (all output kinds) and aux_scores (docs/router.md §5, §10).
 //
 // topk_fwd_reg<DT, TPT, NC, W>: the fast path for E <= 1024. TPT lanes (1..32) own one token; lane `ls` owns NC
 //   chunks of W contiguous experts, chunk c covering experts (c*TPT + ls)*W .. +W-1 (16-byte loads when W is the
@@ -69,10 +69,8 @@ struct FwdParams {
   // generic path
   int cache_keys = 0;  // keys/activations cached in shared memory
   int cache_groups = 0;
-  int list_mode = 0;      // 0: rank count (k <= 64), 1: bitonic (pow2 >= k entries), 2: no list (k too large)
-  int list_n = 0;         // entries of the list buffer
-  int force_general = 0;  // testing only: skip the rounds kernel (the public launchers never set it)
-  int lane_w = 0;         // testing only: force the lane kernel's chunk width (0: automatic)
+  int list_mode = 0;  // 0: rank count (k <= 64), 1: bitonic (pow2 >= k entries), 2: no list (k too large)
+  int list_n = 0;     // entries of the list buffer
 };
 
 __device__ __forceinline__ void store_index(void* p, int dt, long long i, int v) {
@@ -572,7 +570,7 @@ __device__ __forceinline__ void topq_insert(unsigned (&Lk)[Q], int (&Lp)[Q], uns
   Lp[0] = g[0] ? pos : Lp[0];
 }
 
-/// Weight of the slot held by a slot lane (router-spec §5.2): yr is the slot's activation (Softmax post: its logit;
+/// Weight of the slot held by a slot lane (docs/router.md §5.2): yr is the slot's activation (Softmax post: its logit;
 /// idle lanes pass 1, a value that keeps the division on its fast path). Sums run over the k slot lanes of the
 /// segment starting at lane sbase, in slot order, through shuffles; one division per lane. All lanes must call it.
 __device__ __forceinline__ float slot_weight(const FwdParams& P, int k, bool softmax_post, float yr, int sbase) {
@@ -1269,8 +1267,8 @@ __global__ void __launch_bounds__(kGenBlock) topk_fwd_generic(const FwdParams P)
   }
 }
 
-/// The kernel parameters of a topk_router forward (defined in KokkosMoE_Router_Forward.cu; also used by the
-/// selfcheck harness to reach the internal launchers).
+/// The kernel parameters of a topk_router forward (defined in KokkosMoE_Router_Forward.cu). Internal; the kernel
+/// harness perf_test/core/selfcheck times single kernels on this lowering, so that it measures the library's.
 FwdParams lower_forward(const TopkForwardArgs& a);
 
 // per-dtype launch entry points (defined in KokkosMoE_Router_Forward_<dtype>.cu)

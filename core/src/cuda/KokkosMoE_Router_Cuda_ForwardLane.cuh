@@ -6,12 +6,13 @@
 
 // topk_fwd_lane<DT, TPT, NC, W, K>: the forward fast path of topk_router (every routing output kind, not
 // aux_scores) for E <= TPT*NC*W (E % W == 0), k <= TPT, NC*W <= 32, groups only with NC == 1. It replaces the
-// register kernels of KokkosMoE_Router_Cuda_Forward.cuh where it applies: ncu showed those issue-bound (DRAM 16 %,
-// ~1290 warp instructions per token for DeepSeek-V3, mostly integer selection work); this one needs ~770.
+// register kernels of KokkosMoE_Router_Cuda_Forward.cuh where it applies. Those are instruction-issue bound, not
+// memory bound, mostly on integer selection work, so this kernel is built to issue fewer instructions per token:
+// unique packed keys make one redux name a winner, and short lane lists avoid rescanning (docs/design.md).
 //
 // Mapping: TPT lanes own one token; lane `ls` owns NC chunks of W contiguous experts, chunk c covering experts
 // (c*TPT + ls)*W .. +W-1 (16- or 32-byte loads). Per token:
-//   1. activations, order-preserving keys (router-spec §5.1, §7) and early FP32 outputs, chunk by chunk; the
+//   1. activations, order-preserving keys (docs/router.md §5.1, §7) and early FP32 outputs, chunk by chunk; the
 //      activation and key rows also go to a per-token shared row. Only the packed keys stay in registers: the
 //      key's upper 32-IB bits over the inverted expert index (IB = index bits of the row), unique per token;
 //   2. group-limited routing (§5.3, NC == 1, kg <= 2): lane top-2 keys merged over the lanes of a group; with
@@ -22,9 +23,7 @@
 //      shuffle), a second one over the heads with the winner's head replaced by its next key names slot r + 1,
 //      and one vote per pair finds lists that ran dry (the pair is then redone as two single rounds, each lane
 //      refilling from its keys below the round's maximum). Round r fixes slot r, so the slot order of §6 comes out
-//      directly. E = 1024, k = 32, bf16, T = 262144 on the H200 (harness): 1447 us with single rounds and
-//      insertion-built lists, 1263 us with pairs and the network, 1039 us with step 4 skipped for 16-bit Softmax
-//      post logits and k = 32 at compile time;
+//      directly. Pairs of rounds halve the sequential cross-lane steps;
 //   4. exactness check: packed order equals the selection order unless two of slots 0..k (slot k = best
 //      unselected) share a coarse key with different full keys, or the boundary cuts a run of equal coarse keys
 //      with different full keys; such tokens (a few % of random rows) redo the selection on full keys. Skipped
@@ -33,7 +32,7 @@
 //      ids/weights/indices coalesced, and drops the weight into the shared row from which the owners build their
 //      dense outputs (probs, map, Softmax-post intermediate) with vector stores.
 // Bit-identical to the other CUDA forward kernels (same keys, slot order and FP32 expressions) except Softmax pre,
-// whose row sum is associated per lane layout (last-bit differences, within router-spec §16.1).
+// whose row sum is associated per lane layout (last-bit differences, within docs/router.md §16.1).
 
 #include <cuda/KokkosMoE_Router_Cuda_Forward.cuh>
 
@@ -196,9 +195,9 @@ __device__ __forceinline__ void lane_select_exact(const unsigned* kbuf, const bo
 
 template <int DT, int TPT, int NC, int W, int K>
 // Register budget: 64 per thread for one chunk per lane (8 blocks of 128 per SM); 128 with several chunks, except
-// 4 chunks of 16-bit logits: 5 blocks (96 registers; ptxas spills 8-24 bytes), measured on the H200 for E = 1024,
-// k = 32, bf16, T = 262144: 1525 -> 1447 us (f32 at 5 blocks: 2676 -> 2832 us, so it keeps 4; 6 blocks for bf16
-// spilled 136 bytes and ran at 1279 against 1265 us).
+// 4 chunks of 16-bit logits: 5 blocks (96 registers; ptxas spills 8-24 bytes). Those are the fastest block counts
+// per shape on the H200: one more block pays for a few spilled bytes with 16-bit logits, not with f32 or with the
+// larger spills of 6 blocks (perf_test/results/h200/selfcheck/RESULTS.md).
 __global__ void __launch_bounds__(128, NC == 1 ? 8 : (NC == 4 && DT != kDtF32 ? 5 : 4))
     topk_fwd_lane(const FwdParams P) {
   using TT = Ty<DT>;

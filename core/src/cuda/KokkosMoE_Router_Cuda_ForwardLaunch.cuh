@@ -7,6 +7,8 @@
 // Launch geometry and kernel choice of the forward kernels; included by one .cu per logits dtype so that the
 // instantiations compile in parallel.
 
+#include <impl/KokkosMoE_TestSeam.hpp>
+
 #include <algorithm>
 #include <cuda/KokkosMoE_Router_Cuda_Forward.cuh>
 #include <cuda/KokkosMoE_Router_Cuda_ForwardLane.cuh>
@@ -68,13 +70,16 @@ cudaError_t launch_rounds(FwdParams& P, cudaStream_t st) {
   return launch_persistent(topk_fwd_rounds<DT, TPT, NC, W>, P, warps, TPW, smem, st);
 }
 
-/// Kernel choice (measured on the H200, bf16/f32, T = 262144; both kernels give bit-identical outputs):
-/// the rounds kernel when k <= TPT and a lane owns >= 16 experts (E = 1024, k = 32: 2735 vs 3153 us bf16,
-/// 3170 vs 4456 us f32); the candidate/threshold kernel for 8 experts per lane (DeepSeek-V3 479 vs 513 us,
-/// Qwen3 equal) and whenever k > TPT. The small-E 4-wide path in fwd_launch always uses the rounds kernel.
+/// Kernel choice between the two register kernels, which give bit-identical outputs: the rounds kernel needs
+/// k <= TPT and pays off when a lane owns >= 16 experts (k rounds of one redux each are cheaper than the candidate
+/// kernel's threshold search over that many keys per lane); with 8 experts per lane the candidate/threshold kernel
+/// is at least as fast, so it runs there and whenever k > TPT (the H200 measurements behind the choice are in
+/// perf_test/results/h200/selfcheck/RESULTS.md). The small-E 4-wide path in fwd_launch always uses the rounds
+/// kernel. TestSeam::cuda_forward_kernel.threshold_kernel_only makes tests run the candidate kernel instead.
 template <int DT, int TPT, int NC, int W>
 cudaError_t launch_best(FwdParams& P, cudaStream_t st) {
-  if (P.k <= TPT && NC * W >= 16 && !P.force_general) return launch_rounds<DT, TPT, NC, W>(P, st);
+  if (P.k <= TPT && NC * W >= 16 && !TestSeam::cuda_forward_kernel.threshold_kernel_only)
+    return launch_rounds<DT, TPT, NC, W>(P, st);
   return launch_reg<DT, TPT, NC, W>(P, st);
 }
 
@@ -140,16 +145,17 @@ inline bool lane_shape(const FwdParams& P, int W, int& tpt, int& nc) {
 /// of W contiguous experts (NC*W <= 32) with k <= TPT; with groups, NC == 1, a group spans a power-of-two number of
 /// whole lanes and is scored by at most 2 experts. Chunk width: the wider W in {8, 4} that leaves fewer than half
 /// of the token's lanes idle (k can force more lanes than E/W: Mixtral's E = 8, k = 2 takes 2 lanes of 4, not 2
-/// lanes of 8 with one idle), else the wider that applies; several chunks only with 32 lanes of 8. P.lane_w
-/// (testing) forces a width. 16 experts per lane (2 or 4 tokens per warp sharing every cross-lane step) was
-/// measured slower on the H200 (DeepSeek-V3 bf16 T = 262144: 349 vs 301 us; Qwen3-MoE 148 vs 140 us: 117
-/// registers, half the resident warps) and is not instantiated.
+/// lanes of 8 with one idle), else the wider that applies; several chunks only with 32 lanes of 8. Tests force a
+/// width through TestSeam::cuda_forward_kernel.lane_width. 16 experts per lane (2 or 4 tokens per warp sharing
+/// every cross-lane step) is not instantiated: it needs about 117 registers, which halves the resident warps and
+/// costs more than the shared steps save (docs/design.md).
 template <int DT>
 bool try_launch_lane(FwdParams& P, cudaStream_t st, cudaError_t* err) {
-  if (P.aux || P.force_general) return false;
+  const TestSeam::CudaForwardKernel& seam = TestSeam::cuda_forward_kernel;
+  if (P.aux || seam.threshold_kernel_only) return false;
   for (int pass = 0; pass < 2; ++pass) {
     for (const int W : {8, 4}) {
-      if (P.lane_w != 0 && W != P.lane_w) continue;
+      if (seam.lane_width != 0 && W != seam.lane_width) continue;
       int tpt = 0, nc = 0;
       if (!lane_shape(P, W, tpt, nc)) continue;
       if (pass == 0 && tpt * nc * W >= 2 * P.E) continue;
@@ -216,7 +222,7 @@ cudaError_t fwd_launch(FwdParams& P, cudaStream_t st) {
     cudaError_t err = cudaSuccess;
     if (vec && try_launch_lane<DT>(P, st, &err)) return err;
     // small E with k above the default lanes per token: 4-wide chunks, more lanes, so the rounds kernel applies
-    if (vec && E % 4 == 0 && E <= 32 && !P.force_general) {
+    if (vec && E % 4 == 0 && E <= 32 && !TestSeam::cuda_forward_kernel.threshold_kernel_only) {
       const int tpt_default = E <= 8 ? 1 : (E <= 16 ? 2 : 4);
       if (P.k > tpt_default) {
         if (E <= 8 && P.k <= 2 && reg_group_ok(P, 4, 2)) return launch_rounds<DT, 2, 1, 4>(P, st);

@@ -63,7 +63,7 @@ FwdParams lower_forward(const TopkForwardArgs& a) {
 }  // namespace detail
 
 cudaError_t topk_forward(const TopkForwardArgs& a, cudaStream_t stream) {
-  if (a.num_tokens <= 0) return cudaSuccess;  // nothing per-token is launched (router-spec §4.3)
+  if (a.num_tokens <= 0) return cudaSuccess;  // nothing per-token is launched (docs/router.md §4.3)
   detail::FwdParams P = detail::lower_forward(a);
   return dispatch(P, a.logits_type, stream);
 }

@@ -9,7 +9,7 @@
 // kernels) consumes them. One canonical form keeps template instantiations few (the kokkos-kernels pattern) and
 // gives the native .cu kernels an interface that needs neither Kokkos nor the View types.
 //
-// Everything here is validated already: implementations never re-check (router-spec §4). All tensors are
+// Everything here is validated already: implementations never re-check (docs/router.md §4). All tensors are
 // row-major and contiguous; row offsets are 64-bit.
 
 #include <KokkosMoE_RouterConfig.hpp>
@@ -25,10 +25,10 @@ namespace Impl {
 /// Element type of a type-erased operand.
 enum class DType : std::uint8_t { F32 = 0, F16 = 1, BF16 = 2, I16 = 3, I32 = 4, I64 = 5, U8 = 6 };
 
-/// The routing output of a forward call (router-spec §5.4, §5.5).
+/// The routing output of a forward call (docs/router.md §5.4, §5.5).
 enum class RoutingOutput : std::uint8_t { Bytemap = 0, BitmapU8 = 1, Indices = 2, Compact = 3 };
 
-constexpr float kEps = 1e-20f;  ///< router-spec §1
+constexpr float kEps = 1e-20f;  ///< docs/router.md §1
 
 /// Bytes of one BitmapU8 row.
 KOKKOSMOE_HOST_DEVICE constexpr std::int64_t bitmap_row_bytes(std::int64_t num_experts) {
@@ -80,7 +80,7 @@ struct TopkBackwardArgs {
   void* grad_logits = nullptr;  ///< [T, E]
 };
 
-/// aux_scores forward (router-spec §10): scores [T, E] F32, routing map, intermediate [T, E] F32.
+/// aux_scores forward (docs/router.md §10): scores [T, E] F32, routing map, intermediate [T, E] F32.
 struct AuxScoresArgs {
   std::int64_t num_tokens = 0;
   int num_experts = 0;
@@ -114,7 +114,7 @@ constexpr std::size_t aux_loss_workspace_floats(std::int64_t rows, std::int64_t 
   return static_cast<std::size_t>(((rows + kAuxLossRowChunk - 1) / kAuxLossRowChunk) * cols + 2 * cols + 64);
 }
 
-/// aux_loss forward (router-spec §11).
+/// aux_loss forward (docs/router.md §11).
 struct AuxLossArgs {
   std::int64_t rows = 0;  ///< R (may be 0)
   std::int64_t cols = 0;  ///< C = m * E

@@ -5,10 +5,10 @@
 #define KOKKOSMOE_ROUTER_PORTABLE_HPP
 
 // The portable router: generic Kokkos parallel patterns on any execution space. It is the reference and fallback
-// implementation (router-spec §17): one team per token, the team's threads stride over the experts, scores in team
+// implementation (docs/router.md §17): one team per token, the team's threads stride over the experts, scores in team
 // scratch, deterministic selection by k rounds of a max reduction over packed (order-preserving value, inverted
 // index) 64-bit keys. Host spaces use teams of one thread, so every reduction is a plain sequential loop and the
-// results cannot depend on the OpenMP thread count (router-spec §12).
+// results cannot depend on the OpenMP thread count (docs/router.md §12).
 
 #include <KokkosMoE_RouterConfig.hpp>
 
@@ -105,7 +105,7 @@ KOKKOS_INLINE_FUNCTION void store_index(void* p, DType t, std::int64_t i, std::i
   }
 }
 
-/// One softmax numerator: exp(x - M), with an element equal to -inf contributing exactly 0 (router-spec §5.1).
+/// One softmax numerator: exp(x - M), with an element equal to -inf contributing exactly 0 (docs/router.md §5.1).
 KOKKOS_INLINE_FUNCTION float softmax_term(float x, float M) { return x == neg_inf() ? 0.0f : kexp(x - M); }
 
 KOKKOS_INLINE_FUNCTION float sigmoidf_(float x) { return 1.0f / (1.0f + kexp(-x)); }
@@ -155,7 +155,7 @@ KOKKOS_INLINE_FUNCTION std::uint64_t team_topk_keys(const Member& m, int n, int 
   return prev;
 }
 
-/// Fills row(e), e < n, with the softmax of load(e) (router-spec §5.1: max, then sum of exp(x - M), then a multiply
+/// Fills row(e), e < n, with the softmax of load(e) (docs/router.md §5.1: max, then sum of exp(x - M), then a multiply
 /// by 1/sum). Team-collective; each entry is read and rewritten by the thread that owns it in TeamThreadRange.
 template <class Member, class Load, class Row>
 KOKKOS_INLINE_FUNCTION void team_row_softmax(const Member& m, int n, const Load& load, const Row& row) {
@@ -226,7 +226,7 @@ struct TopkForwardFunctor {
     ScratchView<int> gsel(m.team_scratch(scratch_level), G);
     ScratchView<std::uint64_t> topk(m.team_scratch(scratch_level), k);  // selected keys, slot order
 
-    // 1. activations and selection scores (router-spec §5.1)
+    // 1. activations and selection scores (docs/router.md §5.1)
     if (f == ScoreFunction::Softmax) {
       if (pre) {
         team_row_softmax(
@@ -249,7 +249,7 @@ struct TopkForwardFunctor {
     }
     m.team_barrier();
 
-    // 2. group-limited eligibility (router-spec §5.3)
+    // 2. group-limited eligibility (docs/router.md §5.3)
     if (grouped) {
       const int group_size = E / G;
       const int kg = k / a.config.group_topk;
@@ -360,7 +360,7 @@ struct TopkForwardFunctor {
 };
 
 // ---------------------------------------------------------------------------------------------------------------
-// topk_router backward (router-spec §9) and the compact backward (§5.5)
+// topk_router backward (docs/router.md §9) and the compact backward (§5.5)
 // ---------------------------------------------------------------------------------------------------------------
 
 /// Per-token gradient scalars of §9 and the derivative that turns h into dx.
@@ -501,7 +501,7 @@ struct TopkBackwardFunctor {
     });
   }
 
-  // Compact: recompute the activations from the logits (router-spec §5.5).
+  // Compact: recompute the activations from the logits (docs/router.md §5.5).
   KOKKOS_INLINE_FUNCTION void compact(const member_type& m, std::int64_t t) const {
     const int E = a.num_experts;
     const int k = a.config.topk;
@@ -560,7 +560,7 @@ struct TopkBackwardFunctor {
 };
 
 // ---------------------------------------------------------------------------------------------------------------
-// aux_scores (router-spec §10)
+// aux_scores (docs/router.md §10)
 // ---------------------------------------------------------------------------------------------------------------
 template <class ExecSpace>
 struct AuxScoresFunctor {
@@ -671,7 +671,7 @@ struct AuxScoresBackwardFunctor {
 };
 
 // ---------------------------------------------------------------------------------------------------------------
-// aux_loss (router-spec §11): fixed-order two-stage column reduction, no atomics
+// aux_loss (docs/router.md §11): fixed-order two-stage column reduction, no atomics
 // ---------------------------------------------------------------------------------------------------------------
 struct AuxLossPartialFunctor {  // workspace[chunk * C + c] = sum of probs[r, c] over the chunk's rows, in row order
   AuxLossArgs a;
@@ -715,7 +715,7 @@ struct AuxLossFinalFunctor {  // one thread: Const and the loss, columns in orde
 
 /// grad_probs[r, c] = Const * tokens_per_expert[c] * grad_loss over blocks of rows: one team per block, the block
 /// flattened row-major over its threads, so that adjacent threads write adjacent columns on a device (an MDRange
-/// maps the row index to adjacent Cuda threads whatever its iteration order: 30x slower measured on the H200).
+/// maps the row index to adjacent Cuda threads whatever its iteration order, so its stores would stride by a row).
 struct AuxLossBackwardFunctor {
   AuxLossBackwardArgs a;
   int rows_per_team;

@@ -4,7 +4,7 @@
 #ifndef KOKKOSMOE_ROUTER_SELECT_HPP
 #define KOKKOSMOE_ROUTER_SELECT_HPP
 
-// Selection keys and scalar helpers shared by every implementation (router-spec §6, §7).
+// Selection keys and scalar helpers shared by every implementation (docs/router.md §6, §7).
 //
 // A score becomes an order-preserving unsigned 32-bit key: NaN (any sign or payload) maps to 0, below -inf;
 // -0.0 maps to +0.0. Paired with the inverted expert index in the low 32 bits, the 64-bit key orders by value

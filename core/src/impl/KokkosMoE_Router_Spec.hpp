@@ -4,7 +4,7 @@
 #ifndef KOKKOSMOE_ROUTER_SPEC_HPP
 #define KOKKOSMOE_ROUTER_SPEC_HPP
 
-// Dispatch layer between the public entry points and the implementations (style.md §2.5).
+// Dispatch layer between the public entry points and the implementations (docs/conventions.md §4).
 //
 // `RouterImpl<ExecSpace>` is the primary template: the portable Kokkos implementation (reference and fallback on
 // every backend). cuda/KokkosMoE_Router_Cuda.hpp specializes it for Kokkos::Cuda with the native kernels.

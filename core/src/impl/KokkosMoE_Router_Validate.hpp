@@ -4,7 +4,7 @@
 #ifndef KOKKOSMOE_ROUTER_VALIDATE_HPP
 #define KOKKOSMOE_ROUTER_VALIDATE_HPP
 
-// Validation at the public boundary (router-spec §4, style.md §2.6): compile-time facts as static_asserts,
+// Validation at the public boundary (docs/router.md §4, docs/conventions.md §5): compile-time facts as static_asserts,
 // run-time rules as KokkosMoE::InvalidArgument with a stable rule id. Kernels never re-check.
 
 #include <KokkosMoE_Error.hpp>
@@ -122,7 +122,7 @@ void check_shape1(const char* fn, const char* param, const V& v, std::int64_t n)
   check_contiguous(fn, param, v);
 }
 
-/// T and E ranges (router-spec §4.2).
+/// T and E ranges (docs/router.md §4.2).
 inline void check_counts(const char* fn, std::int64_t T, std::int64_t E) {
   if (E < 1) fail(fn, "logits", Rule::NumExpertsPositive, "num_experts (" + std::to_string(E) + ") must be >= 1");
   if (E >= (std::int64_t(1) << 31))
@@ -158,7 +158,7 @@ inline void check_implementation(const char* fn, Implementation impl) {
          "implementation (" + std::to_string(v) + ") must be Auto (0) or Portable (1)");
 }
 
-/// The attribute rules of router-spec §4 (4, 5, 6, 7) shared by forward and backward.
+/// The attribute rules of docs/router.md §4 (4, 5, 6, 7) shared by forward and backward.
 inline void check_router_config(const char* fn, const RouterConfig& c, std::int64_t E, bool has_bias) {
   check_score_function(fn, c.score_function);
   check_implementation(fn, c.implementation);
@@ -193,7 +193,7 @@ inline void check_router_config(const char* fn, const RouterConfig& c, std::int6
   }
 }
 
-/// Byte ranges of operands for the aliasing rule (router-spec §4.9).
+/// Byte ranges of operands for the aliasing rule (docs/router.md §4.9).
 struct Span {
   const char* name;
   const void* begin;

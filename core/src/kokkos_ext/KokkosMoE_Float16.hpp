@@ -6,7 +6,7 @@
 
 /// \file KokkosMoE_Float16.hpp
 /// \brief `fp16_t` (IEEE binary16) and `bf16_t` (bfloat16): 16-bit storage types with round-to-nearest-even
-/// conversions from float, identical on host and device (router-spec §2).
+/// conversions from float, identical on host and device (docs/router.md §2).
 ///
 /// Kokkos' `half_t` is plain `float` in host-only builds and Kokkos 3.4 has no `bhalf_t`, so they would make
 /// 16-bit behaviour untestable on CPU. These types are bit-exact everywhere and layout-compatible with CUDA's

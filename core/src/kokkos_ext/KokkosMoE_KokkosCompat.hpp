@@ -4,7 +4,7 @@
 #ifndef KOKKOSMOE_KOKKOSCOMPAT_HPP
 #define KOKKOSMOE_KOKKOSCOMPAT_HPP
 
-// The one place where Kokkos 3.4 and 4.x differences are bridged (style.md §2.1): math functions moved from
+// The one place where Kokkos 3.4 and 4.x differences are bridged (docs/conventions.md §1): math functions moved from
 // Kokkos::Experimental to Kokkos in 3.7, there is no ScopedRegion in 3.4, and no bit_cast.
 
 #include <Kokkos_Core.hpp>

@@ -4,7 +4,7 @@
 #ifndef KOKKOSMOE_PARTITION_RULES_HPP
 #define KOKKOSMOE_PARTITION_RULES_HPP
 
-// The sharding rules of the router operations (router-spec §13), without Kokkos: which input shardings are legal,
+// The sharding rules of the router operations (docs/router.md §13), without Kokkos: which input shardings are legal,
 // which argument shardings an operation requires and which output shardings it produces. KokkosMoE_Partition.hpp
 // documents this as public API and adds the shard callables; the planner uses the rules for its router specs.
 //
@@ -69,7 +69,7 @@ inline const char* to_string(RouterOp op) noexcept {
   return "unknown";
 }
 
-/// \brief How aux_loss handles token-sharded probs (router-spec §13).
+/// \brief How aux_loss handles token-sharded probs (docs/router.md §13).
 enum class AuxLossMode : int {
   Auto = 0,          ///< PartialSum when probs' rows are split, global otherwise
   GatherInputs = 1,  ///< require global (replicated) probs: the caller all-gathers the rows first
@@ -199,7 +199,7 @@ inline std::string dim_rule(DimKind k, const std::string& name, const std::strin
       return "the expert axis of " + name + " is split over " + axes +
              "; top-k, softmax and the normalization need all E experts of a row, so a per-shard result would be a "
              "different function. Keep the expert axis whole (all-gather it over " +
-             axes + ") and split tokens instead (router-spec §13)";
+             axes + ") and split tokens instead (docs/router.md §13)";
     case DimKind::Packed:
       return "the packed byte axis of the BitmapU8 " + name + " is split over " + axes +
              "; each byte packs 8 experts and a row needs all of them, so it is always replicated: split tokens only";
@@ -220,7 +220,7 @@ inline std::string dim_rule(DimKind k, const std::string& name, const std::strin
 
 }  // namespace Impl
 
-/// \brief The partition rule of a router operation (router-spec §13).
+/// \brief The partition rule of a router operation (docs/router.md §13).
 ///
 /// \param mesh       the device mesh
 /// \param spec       the operation and its configuration
@@ -285,7 +285,7 @@ inline ShardingDecision router_sharding_rule(const Mesh& mesh, const RouterOpSpe
     throw InvalidArgument("router_sharding_rule(aux_loss)", "global_num_tokens", Rule::TotalTokensPositive,
                           "aux_loss needs the global token count T_total (>= 1) of the whole batch; got " +
                               std::to_string(spec.global_num_tokens) +
-                              ". The local row count of a token shard is wrong (router-spec §13)");
+                              ". The local row count of a token shard is wrong (docs/router.md §13)");
   if (aux_loss && spec.aux_loss_mode == AuxLossMode::GatherInputs && !out.token_axes.empty()) {
     out.token_axes.clear();  // the caller all-gathers the rows; every device computes the global loss
   }

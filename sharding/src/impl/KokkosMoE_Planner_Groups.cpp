@@ -1,7 +1,7 @@
 /*
  * KokkosMoE: Mixture-of-Experts routing for Kokkos. SPDX-License-Identifier: Apache-2.0
  */
-// EP groups inside one node (topology.md §10, docs/planner.md §2): partition the node's GPUs into disjoint groups
+// EP groups inside one node (docs/topology.md §10, docs/planner.md §2): partition the node's GPUs into disjoint groups
 // of R, choosing lexicographically (1) every pair an NVLink peer, (2) the largest minimum pair bandwidth,
 // (3) the fewest groups straddling NUMA nodes, (4) the lowest GPU ids first. A depth-first search that always
 // completes the group of the lowest unassigned GPU and tries companions in increasing order finds the

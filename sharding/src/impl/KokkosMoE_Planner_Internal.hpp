@@ -18,7 +18,7 @@ namespace Impl {
   throw InvalidArgument("make_plan", param, rule, msg);
 }
 
-/// Validates a layer (router-spec §4 rules plus the planner's own). \p fn names the public function.
+/// Validates a layer (docs/router.md §4 rules plus the planner's own). \p fn names the public function.
 void validate_layer(const char* fn, const MoeLayerConfig& layer);
 
 /// The pair (i, j) of a topology whose pairs vector make_plan() has validated (n*n). The planner reads the data

@@ -2,7 +2,7 @@
  * KokkosMoE: Mixture-of-Experts routing for Kokkos. SPDX-License-Identifier: Apache-2.0
  */
 // Turns the plain-data scans of hwloc (fixtures, live locality) and NVML (live links) into an NvlinkTopology.
-// Rules: topology.md §2 (modeling), §4.2 (NVML link classification), §5.2 (reading a matrix).
+// Rules: docs/topology.md §2 (modeling), §4.2 (NVML link classification), §5.2 (reading a matrix).
 
 #include <algorithm>
 #include <cctype>
@@ -216,7 +216,7 @@ void finalize_topology(NvlinkTopology& t) {
   t.warnings = std::move(unique);
 }
 
-// --- fixtures (topology.md §5.2) -------------------------------------------------------------------------------
+// --- fixtures (docs/topology.md §5.2) -------------------------------------------------------------------------------
 
 NvlinkTopology topology_from_scan(const HostScan& scan) {
   NvlinkTopology t;
@@ -401,7 +401,7 @@ NvlinkTopology topology_from_scan(const HostScan& scan) {
   return t;
 }
 
-// --- live: hwloc locality + NVML links (topology.md §4) ---------------------------------------------------------
+// --- live: hwloc locality + NVML links (docs/topology.md §4) ---------------------------------------------------------
 
 NvlinkTopology topology_from_live(const HostScan& scan, const NvmlSnapshot& nvml, SwitchLinkTable* switch_links) {
   NvlinkTopology t;
@@ -539,7 +539,7 @@ NvlinkTopology topology_from_live(const HostScan& scan, const NvmlSnapshot& nvml
   for (std::size_t i = 0; i < n; ++i)
     for (std::size_t j = i + 1; j < n; ++j) {
       GpuPair p;
-      // Each direct link is counted once, from the lower id (topology.md §4.2 step 5).
+      // Each direct link is counted once, from the lower id (docs/topology.md §4.2 step 5).
       const int direct = direct_seen[idx(n, int(i), int(j))];
       if (direct != direct_seen[idx(n, int(j), int(i))])
         add_warning(t, "direct NVLinks " + gpu_name(t, int(i)) + " - " + gpu_name(t, int(j)) + ": the GPUs report " +
@@ -584,7 +584,8 @@ NvlinkTopology topology_from_live(const HostScan& scan, const NvmlSnapshot& nvml
   return t;
 }
 
-// --- live without NVML (topology.md §4.1 step 5) --------------------------------------------------------------------
+// --- live without NVML (docs/topology.md §4.1 step 5)
+// --------------------------------------------------------------------
 
 NvlinkTopology topology_from_hwloc_only(const HostScan& scan, const std::string& reason) {
   NvlinkTopology t;

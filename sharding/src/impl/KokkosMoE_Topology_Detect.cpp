@@ -1,7 +1,7 @@
 /*
  * KokkosMoE: Mixture-of-Experts routing for Kokkos. SPDX-License-Identifier: Apache-2.0
  */
-// Source selection (topology.md §3): explicit fixture, fixture named by the environment, else the live machine.
+// Source selection (docs/topology.md §3): explicit fixture, fixture named by the environment, else the live machine.
 
 #include "KokkosMoE_Topology_Detect.hpp"
 

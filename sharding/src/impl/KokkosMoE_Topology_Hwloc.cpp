@@ -1,7 +1,7 @@
 /*
  * KokkosMoE: Mixture-of-Experts routing for Kokkos. SPDX-License-Identifier: Apache-2.0
  */
-// hwloc reading and writing (topology.md §4.1, §5, §9). The only translation unit that includes hwloc.
+// hwloc reading and writing (docs/topology.md §4.1, §5, §9). The only translation unit that includes hwloc.
 
 #include "KokkosMoE_Topology_Hwloc.hpp"
 
@@ -75,7 +75,7 @@ std::string bitmap_list(hwloc_const_bitmap_t b) {
   return r;
 }
 
-// --- PCIe levels (topology.md §4.1 step 4; walk parents ourselves, see §11) ------------------------------------
+// --- PCIe levels (docs/topology.md §4.1 step 4; walk parents ourselves, see §11) ------------------------------------
 
 // The bridge type is read as a plain integer: hwloc stores whatever number a file holds, and an enum object with a
 // value outside its enumerators is undefined behaviour in C++ (found by the fuzz target with bridge_type="2-1").
@@ -179,7 +179,7 @@ HwlocTree HwlocTree::from_xml(std::string_view xml, const std::string& source) {
   st->source = source;
   if (hwloc_topology_init(&st->topo) != 0) fail("hwloc_topology_init failed: " + errno_text(errno));
   // hwloc 2.x drops I/O objects by default, also for XML: without this the GPUs vanish and the NVLinkBandwidth
-  // matrix is dropped or truncated, silently (topology.md §5.1). Keep everything the file contains.
+  // matrix is dropped or truncated, silently (docs/topology.md §5.1). Keep everything the file contains.
   hwloc_topology_set_io_types_filter(st->topo, HWLOC_TYPE_FILTER_KEEP_ALL);
   // hwloc reads the buffer as a C string of `size` bytes including the terminating NUL.
   const std::string text(xml.data(), xml.size());
@@ -403,7 +403,7 @@ std::string HwlocTree::export_capture(const NvlinkTopology& t, const SwitchLinkT
   }
 
   // The FROM_USER matrix over GPU PCI objects (+ visible NVSwitches). GPU-GPU entries: direct links, plus the
-  // hidden fabric's share when switches are hidden (then NVSwitchHidden=1 tells the loader so, topology.md §5.2).
+  // hidden fabric's share when switches are hidden (then NVSwitchHidden=1 tells the loader so, docs/topology.md §5.2).
 #if HWLOC_API_VERSION >= 0x00020500
   // Replace, never duplicate, a matrix of the same name (hwloc's own nvml component, or a fixture used as base).
   for (const char* name : {kNvlinkMatrixName, kP2pMatrixName}) {
@@ -490,7 +490,7 @@ std::string HwlocTree::export_capture(const NvlinkTopology& t, const SwitchLinkT
   int len = 0;
   unsigned long flags = 0;
 #if HWLOC_API_VERSION >= 0x00030000
-  flags |= HWLOC_TOPOLOGY_EXPORT_XML_FLAG_V2;  // hwloc 2.x cannot read 3.0 files (topology.md §5.1)
+  flags |= HWLOC_TOPOLOGY_EXPORT_XML_FLAG_V2;  // hwloc 2.x cannot read 3.0 files (docs/topology.md §5.1)
 #endif
   if (hwloc_topology_export_xmlbuffer(topo, &buf, &len, flags) != 0 || !buf)
     fail("hwloc could not export the topology as XML: " + errno_text(errno));

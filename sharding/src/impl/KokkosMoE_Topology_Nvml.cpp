@@ -1,7 +1,7 @@
 /*
  * KokkosMoE: Mixture-of-Experts routing for Kokkos. SPDX-License-Identifier: Apache-2.0
  */
-// NVML through dlopen (topology.md §4.2). The declarations below mirror the public NVML ABI for the handful of
+// NVML through dlopen (docs/topology.md §4.2). The declarations below mirror the public NVML ABI for the handful of
 // functions we call; the plain names of nvml.h are macros for the versioned symbols resolved here.
 
 #include "KokkosMoE_Topology_Nvml.hpp"
@@ -80,7 +80,7 @@ struct Api {
 };
 
 std::mutex& nvml_mutex() {
-  // NVML has had thread-safety bugs (topology.md §4.2): one lock around every call we make.
+  // NVML has had thread-safety bugs (docs/topology.md §4.2): one lock around every call we make.
   static std::mutex m;
   return m;
 }

@@ -4,7 +4,7 @@
 #ifndef KOKKOSMOE_TOPOLOGY_NVML_HPP
 #define KOKKOSMOE_TOPOLOGY_NVML_HPP
 
-// NVML loaded at run time with dlopen (topology.md §4.2): never linked, no nvml.h. The few types and versioned
+// NVML loaded at run time with dlopen (docs/topology.md §4.2): never linked, no nvml.h. The few types and versioned
 // symbols we need are declared in the .cpp.
 
 #include <string>

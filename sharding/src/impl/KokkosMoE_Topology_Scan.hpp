@@ -5,7 +5,7 @@
 #define KOKKOSMOE_TOPOLOGY_SCAN_HPP
 
 // Plain-data intermediate results of the two sources (hwloc, NVML) and the pure functions that turn them into an
-// NvlinkTopology. Nothing here includes hwloc or NVML headers, so the model-building rules (topology.md §4.2,
+// NvlinkTopology. Nothing here includes hwloc or NVML headers, so the model-building rules (docs/topology.md §4.2,
 // §5.2) are unit-tested and fuzzed without either library.
 
 #include <KokkosMoE_Topology.hpp>
@@ -126,7 +126,7 @@ struct NvmlSnapshot {
 /// Per-GPU, per-visible-switch link counts computed by topology_from_live (needed to write a capture matrix).
 using SwitchLinkTable = std::vector<std::map<PciAddress, int>>;
 
-/// Per-link rate in MB/s for an NVML NVLink version enum (topology.md §4.2 step 4); 0 for unknown values.
+/// Per-link rate in MB/s for an NVML NVLink version enum (docs/topology.md §4.2 step 4); 0 for unknown values.
 std::uint64_t nvlink_rate_mbps(int version_enum);
 /// Per-link rate for a GPU model name (P100 20000; V100/A100/H100/H200 25000; B200/GB200 50000); 0 = unknown.
 std::uint64_t nvlink_rate_for_model(const std::string& model);
@@ -136,9 +136,9 @@ int nvlink_version_for_model(const std::string& model);
 /// non-printable bus ids.
 bool is_nvml_sentinel(std::uint32_t domain, const std::string& bus_id);
 
-/// Builds the model from an XML fixture scan (topology.md §5.2).
+/// Builds the model from an XML fixture scan (docs/topology.md §5.2).
 NvlinkTopology topology_from_scan(const HostScan& scan);
-/// Builds the model from a live hwloc scan plus an NVML snapshot (topology.md §4).
+/// Builds the model from a live hwloc scan plus an NVML snapshot (docs/topology.md §4).
 NvlinkTopology topology_from_live(const HostScan& scan, const NvmlSnapshot& nvml, SwitchLinkTable* switch_links);
 /// Live detection without NVML: GPUs from hwloc's PCI devices, NVLinks unknown, a warning that says why.
 NvlinkTopology topology_from_hwloc_only(const HostScan& scan, const std::string& reason);

@@ -7,7 +7,7 @@
 // Our own structural check of an hwloc v2 XML text before hwloc sees it. hwloc answers a malformed file with a
 // bare EINVAL (details only with HWLOC_XML_VERBOSE=1) and silently drops a distances matrix whose indexes name no
 // object; this check turns those cases into a TopologyError that names the element, the line and the rule
-// (topology.md §5.1-5.2, §11).
+// (docs/topology.md §5.1-5.2, §11).
 
 #include <cstddef>
 #include <cstdint>

@@ -1,8 +1,15 @@
 // A downstream project: routes 3 tokens over 4 experts through the installed package.
+#include <KokkosMoE_Config.hpp>
 #include <KokkosMoE_Router.hpp>
 #include <KokkosMoE_RouterPresets.hpp>
+#include <KokkosMoE_Version.hpp>
 
 #include <cstdio>
+#include <cstring>
+
+static_assert(KOKKOSMOE_VERSION ==
+                  KOKKOSMOE_VERSION_MAJOR * 10000 + KOKKOSMOE_VERSION_MINOR * 100 + KOKKOSMOE_VERSION_PATCH,
+              "the installed KokkosMoE_Version.hpp is consistent");
 
 int main(int argc, char* argv[]) {
   Kokkos::ScopeGuard guard(argc, argv);
@@ -15,9 +22,9 @@ int main(int argc, char* argv[]) {
   Kokkos::deep_copy(logits, h);
   KokkosMoE::RouterConfig config;
   config.topk = 1;
-  KokkosMoE::topk_router(Kokkos::DefaultExecutionSpace{}, config, logits, probs, map, inter);
+  KokkosMoE::topk_router(config, logits, probs, map, inter);  // on Kokkos::DefaultExecutionSpace
   auto hm = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace{}, map);
-  bool ok = KokkosMoE::router_preset("deepseek-v3").num_experts == 256;
+  bool ok = KokkosMoE::router_preset("deepseek-v3").num_experts == 256 && std::strlen(KOKKOSMOE_VERSION_STRING) > 0;
   for (int t = 0; t < 3; ++t) ok = ok && hm(t, 3 - t) == 1;
   std::printf("consumer: %s\n", ok ? "OK" : "WRONG ROUTING");
   return ok ? 0 : 1;

@@ -1,16 +1,17 @@
 /*
  * KokkosMoE: Mixture-of-Experts routing for Kokkos. SPDX-License-Identifier: Apache-2.0
  */
-// Standalone GPU self-check of the native CUDA router kernels (no Kokkos). Not built by default.
+// Standalone GPU self-check of the native CUDA router kernels (no Kokkos): a development harness, not part of the
+// library or of the CMake build. Results and how they were run: perf_test/results/h200/selfcheck/RESULTS.md.
 //
 // Build (from the repository root; static cudart):
-//   nvcc -std=c++17 -arch=sm_90 -O3 -lineinfo -I core/src core/src/cuda/*.cu core/src/cuda/selfcheck/selfcheck.cu \
+//   nvcc -std=c++17 -arch=sm_90 -O3 -lineinfo -I core/src core/src/cuda/*.cu perf_test/core/selfcheck/selfcheck.cu \
 //        -o selfcheck
-// or `make -C core/src/cuda/selfcheck`. Run: ./selfcheck [--quick] [--no-perf]
+// or `make -C perf_test/core/selfcheck`. Run: ./selfcheck [--quick] [--no-perf]
 //
 // Every launcher runs on seeded, per-row varied, tie-free inputs (random permutations of well-separated values)
 // for many shapes, dtypes and output kinds, and is compared with a double-precision CPU reference written from
-// router-spec §5-§11: routing maps / index sets exactly, values within §16.1 (E-scaled FP32 tolerances; 16-bit
+// docs/router.md §5-§11: routing maps / index sets exactly, values within §16.1 (E-scaled FP32 tolerances; 16-bit
 // outputs within 1 ulp of the reference rounded to their type). Rows whose deciding margin is below FP32
 // resolution are reported as ill-conditioned and only checked for well-formedness. Also: tie and non-finite
 // rows (§7, §16.4), cross-output-kind bit identity, determinism (two runs bitwise equal), CUDA-graph capture and
@@ -20,6 +21,7 @@
 
 #include <cuda/KokkosMoE_Router_Kernels.hpp>
 #include <cuda_runtime.h>
+#include <impl/KokkosMoE_TestSeam.hpp>
 
 #include <algorithm>
 #include <cmath>
@@ -248,7 +250,7 @@ static Tol tol_for(long long E) {
 static long long ord16(std::uint16_t b) {
   return (b & 0x8000) ? -static_cast<long long>(b & 0x7fff) : static_cast<long long>(b);
 }
-/// Value check of one output element against a double reference (router-spec §16.1).
+/// Value check of one output element against a double reference (docs/router.md §16.1).
 static bool close(DType t, double out, std::uint64_t outbits, double ref, const Tol& tol) {
   if (std::isnan(ref) || std::isnan(out)) return std::isnan(ref) && std::isnan(out);
   if (std::isinf(ref) || std::isinf(out)) return ref == out;
@@ -262,7 +264,7 @@ static bool close(DType t, double out, std::uint64_t outbits, double ref, const 
 }
 
 // ------------------------------------------------------------------------------------------------------------
-// double-precision reference (router-spec §5-§11)
+// double-precision reference (docs/router.md §5-§11)
 // ------------------------------------------------------------------------------------------------------------
 static double dsig(double x) { return 1.0 / (1.0 + std::exp(-x)); }
 static double dssp(double x) { return std::sqrt(x > 20.0 ? x : std::log1p(std::exp(x))); }
@@ -429,7 +431,7 @@ static void ref_backward(ScoreFunction fn, bool pre, int k, double scale, const 
 }
 
 // ------------------------------------------------------------------------------------------------------------
-// input generators (router-spec §16.2: seeded, per-row varied, tie-free, well-conditioned)
+// input generators (docs/router.md §16.2: seeded, per-row varied, tie-free, well-conditioned)
 // ------------------------------------------------------------------------------------------------------------
 static void gen_logits(Rng& rng, const FwdCfg& c, Buf& x) {
   const int E = c.E;
@@ -633,15 +635,15 @@ static void run_fwd(const TopkForwardArgs& a) {
   CUCHECK(cudaDeviceSynchronize());
 }
 
-// The internal launch layer (selfcheck-only access); CKD::lower_forward is the library's own lowering of the Args.
+// The internal launch layer; CKD::lower_forward is the library's own lowering of the Args.
 namespace CKD = KokkosMoE::Impl::CudaKernels::detail;
+namespace Seam = KokkosMoE::Impl::TestSeam;
+/// The forward with the candidate/threshold register kernel wherever it applies (the library's test seam).
 static void run_fwd_general(const TopkForwardArgs& a) {
-  CKD::FwdParams P = CKD::lower_forward(a);
-  P.force_general = 1;
-  cudaError_t e = a.logits_type == DType::F32   ? CKD::fwd_launch_f32(P, 0)
-                  : a.logits_type == DType::F16 ? CKD::fwd_launch_f16(P, 0)
-                                                : CKD::fwd_launch_bf16(P, 0);
-  CUCHECK(e);
+  Seam::CudaForwardKernel only_threshold;
+  only_threshold.threshold_kernel_only = true;
+  const Seam::ScopedCudaForwardKernel guard(only_threshold);
+  CUCHECK(CK::topk_forward(a, 0));
   CUCHECK(cudaDeviceSynchronize());
 }
 
@@ -1523,7 +1525,9 @@ static void launch_variant(CKD::FwdParams P, int warps) {
 }
 /// The lane kernel at a forced chunk width (bf16 logits).
 static void launch_lane_w(CKD::FwdParams P, int w) {
-  P.lane_w = w;
+  Seam::CudaForwardKernel width;
+  width.lane_width = w;
+  const Seam::ScopedCudaForwardKernel guard(width);
   cudaError_t err = cudaSuccess;
   if (!CKD::try_launch_lane<CKD::kDtBF16>(P, 0, &err)) {
     std::printf("lane kernel does not apply at W=%d\n", w);
@@ -1570,7 +1574,7 @@ static void perf_variants(double bw) {
       const char* nm;
       void (*f)(const CKD::FwdParams&);
     };
-    // lane-kernel chunk widths (P.lane_w), then the register kernels of run 1 and 2
+    // lane-kernel chunk widths (the test seam's lane_width), then the register kernels of run 1 and 2
     std::vector<Var> vs;
     if (sh.E == 256) {
       vs = {{"lane W8 TPT32 (default)", [](const CKD::FwdParams& q) { launch_lane_w(q, 8); }},

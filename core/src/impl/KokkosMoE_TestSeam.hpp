@@ -1,0 +1,48 @@
+/*
+ * KokkosMoE: Mixture-of-Experts routing for Kokkos. SPDX-License-Identifier: Apache-2.0
+ */
+#ifndef KOKKOSMOE_IMPL_TESTSEAM_HPP
+#define KOKKOSMOE_IMPL_TESTSEAM_HPP
+
+// The internal test seam (docs/conventions.md §6): settings through which tests and test harnesses force a choice
+// the library otherwise makes by itself, so that production structs carry no test-only fields. Only test code
+// writes them; the library reads them on the host when it chooses a kernel, and their defaults change nothing.
+// They are process-wide and not synchronized: set them before the calls under test and restore them afterwards
+// (the Scoped* guards do both). Plain C++, so the native CUDA sources (compiled without Kokkos) can read them.
+
+namespace KokkosMoE {
+namespace Impl {
+namespace TestSeam {
+
+/// Kernel choice of the native CUDA topk_router forward (cuda/KokkosMoE_Router_Cuda_ForwardLaunch.cuh).
+struct CudaForwardKernel {
+  /// Run the candidate/threshold register kernel wherever it applies, instead of the lane kernel or the rounds
+  /// kernel the library would pick (both must give bit-identical outputs, which is what tests compare).
+  bool threshold_kernel_only = false;
+  /// Chunk width (experts per lane, 4 or 8) of the lane kernel; 0 lets the library choose. A width for which the
+  /// lane kernel does not apply makes it step aside for the register kernels.
+  int lane_width = 0;
+};
+
+/// The current setting (default: the library's own choice).
+inline CudaForwardKernel cuda_forward_kernel{};
+
+/// Sets cuda_forward_kernel for the lifetime of the guard and restores the previous setting.
+class ScopedCudaForwardKernel {
+ public:
+  explicit ScopedCudaForwardKernel(const CudaForwardKernel& setting) : m_saved(cuda_forward_kernel) {
+    cuda_forward_kernel = setting;
+  }
+  ~ScopedCudaForwardKernel() { cuda_forward_kernel = m_saved; }
+  ScopedCudaForwardKernel(const ScopedCudaForwardKernel&) = delete;
+  ScopedCudaForwardKernel& operator=(const ScopedCudaForwardKernel&) = delete;
+
+ private:
+  CudaForwardKernel m_saved;
+};
+
+}  // namespace TestSeam
+}  // namespace Impl
+}  // namespace KokkosMoE
+
+#endif
