@@ -571,14 +571,13 @@ void dispatch(const Exec& exec, EpHandleState<Exec>& h, const XView& x, const WV
     auto rx = rows_view<Unit, Mem>(recv_x, H);
     pack_forward<Exec, Unit>(exec, s, rows_view<Unit, Mem>(x, H), src_w, h.v, rx, rw,
                              stage_rows_view<Scalar, Unit>(g.src_stage, g.src_stage_rows, H),
-                             Unmanaged1<float, Mem>(g.src_stage_f.data(), g.src_stage_f.extent(0)),
+                             Unmanaged1<float, Mem>(g.src_stage_f.data(), g.src_stage_f.extent(0)), h.recv_rows,
                              "KokkosMoE::ep_dispatch::pack");
     transfer(exec, fn, h, Direction::Forward, static_cast<std::size_t>(H) * sizeof(Scalar), with_w);
     unpack_forward<Exec, Unit>(exec, s.R > 1 ? h.stage_rows : 0,
                                stage_rows_view<Scalar, const Unit>(g.dst_stage, g.dst_stage_rows, H),
                                Unmanaged1<const float, Mem>(g.dst_stage_f.data(), g.dst_stage_f.extent(0)), h.v, rx, rw,
                                "KokkosMoE::ep_dispatch::unpack");
-    zero_invalid_rows<Exec, Unit>(exec, h.recv_rows, h.v, rx, rw, "KokkosMoE::ep_dispatch::padding");
   });
   h.dispatched = true;
 }
@@ -671,7 +670,7 @@ void combine_backward(const Exec& exec, EpHandleState<Exec>& h, CombineMode mode
         const std::size_t row_bytes = static_cast<std::size_t>(H) * sizeof(Scalar);
         if (!weighted) {
           pack_forward<Exec, Unit>(exec, s, rows_view<Unit, Mem>(grad_y, H), Unmanaged2<const float, Mem>(), h.v, go,
-                                   Unmanaged1<float, Mem>(), src_stage, Unmanaged1<float, Mem>(),
+                                   Unmanaged1<float, Mem>(), src_stage, Unmanaged1<float, Mem>(), h.recv_rows,
                                    "KokkosMoE::ep_combine_backward::pack");
           transfer(exec, fn, h, Direction::Forward, row_bytes, false);
           unpack_forward<Exec, Unit>(
@@ -692,8 +691,9 @@ void combine_backward(const Exec& exec, EpHandleState<Exec>& h, CombineMode mode
           combine_backward_scatter<Exec>(exec, s, Unmanaged1<const float, Mem>(src_f.data(), src_f.extent(0)), h.v,
                                          floats2_out<Mem>(grad_w));
         }
-        zero_invalid_rows<Exec, Unit>(exec, h.recv_rows, h.v, go, Unmanaged1<float, Mem>(),
-                                      "KokkosMoE::ep_combine_backward::padding");
+        if (weighted)  // the Sum path's pack zeroed them
+          zero_invalid_rows<Exec, Unit>(exec, h.recv_rows, h.v, go, Unmanaged1<float, Mem>(),
+                                        "KokkosMoE::ep_combine_backward::padding");
       });
 }
 

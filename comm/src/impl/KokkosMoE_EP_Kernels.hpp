@@ -135,40 +135,56 @@ void layout_count(const Exec& exec, const EpShape s, const IdxView& idx,
                                [&](int r) { chunk_tokens(static_cast<std::int64_t>(c) * s.R + r) = tok(r); });
         });
   }
-  // K2: exclusive prefix over chunks per expert (threads e < E) and per-rank token totals (threads E..E+R).
+  // K2: exclusive prefix over chunks per expert (teams e < E), per-rank token totals (teams E..E+R), invalid ids
+  // (the last team). A team scan, so that no thread walks the chunks serially through global memory.
   auto per_expert = v.tokens_per_expert;
   auto per_rank = v.tokens_per_rank;
   auto status = v.status;
   Kokkos::parallel_for(
-      "KokkosMoE::ep_layout::prefix", Kokkos::RangePolicy<Exec>(exec, 0, s.E + s.R + 1), KOKKOS_LAMBDA(int i) {
+      "KokkosMoE::ep_layout::prefix", Kokkos::TeamPolicy<Exec>(exec, s.E + s.R + 1, Kokkos::AUTO),
+      KOKKOS_LAMBDA(const Team& m) {
+        const int i = m.league_rank();
         if (i < s.E) {
-          int run = 0;
-          for (int c = 0; c < nch; ++c) {
+          if (nch == 0) {
+            Kokkos::single(Kokkos::PerTeam(m), [&]() { per_expert(i) = 0; });
+            return;
+          }
+          Kokkos::parallel_scan(Kokkos::TeamThreadRange(m, nch), [&](int c, int& part, bool final) {
             const std::int64_t at = static_cast<std::int64_t>(c) * s.E + i;
             const int n = chunk_prefix(at);
-            chunk_prefix(at) = run;
-            run += n;
-          }
-          per_expert(i) = run;
+            if (final) {
+              chunk_prefix(at) = part;
+              if (c == nch - 1) per_expert(i) = part + n;
+            }
+            part += n;
+          });
         } else if (i < s.E + s.R) {
           const int r = i - s.E;
           int run = 0;
-          for (int c = 0; c < nch; ++c) run += chunk_tokens(static_cast<std::int64_t>(c) * s.R + r);
-          per_rank(r) = run;
+          Kokkos::parallel_reduce(
+              Kokkos::TeamThreadRange(m, nch),
+              [&](int c, int& acc) { acc += chunk_tokens(static_cast<std::int64_t>(c) * s.R + r); }, run);
+          Kokkos::single(Kokkos::PerTeam(m), [&]() { per_rank(r) = run; });
         } else {
           int bad = 0;
-          for (int c = 0; c < nch; ++c) bad += chunk_bad(c);
-          status(0) = bad;
-          status(1) = 0;
-          status(3) = 0;
-          per_expert(s.E) = bad;  // travels with the counts: every rank learns of every rank's invalid ids
+          Kokkos::parallel_reduce(
+              Kokkos::TeamThreadRange(m, nch), [&](int c, int& acc) { acc += chunk_bad(c); }, bad);
+          Kokkos::single(Kokkos::PerTeam(m), [&]() {
+            status(0) = bad;
+            status(1) = 0;
+            status(3) = 0;
+            per_expert(s.E) = bad;  // travels with the counts: every rank learns of every rank's invalid ids
+          });
         }
       });
 }
 
-/// K3: offsets from the all-gathered counts (every rank derives every peer's offsets: no second exchange).
+/// K3: offsets from the all-gathered counts (every rank derives every peer's offsets: no second exchange). One team
+/// per destination rank j; the prefixes over its local experts are team scans in scratch memory.
 template <class Exec>
 void layout_offsets(const Exec& exec, const EpShape s, const EpLayoutViews<typename Exec::memory_space>& v) {
+  using Team = typename Kokkos::TeamPolicy<Exec>::member_type;
+  using Scratch = Kokkos::View<int*, typename Exec::scratch_memory_space, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
   auto counts = v.counts;
   auto dest_base = v.dest_base;
   auto dest_limit = v.dest_limit;
@@ -180,85 +196,102 @@ void layout_offsets(const Exec& exec, const EpShape s, const EpLayoutViews<typen
   auto src_limit = v.src_limit;
   auto recv_base = v.recv_base;
   auto status = v.status;
+  const std::size_t shmem = 6 * Scratch::shmem_size(s.L);
+  Kokkos::TeamPolicy<Exec> policy(exec, s.R, Kokkos::AUTO);
   Kokkos::parallel_for(
-      "KokkosMoE::ep_layout::offsets", Kokkos::RangePolicy<Exec>(exec, 0, s.E), KOKKOS_LAMBDA(int e) {
-        const int j = e / s.L, l = e % s.L, E = s.E, L = s.L;
+      "KokkosMoE::ep_layout::offsets", policy.set_scratch_size(0, Kokkos::PerTeam(shmem)),
+      KOKKOS_LAMBDA(const Team& m) {
+        const int j = m.league_rank(), L = s.L, E = s.E;
+        constexpr int kNone = 2147483647;
         auto count = [&](int i, int ee) { return counts(static_cast<std::int64_t>(i) * (E + 1) + ee); };
-        auto expert_total = [&](int ee) {
+        Scratch tot(m.team_scratch(0), L), mine(m.team_scratch(0), L), off(m.team_scratch(0), L),
+            blk(m.team_scratch(0), L), run(m.team_scratch(0), L), pre(m.team_scratch(0), L);
+        Kokkos::parallel_for(Kokkos::TeamThreadRange(m, L), [&](int l) {
           int n = 0;
-          for (int i = 0; i < s.R; ++i) n += count(i, ee);
-          return n;
-        };
-        // Receive rows of expert l on rank j.
-        int off = 0;
-        if (s.fixed) {
-          off = l * s.slab;
-        } else {
-          for (int ll = 0; ll < l; ++ll) off += pad_to(expert_total(j * L + ll), s.align);
+          for (int i = 0; i < s.R; ++i) n += count(i, j * L + l);
+          tot(l) = n;
+          mine(l) = count(s.me, j * L + l);
+          run(l) = 0;
+        });
+        m.team_barrier();
+        Kokkos::parallel_scan(Kokkos::TeamThreadRange(m, L), [&](int l, int& part, bool final) {
+          const int n = s.fixed ? s.slab : pad_to(tot(l), s.align);
+          if (final) off(l) = part;
+          part += n;
+        });
+        Kokkos::parallel_scan(Kokkos::TeamThreadRange(m, L), [&](int l, int& part, bool final) {
+          if (final) blk(l) = part;
+          part += mine(l);
+        });
+        m.team_barrier();
+        // Eager: this rank's remote slots for ranks before j come first in its source stage.
+        int remote_before = 0;
+        if (s.eager() && j != s.me) {
+          Kokkos::parallel_reduce(
+              Kokkos::TeamThreadRange(m, j * L),
+              [&](int ee, int& acc) {
+                if (ee / L != s.me) acc += count(s.me, ee);
+              },
+              remote_before);
         }
-        int before_me = 0;
-        for (int i = 0; i < s.me; ++i) before_me += count(i, e);
-        dest_base(e) = off + before_me;
-        dest_limit(e) = s.fixed ? off + s.slab : (s.capacity > 0 ? s.capacity : 2147483647);
-        // This rank's source-stage rows for expert e (remote experts only).
-        if (j != s.me) {
-          int sb = 0;
-          if (s.eager()) {
-            for (int ee = 0; ee < e; ++ee)
-              if (ee / L != s.me) sb += count(s.me, ee);
-            send_limit(e) = 2147483647;
+        Kokkos::parallel_for(Kokkos::TeamThreadRange(m, L), [&](int l) {
+          const int e = j * L + l;
+          int before_me = 0;
+          for (int i = 0; i < s.me; ++i) before_me += count(i, e);
+          dest_base(e) = off(l) + before_me;
+          dest_limit(e) = s.fixed ? off(l) + s.slab : (s.capacity > 0 ? s.capacity : kNone);
+          if (j != s.me) {
+            send_base(e) = s.eager() ? remote_before + blk(l) : j * s.block + blk(l);
+            send_limit(e) = s.eager() ? kNone : (j + 1) * s.block;
           } else {
-            // Peer j's block; the self block stays empty.
-            sb = j * s.block;
-            for (int ee = j * L; ee < e; ++ee) sb += count(s.me, ee);
-            send_limit(e) = (j + 1) * s.block;
+            send_base(e) = 0;
+            send_limit(e) = 0;
+            recv_count(l) = tot(l);
+            expert_offsets(l) = off(l);
           }
-          send_base(e) = sb;
-        } else {
-          send_base(e) = 0;
-          send_limit(e) = 0;
-        }
-        if (j == s.me) {
-          const int total = expert_total(e);
-          recv_count(l) = total;
-          expert_offsets(l) = off;
-          if (l == L - 1) {
-            const int end = s.fixed ? L * s.slab : off + pad_to(total, s.align);
-            expert_offsets(L) = end;
-            // Demand: rows the layout needs (padded) before any drop; for the fixed layout the largest expert.
-            int demand = 0;
-            if (s.fixed) {
-              for (int ll = 0; ll < L; ++ll) {
-                const int n = expert_total(s.me * L + ll);
-                demand = n > demand ? n : demand;
-              }
-            } else {
-              demand = end;
-            }
-            status(2) = demand;
-          }
-          // Where each source's slots for this expert sit in the destination stage and in the receive rows.
-          int dst_off = 0;
-          for (int i = 0; i < s.R; ++i) {
+        });
+        if (j != s.me) return;
+        int largest = 0;
+        Kokkos::parallel_reduce(
+            Kokkos::TeamThreadRange(m, L), [&](int l, int& acc) { acc = tot(l) > acc ? tot(l) : acc; },
+            Kokkos::Max<int>(largest));
+        Kokkos::single(Kokkos::PerTeam(m), [&]() {
+          const int end = s.fixed ? L * s.slab : off(L - 1) + pad_to(tot(L - 1), s.align);
+          expert_offsets(L) = end;
+          // Demand: rows the layout needs (padded) before any drop; for the fixed layout the largest expert.
+          status(2) = s.fixed ? largest : end;
+        });
+        // Where each source's slots for each local expert sit in the destination stage and in the receive rows.
+        int dst_off = 0;
+        for (int i = 0; i < s.R; ++i) {
+          m.team_barrier();
+          int row_sum = 0;
+          Kokkos::parallel_scan(Kokkos::TeamThreadRange(m, L), [&](int l, int& part, bool final) {
+            if (final) pre(l) = part;
+            part += count(i, s.me * L + l);
+          });
+          Kokkos::parallel_reduce(
+              Kokkos::TeamThreadRange(m, L), [&](int l, int& acc) { acc += count(i, s.me * L + l); }, row_sum);
+          m.team_barrier();
+          Kokkos::parallel_for(Kokkos::TeamThreadRange(m, L), [&](int l) {
+            const int e = s.me * L + l;
             const std::int64_t at = static_cast<std::int64_t>(i) * L + l;
-            int before = 0;
-            for (int ii = 0; ii < i; ++ii) before += count(ii, e);
-            recv_base(at) = off + before;
+            recv_base(at) = off(l) + run(l);
+            run(l) += count(i, e);
+            const int start = s.eager() ? dst_off : i * s.block;
             if (i == s.me) {
               // Local slots never pass through the stages: an empty segment keeps the bases ordered.
-              const int base = s.eager() ? dst_off : i * s.block;
+              src_base(at) = start;
+              src_limit(at) = start;
+            } else {
+              const int base = start + pre(l);
+              const int end = base + count(i, e);
+              const int block_end = s.eager() ? end : (i + 1) * s.block;
               src_base(at) = base;
-              src_limit(at) = base;
-              continue;
+              src_limit(at) = end < block_end ? end : block_end;
             }
-            int base = s.eager() ? dst_off : i * s.block;
-            for (int ll = 0; ll < l; ++ll) base += count(i, s.me * L + ll);
-            const int end = base + count(i, e);
-            const int block_end = s.eager() ? end : (i + 1) * s.block;
-            src_base(at) = base;
-            src_limit(at) = end < block_end ? end : block_end;
-            for (int ll = 0; ll < L; ++ll) dst_off += count(i, s.me * L + ll);
-          }
+          });
+          if (i != s.me) dst_off += row_sum;
         }
       });
 }
@@ -393,8 +426,10 @@ struct Rows {
   Unmanaged2<Unit, Mem> v;
 };
 
-/// Dispatch direction, source side: slot (t, k) copies row t of \p src to its receive row (local) or its
-/// source-stage row (remote); the slot's float (the top-k weight) travels alongside when \p src_f is non-empty.
+/// Dispatch direction, source side: token t's row is read once and written to the receive row (local slots) or
+/// the source-stage row (remote slots) of each of its slots; the slot's float (the top-k weight) travels alongside
+/// when \p src_f is non-empty. Team q also zeroes receive row q when it holds no slot (padding, drops) and
+/// \p zero_rows > q, so that one launch covers both.
 template <class Exec, class Unit>
 void pack_forward(const Exec& exec, const EpShape s, const Unmanaged2<const Unit, typename Exec::memory_space>& src,
                   const Unmanaged2<const float, typename Exec::memory_space>& src_f,
@@ -402,34 +437,49 @@ void pack_forward(const Exec& exec, const EpShape s, const Unmanaged2<const Unit
                   const Unmanaged2<Unit, typename Exec::memory_space>& local,
                   const Unmanaged1<float, typename Exec::memory_space>& local_f,
                   const Unmanaged2<Unit, typename Exec::memory_space>& stage,
-                  const Unmanaged1<float, typename Exec::memory_space>& stage_f, const char* label) {
+                  const Unmanaged1<float, typename Exec::memory_space>& stage_f, int zero_rows, const char* label) {
   using Team = typename Kokkos::TeamPolicy<Exec>::member_type;
-  const std::int64_t slots = static_cast<std::int64_t>(s.T) * s.K;
-  if (slots == 0) return;
-  const int units = static_cast<int>(src.extent(1));
+  const int league = s.T > zero_rows ? s.T : zero_rows;
+  if (league == 0) return;
+  // Either View may be empty (no tokens; nothing received): the row width comes from the other one.
+  const int units = static_cast<int>(src.extent(1) > 0 ? src.extent(1) : local.extent(1));
   const bool with_f = src_f.extent(0) > 0;
+  const bool zero_f = local_f.extent(0) > 0;
   auto slot_row = v.slot_row;
   auto slot_local = v.slot_local;
+  auto recv_expert = v.recv_expert;
   Kokkos::parallel_for(
-      label, Kokkos::TeamPolicy<Exec>(exec, static_cast<int>(slots), Kokkos::AUTO), KOKKOS_LAMBDA(const Team& m) {
-        const std::int64_t q = m.league_rank();
-        const int row = slot_row(q);
-        if (row < 0) return;
-        const int t = static_cast<int>(q / s.K), k = static_cast<int>(q % s.K);
-        const bool is_local = slot_local(q) != 0;
-        if (is_local) {
-          Kokkos::parallel_for(Kokkos::TeamThreadRange(m, units), [&](int u) { local(row, u) = src(t, u); });
-        } else {
-          Kokkos::parallel_for(Kokkos::TeamThreadRange(m, units), [&](int u) { stage(row, u) = src(t, u); });
-        }
-        if (with_f) {
-          Kokkos::single(Kokkos::PerTeam(m), [&]() {
-            if (is_local) {
-              local_f(row) = src_f(t, k);
-            } else {
-              stage_f(row) = src_f(t, k);
+      label, Kokkos::TeamPolicy<Exec>(exec, league, Kokkos::AUTO), KOKKOS_LAMBDA(const Team& m) {
+        const int t = m.league_rank();
+        if (t < s.T) {
+          const std::int64_t q0 = static_cast<std::int64_t>(t) * s.K;
+          Kokkos::parallel_for(Kokkos::TeamThreadRange(m, units), [&](int u) {
+            const Unit val = src(t, u);
+            for (int k = 0; k < s.K; ++k) {
+              const int row = slot_row(q0 + k);
+              if (row < 0) continue;
+              if (slot_local(q0 + k)) {
+                local(row, u) = val;
+              } else {
+                stage(row, u) = val;
+              }
             }
           });
+          if (with_f) {
+            Kokkos::parallel_for(Kokkos::TeamThreadRange(m, s.K), [&](int k) {
+              const int row = slot_row(q0 + k);
+              if (row < 0) return;
+              if (slot_local(q0 + k)) {
+                local_f(row) = src_f(t, k);
+              } else {
+                stage_f(row) = src_f(t, k);
+              }
+            });
+          }
+        }
+        if (t < zero_rows && recv_expert(t) < 0) {
+          Kokkos::parallel_for(Kokkos::TeamThreadRange(m, units), [&](int u) { local(t, u) = Unit{}; });
+          if (zero_f) Kokkos::single(Kokkos::PerTeam(m), [&]() { local_f(t) = 0.0f; });
         }
       });
 }

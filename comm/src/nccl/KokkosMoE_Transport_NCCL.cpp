@@ -126,9 +126,33 @@ class NcclTransport final : public Transport {
     DeviceGuard guard(m_device);
     ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
     cfg.blocking = 0;
-    ncclComm_t sub = nullptr;
-    check(op, "ncclCommSplit", ncclCommSplit(m_comm, color, key, &sub, &cfg));
-    if (sub == nullptr) fail(op, CommFailure::Library, "ncclCommSplit returned no communicator");
+    // With a non-blocking communicator NCCL writes *newcomm only when the split has completed, from its own init
+    // thread: the slot lives on the heap so that a split abandoned at the deadline never writes into a dead frame.
+    auto* slot = new ncclComm_t(nullptr);
+    const ncclResult_t r0 = ncclCommSplit(m_comm, color, key, slot, &cfg);
+    if (r0 != ncclSuccess && r0 != ncclInProgress) {
+      delete slot;
+      abort();
+      fail(op, CommFailure::Library, "ncclCommSplit: " + nccl_text(r0));
+    }
+    const auto until = deadline();
+    for (int spin = 0; __atomic_load_n(slot, __ATOMIC_ACQUIRE) == nullptr; ++spin) {
+      ncclResult_t state = ncclSuccess;
+      ncclCommGetAsyncError(m_comm, &state);
+      if (state != ncclSuccess && state != ncclInProgress) {
+        abort();  // the slot is left to NCCL
+        fail(op, CommFailure::Library, "ncclCommSplit: " + nccl_text(state));
+      }
+      if (std::chrono::steady_clock::now() >= until) {
+        abort();
+        fail(op, CommFailure::Timeout,
+             "ncclCommSplit did not complete within " + std::to_string(m_timeout) +
+                 " s (a peer did not join); the communicator was aborted");
+      }
+      if (spin > 64) std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+    ncclComm_t sub = *slot;
+    delete slot;
     poll_comm(op, sub, "ncclCommSplit");
     int r = 0, n = 0;
     ncclCommUserRank(sub, &r);
