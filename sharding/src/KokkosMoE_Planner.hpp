@@ -26,6 +26,19 @@
 
 namespace KokkosMoE {
 
+/// \brief The largest world (num_nodes * GPUs per node) make_plan() plans; larger requests throw InvalidArgument
+/// (Rule::ConfigValue). 64 Ki GPUs: far beyond today's largest EP deployments, small enough that every plan stays
+/// within the time and memory budget of docs/planner.md §9.
+inline constexpr int kMaxPlanWorldSize = 65536;
+/// \brief The most experts make_plan() and the routing statistics accept (Rule::ConfigValue above it).
+inline constexpr int kMaxPlanExperts = 65536;
+
+/// \brief Bounds of every bandwidth make_plan() accepts (GB/s per direction: CostModel, inter_node_gbps) and the
+/// smallest efficiency: together with 64-bit byte counts they keep every predicted time finite.
+inline constexpr double kMinPlanGbps = 1e-3;
+inline constexpr double kMaxPlanGbps = 1e6;
+inline constexpr double kMinPlanEfficiency = 1e-3;
+
 /// \brief Element format of the token rows moved by dispatch or combine (docs/ep.md §9).
 enum class TokenDType : int {
   BF16 = 0,  ///< 2 bytes per element

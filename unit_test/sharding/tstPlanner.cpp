@@ -601,7 +601,7 @@ BOOST_AUTO_TEST_CASE(bad_requests_say_what_to_change) {
   check_throws(plan(r), Rule::TopologyMalformed, "node", "expected n*n = 64");
   r = request(hgx8(), deepseek_v3(4096));
   r.cost_model.nvlink_efficiency = 0;
-  check_throws(plan(r), Rule::ConfigValue, "cost_model", "(0, 1]");
+  check_throws(plan(r), Rule::ConfigValue, "cost_model", "efficiencies must be in [0.001, 1]");
   r = request(hgx8(), deepseek_v3(-1));
   check_throws(plan(r), Rule::ConfigValue, "tokens_per_rank", ">= 0");
   r = request(hgx8(), deepseek_v3(4096));

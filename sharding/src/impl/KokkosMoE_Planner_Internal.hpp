@@ -8,6 +8,8 @@
 
 #include <KokkosMoE_Planner.hpp>
 
+#include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -30,6 +32,12 @@ inline const GpuPair& pair_of(const NvlinkTopology& t, int i, int j) {
 /// Checks the parts of a node topology the planner reads (pairs is n*n, ids dense) and throws
 /// InvalidArgument(Rule::TopologyMalformed) naming what is wrong.
 void validate_node(const char* fn, const NvlinkTopology& node);
+
+/// Bytes of one token row in 64 bits (token_row_bytes() without the double).
+std::int64_t token_row_bytes_exact(TokenDType t, int hidden);
+
+/// a * b, or std::nullopt when the product does not fit in 64 bits.
+std::optional<std::int64_t> checked_mul(std::int64_t a, std::int64_t b);
 
 /// The routing model actually used for a layer (Auto resolved).
 RoutingModel resolve_model(const MoeLayerConfig& layer);

@@ -96,7 +96,10 @@ namespace {
 using Impl::fmt;
 using Impl::plan_fail;
 
-bool positive_finite(double v) { return std::isfinite(v) && v > 0; }
+// Bandwidths and efficiencies are bounded on both sides so that every predicted time is finite: with at most
+// 2^63 bytes per phase and rank (checked below) over at least kMinPlanGbps * kMinPlanEfficiency, a time stays
+// below 1e28 us.
+bool in_range(double v, double lo, double hi) { return std::isfinite(v) && v >= lo && v <= hi; }
 
 void validate_request(const PlanRequest& r) {
   Impl::validate_layer("make_plan", r.layer);
@@ -108,8 +111,17 @@ void validate_request(const PlanRequest& r) {
               "the node topology has no GPUs (source: " + std::string(to_string(c.node.source)) +
                   "); load a fixture with GPUs (kokkosmoe-plan --xml FILE) or plan on a machine that has them");
   Impl::validate_node("make_plan", c.node);
-  if (!std::isfinite(c.inter_node_gbps) || c.inter_node_gbps < 0)
-    plan_fail("inter_node_gbps", Rule::ConfigValue, "inter_node_gbps (" + fmt(c.inter_node_gbps, 3) + ") must be >= 0");
+  const std::int64_t world = std::int64_t(c.num_nodes) * c.node.num_gpus();
+  if (world > kMaxPlanWorldSize)
+    plan_fail("num_nodes", Rule::ConfigValue,
+              "the world (" + std::to_string(c.num_nodes) + " nodes x " + std::to_string(c.node.num_gpus()) +
+                  " GPUs = " + std::to_string(world) + ") exceeds " + std::to_string(kMaxPlanWorldSize) +
+                  " GPUs (kMaxPlanWorldSize); plan fewer nodes");
+  if (!std::isfinite(c.inter_node_gbps) || c.inter_node_gbps < 0 ||
+      (c.inter_node_gbps > 0 && !in_range(c.inter_node_gbps, kMinPlanGbps, kMaxPlanGbps)))
+    plan_fail("inter_node_gbps", Rule::ConfigValue,
+              "inter_node_gbps (" + fmt(c.inter_node_gbps, 6) + ") must be 0 (single node) or in [" +
+                  fmt(kMinPlanGbps, 3) + ", " + fmt(kMaxPlanGbps, 0) + "] GB/s");
   if (c.num_nodes > 1 && c.inter_node_gbps <= 0)
     plan_fail("inter_node_gbps", Rule::ConfigValue,
               "planning " + std::to_string(c.num_nodes) +
@@ -126,14 +138,40 @@ void validate_request(const PlanRequest& r) {
     plan_fail("local_expert_alignment", Rule::ConfigValue,
               "local_expert_alignment (" + std::to_string(k.local_expert_alignment) + ") must be >= 1");
   const CostModel& m = r.cost_model;
-  if (!positive_finite(m.nvlink_link_gbps) || !positive_finite(m.pcie_gbps))
+  if (!in_range(m.nvlink_link_gbps, kMinPlanGbps, kMaxPlanGbps) || !in_range(m.pcie_gbps, kMinPlanGbps, kMaxPlanGbps))
     plan_fail("cost_model", Rule::ConfigValue,
-              "cost-model bandwidths must be positive and finite (nvlink_link_gbps = " + fmt(m.nvlink_link_gbps, 3) +
-                  ", pcie_gbps = " + fmt(m.pcie_gbps, 3) + ")");
-  if (!(m.nvlink_efficiency > 0 && m.nvlink_efficiency <= 1) || !(m.pcie_efficiency > 0 && m.pcie_efficiency <= 1))
+              "cost-model bandwidths must be in [" + fmt(kMinPlanGbps, 3) + ", " + fmt(kMaxPlanGbps, 0) +
+                  "] GB/s (nvlink_link_gbps = " + fmt(m.nvlink_link_gbps, 6) + ", pcie_gbps = " + fmt(m.pcie_gbps, 6) +
+                  ")");
+  if (!in_range(m.nvlink_efficiency, kMinPlanEfficiency, 1.0) || !in_range(m.pcie_efficiency, kMinPlanEfficiency, 1.0))
     plan_fail("cost_model", Rule::ConfigValue,
-              "cost-model efficiencies must be in (0, 1] (nvlink_efficiency = " + fmt(m.nvlink_efficiency, 3) +
-                  ", pcie_efficiency = " + fmt(m.pcie_efficiency, 3) + ")");
+              "cost-model efficiencies must be in [" + fmt(kMinPlanEfficiency, 3) + ", 1] (nvlink_efficiency = " +
+                  fmt(m.nvlink_efficiency, 6) + ", pcie_efficiency = " + fmt(m.pcie_efficiency, 6) + ")");
+  // 64-bit counts: T_total = T * world for the aux loss, and the bytes a rank moves per phase (T * row bytes; the
+  // remote share is smaller). Requests whose counts do not fit are refused, never wrapped.
+  const std::int64_t T = r.layer.tokens_per_rank;
+  if (!Impl::checked_mul(T, world))
+    plan_fail("tokens_per_rank", Rule::ConfigValue,
+              "tokens_per_rank (" + std::to_string(T) + ") times the " + std::to_string(world) +
+                  " ranks overflows 64 bits (global_num_tokens); lower tokens_per_rank");
+  for (TokenDType t : {r.layer.dispatch_dtype, r.layer.combine_dtype}) {
+    const std::int64_t row = Impl::token_row_bytes_exact(t, r.layer.hidden_size);
+    if (!Impl::checked_mul(T, row))
+      plan_fail("tokens_per_rank", Rule::ConfigValue,
+                "tokens_per_rank (" + std::to_string(T) + ") x " + std::to_string(row) + " bytes per " + to_string(t) +
+                    " token row (hidden_size " + std::to_string(r.layer.hidden_size) +
+                    ") overflows 64-bit byte counts; lower tokens_per_rank or hidden_size");
+  }
+}
+
+// bytes / (GB/s) in seconds; 0 bytes take no time on any link (also one of 0 GB/s, e.g. the network of a single
+// node), so no time is ever inf or NaN.
+double seconds(double bytes, double gbps) {
+  if (!(bytes > 0)) return 0.0;
+  if (!(gbps > 0))
+    throw InvalidArgument("make_plan", "cost_model", Rule::PlanInfeasible,
+                          "internal: " + fmt(bytes, 0) + " bytes routed over a link of " + fmt(gbps, 3) + " GB/s");
+  return bytes / gbps / 1e9;
 }
 
 // One member of an EP group: (node, node-local GPU), in ep_index order.
@@ -193,12 +231,15 @@ class CostEvaluator {
           L.out[cls] += out;
           L.in[cls] += in;
           if (lk.cls == LinkClass::NvlinkDirect) {
-            if (out / lk.gbps > L.direct_out_time) L.direct_out_time = out / lk.gbps, L.direct_out_peer = b;
-            if (in / lk.gbps > L.direct_in_time) L.direct_in_time = in / lk.gbps, L.direct_in_peer = b;
+            const double to = seconds(out, lk.gbps), ti = seconds(in, lk.gbps);
+            if (to > L.direct_out_time) L.direct_out_time = to, L.direct_out_peer = b;
+            if (ti > L.direct_in_time) L.direct_in_time = ti, L.direct_in_peer = b;
           }
         }
         const int off = R - 1 - on_node;
-        const double off_p = total_p - P[a] - on_node_p;
+        // Without peers on other nodes nothing crosses the network: total_p - P[a] - on_node_p is then a rounding
+        // residue (1e-16, either sign), which over a single node's 0 GB/s network once gave an infinite time.
+        const double off_p = off > 0 ? std::max(0.0, total_p - P[a] - on_node_p) : 0.0;
         const int net = static_cast<int>(LinkClass::Network);
         L.out[net] = unit * (reverse ? P[a] * off : off_p);
         L.in[net] = unit * (reverse ? off_p : P[a] * off);
@@ -214,12 +255,12 @@ class CostEvaluator {
         };
         consider(L.direct_out_time, Direct, L.direct_out_peer, true);
         consider(L.direct_in_time, Direct, L.direct_in_peer, false);
-        consider(L.out[sw] / m_port[s.gpu], Switch, -1, true);
-        consider(L.in[sw] / m_port[s.gpu], Switch, -1, false);
-        consider(L.out[pc] / m_pcie, Pcie, -1, true);
-        consider(L.in[pc] / m_pcie, Pcie, -1, false);
-        if (L.out[net] > 0) consider(L.out[net] / m_net, Net, -1, true);
-        if (L.in[net] > 0) consider(L.in[net] / m_net, Net, -1, false);
+        consider(seconds(L.out[sw], m_port[s.gpu]), Switch, -1, true);
+        consider(seconds(L.in[sw], m_port[s.gpu]), Switch, -1, false);
+        consider(seconds(L.out[pc], m_pcie), Pcie, -1, true);
+        consider(seconds(L.in[pc], m_pcie), Pcie, -1, false);
+        consider(seconds(L.out[net], m_net), Net, -1, true);
+        consider(seconds(L.in[net], m_net), Net, -1, false);
         auto describe = [&]() {
           const std::string where = "GPU " + std::to_string(s.gpu) +
                                     (m_req.cluster.num_nodes > 1 ? " of node " + std::to_string(s.node) : "");
@@ -252,7 +293,7 @@ class CostEvaluator {
         ph.bytes_local = std::max(ph.bytes_local, unit * P[a]);
         if (t > worst) {
           worst = t;
-          ph.time_us = t / 1e9 * 1e6;
+          ph.time_us = t * 1e6;
           ph.bottleneck = t > 0 ? describe() : std::string();
           ph.bytes_nvlink = L.out[1] + L.out[2];
           ph.bytes_pcie = L.out[pc];
@@ -291,6 +332,34 @@ bool ranks_before(const Candidate& x, const Candidate& y) {
 }
 
 std::string us(double t) { return fmt(t, 1) + " us"; }
+
+// Post-condition: no field of a plan is inf or NaN (its JSON would hold null, which plan_from_json rejects).
+void check_finite(const Plan& p) {
+  std::vector<std::pair<const char*, double>> v;
+  auto phase = [&](const PhaseEstimate& ph) {
+    for (double x : {ph.row_bytes, ph.bytes_sent, ph.bytes_received, ph.bytes_local, ph.bytes_nvlink, ph.bytes_pcie,
+                     ph.bytes_network, ph.time_us})
+      v.push_back({"traffic", x});
+  };
+  auto traffic = [&](const TrafficEstimate& t) {
+    v.push_back({"traffic", t.destinations_per_token});
+    v.push_back({"traffic", t.remote_destinations_per_token});
+    v.push_back({"traffic", t.time_us});
+    phase(t.dispatch);
+    phase(t.combine);
+  };
+  traffic(p.traffic);
+  for (const auto& a : p.alternatives) traffic(a.traffic);
+  for (const auto& r : p.ranks)
+    for (double x : {r.dispatch_bytes_sent, r.dispatch_bytes_received, r.combine_bytes_sent, r.combine_bytes_received})
+      v.push_back({"ranks", x});
+  for (const auto& g : p.ep_groups) v.push_back({"ep_groups", g.min_pair_gbps});
+  for (const auto& [what, x] : v)
+    if (!std::isfinite(x) || x < 0)
+      throw InvalidArgument("make_plan", what, Rule::PlanInfeasible,
+                            std::string("internal: a ") + what + " value of the plan is " + fmt(x, 3) +
+                                " (every plan value must be finite and non-negative)");
+}
 
 }  // namespace
 
@@ -403,7 +472,7 @@ Plan make_plan(const PlanRequest& req) {
     for (double p : cd.P) D += p;
     tr.destinations_per_token = D;
     double remote = 0;  // the largest over ranks of the others' hit probabilities (equal P: D * (R - 1) / R)
-    for (int a = 0; a < R && R > 1; ++a) remote = std::max(remote, D - cd.P[a]);
+    for (int a = 0; a < R && R > 1; ++a) remote = std::max(remote, std::max(0.0, D - cd.P[a]));
     tr.remote_destinations_per_token = remote;
     tr.dispatch = cost.phase(cd.groups, cd.P, bd, false);
     tr.combine = cost.phase(cd.groups, cd.P, bc, true);
@@ -483,10 +552,11 @@ Plan make_plan(const PlanRequest& req) {
       rp.first_expert = a * L;
       rp.num_local_experts = L;
       const double pa = best.P[a];
-      rp.dispatch_bytes_sent = T * bd * (sumP - pa);
+      const double others = std::max(0.0, sumP - pa);  // never a negative rounding residue
+      rp.dispatch_bytes_sent = T * bd * others;
       rp.dispatch_bytes_received = T * bd * (R - 1) * pa;
       rp.combine_bytes_sent = T * bc * (R - 1) * pa;
-      rp.combine_bytes_received = T * bc * (sumP - pa);
+      rp.combine_bytes_received = T * bc * others;
       info.ranks.push_back(rp.rank);
       const int nk = Impl::numa_key(node, g[a].gpu);
       if (nk >= 0 && std::find(numa.begin(), numa.end(), std::make_pair(g[a].node, nk)) == numa.end())
@@ -528,7 +598,7 @@ Plan make_plan(const PlanRequest& req) {
     RouterOpSpec bwd;
     bwd.op = RouterOp::Backward;
     add(bwd, {rows, rows, rows});
-    plan.global_num_tokens = layer.tokens_per_rank * W;
+    plan.global_num_tokens = *Impl::checked_mul(layer.tokens_per_rank, W);  // validate_request checked it
     if (plan.global_num_tokens >= 1) {
       RouterOpSpec aux;
       aux.op = RouterOp::AuxLoss;
@@ -588,6 +658,7 @@ Plan make_plan(const PlanRequest& req) {
         "is planned as PCIe");
   for (const auto& w : node.warnings) warnings.push_back("topology: " + w);
   plan.warnings = warnings;
+  check_finite(plan);
   return plan;
 }
 
