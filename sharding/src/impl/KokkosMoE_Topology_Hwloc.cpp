@@ -14,6 +14,7 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <map>
 #include <set>
 
@@ -181,8 +182,12 @@ HwlocTree HwlocTree::from_xml(std::string_view xml, const std::string& source) {
   // hwloc 2.x drops I/O objects by default, also for XML: without this the GPUs vanish and the NVLinkBandwidth
   // matrix is dropped or truncated, silently (topology.md §5.1). Keep everything the file contains.
   hwloc_topology_set_io_types_filter(st->topo, HWLOC_TYPE_FILTER_KEEP_ALL);
+  // hwloc gets our canonical form of the document, never the caller's bytes: the same input then gives the same
+  // model or the same error whichever XML importer hwloc has (built-in or libxml2; KokkosMoE_Topology_XmlCheck.cpp).
   // hwloc reads the buffer as a C string of `size` bytes including the terminating NUL.
-  const std::string text(xml.data(), xml.size());
+  const std::string& text = checked.canonical;
+  if (text.size() >= static_cast<std::size_t>(std::numeric_limits<int>::max()))
+    fail(source + ": the XML text is too large for hwloc (" + std::to_string(text.size()) + " bytes)");
   if (hwloc_topology_set_xmlbuffer(st->topo, text.c_str(), static_cast<int>(text.size() + 1)) != 0)
     fail(source + ": hwloc rejected the XML buffer: " + errno_text(errno));
   if (hwloc_topology_load(st->topo) != 0)
