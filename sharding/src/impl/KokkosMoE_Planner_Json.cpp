@@ -8,6 +8,8 @@
 #include <impl/KokkosMoE_Planner_Internal.hpp>
 #include <nlohmann/json.hpp>
 
+#include <cstdint>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -22,6 +24,22 @@ constexpr int kVersion = 1;
   throw InvalidArgument("plan_from_json", path, Rule::ConfigValue, "plan JSON: " + path + ": " + what);
 }
 
+// An integer of type T (int or int64) from a JSON number, range-checked: nlohmann's get<int>() narrows silently.
+template <class T>
+T integer_of(const json& v, const std::string& path) {
+  if (!v.is_number_integer()) bad(path, "expected an integer");
+  if (v.is_number_unsigned()) {
+    const auto u = v.get<std::uint64_t>();
+    if (u > static_cast<std::uint64_t>(std::numeric_limits<T>::max())) bad(path, "integer out of range");
+    return static_cast<T>(u);
+  }
+  const auto x = v.get<std::int64_t>();
+  if (x < static_cast<std::int64_t>(std::numeric_limits<T>::min()) ||
+      x > static_cast<std::int64_t>(std::numeric_limits<T>::max()))
+    bad(path, "integer out of range");
+  return static_cast<T>(x);
+}
+
 // Typed field access with the JSON path in every error.
 template <class T>
 T field(const json& j, const char* key, const std::string& path) {
@@ -33,7 +51,7 @@ T field(const json& j, const char* key, const std::string& path) {
     if constexpr (std::is_same_v<T, double>) {
       if (!it->is_number()) bad(p, "expected a number");
     } else if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {
-      if (!it->is_number_integer()) bad(p, "expected an integer");
+      return integer_of<T>(*it, p);
     } else if constexpr (std::is_same_v<T, bool>) {
       if (!it->is_boolean()) bad(p, "expected true or false");
     } else if constexpr (std::is_same_v<T, std::string>) {
@@ -73,10 +91,7 @@ std::vector<std::string> string_list(const json& a, const std::string& path) {
 
 std::vector<int> int_list(const json& a, const std::string& path) {
   std::vector<int> v;
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    if (!a[i].is_number_integer()) bad(path + "[" + std::to_string(i) + "]", "expected an integer");
-    v.push_back(a[i].get<int>());
-  }
+  for (std::size_t i = 0; i < a.size(); ++i) v.push_back(integer_of<int>(a[i], path + "[" + std::to_string(i) + "]"));
   return v;
 }
 
@@ -243,7 +258,7 @@ Plan plan_from_json(std::string_view text) {
   json j;
   try {
     j = json::parse(text.begin(), text.end());
-  } catch (const nlohmann::json::parse_error& e) {
+  } catch (const nlohmann::json::exception& e) {  // parse_error, and out_of_range for numbers such as 1e999
     bad("(root)", std::string("not valid JSON: ") + e.what());
   }
   if (!j.is_object()) bad("(root)", "expected an object");
