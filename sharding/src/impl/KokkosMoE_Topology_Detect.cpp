@@ -25,7 +25,7 @@ namespace Impl {
 namespace {
 
 HwlocTree machine_tree(const std::string* hwloc_xml, bool keep_all) {
-  return hwloc_xml ? HwlocTree::from_xml(*hwloc_xml, "<hwloc XML standing in for the live machine>")
+  return hwloc_xml ? HwlocTree::from_xml(*hwloc_xml, "<hwloc XML standing in for the live machine>", true)
                    : HwlocTree::live(keep_all);
 }
 

@@ -108,6 +108,42 @@ bool valid_bitmap(std::string_view s) {
   }
 }
 
+bool hex_run(std::string_view s, std::size_t& k, std::size_t min, std::size_t max, std::uint32_t* value = nullptr) {
+  std::size_t n = 0;
+  std::uint32_t v = 0;
+  while (k < s.size() && n < max && std::isxdigit(static_cast<unsigned char>(s[k]))) {
+    const char c = static_cast<char>(std::tolower(static_cast<unsigned char>(s[k])));
+    v = v * 16 + static_cast<std::uint32_t>(c <= '9' ? c - '0' : c - 'a' + 10);
+    ++k;
+    ++n;
+  }
+  if (value) *value = v;
+  return n >= min;
+}
+
+bool expect(std::string_view s, std::size_t& k, char c) {
+  if (k >= s.size() || s[k] != c) return false;
+  ++k;
+  return true;
+}
+
+// What hwloc's sscanf("%x:%02x:%02x.%01x") reads and keeps: domain <= 0xffff, bus and device 2 digits, one function.
+bool valid_busid(std::string_view s) {
+  std::size_t k = 0;
+  std::uint32_t domain = 0;
+  return hex_run(s, k, 1, 4, &domain) && expect(s, k, ':') && hex_run(s, k, 1, 2) && expect(s, k, ':') &&
+         hex_run(s, k, 1, 2) && expect(s, k, '.') && hex_run(s, k, 1, 1) && k == s.size();
+}
+
+// hwloc's "%x [%04x:%04x] [%04x:%04x] %02x".
+bool valid_pci_type(std::string_view s) {
+  std::size_t k = 0;
+  return hex_run(s, k, 1, 4) && expect(s, k, ' ') && expect(s, k, '[') && hex_run(s, k, 1, 4) && expect(s, k, ':') &&
+         hex_run(s, k, 1, 4) && expect(s, k, ']') && expect(s, k, ' ') && expect(s, k, '[') && hex_run(s, k, 1, 4) &&
+         expect(s, k, ':') && hex_run(s, k, 1, 4) && expect(s, k, ']') && expect(s, k, ' ') && hex_run(s, k, 1, 2) &&
+         k == s.size();
+}
+
 bool is_name_start(char c) { return std::isalpha(static_cast<unsigned char>(c)) || c == '_' || c == ':'; }
 bool is_name_char(char c) {
   return std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == ':' || c == '-' || c == '.';
@@ -584,6 +620,30 @@ class Scanner {
     for (auto [a, b] : {std::pair{"cpuset", "complete_cpuset"}, std::pair{"nodeset", "complete_nodeset"}})
       if ((get(attrs, a) != nullptr) != (get(attrs, b) != nullptr))
         fail_at(pos, element, std::string(get(attrs, a) ? a : b) + " without " + (get(attrs, a) ? b : a));
+    // PCI objects: hwloc drops an object whose pci_busid its sscanf cannot read (or whose domain exceeds 16 bits in
+    // builds without 32-bit domains, Debian's), together with everything below it and the matrix entries naming it;
+    // an unreadable pci_type leaves class and vendor 0, so a GPU is no longer recognized. Both vanish without a word
+    // from hwloc, so they are errors here.
+    if (iequals(*type, "PCIDev") || iequals(*type, "Bridge")) {
+      const std::string* busid = get(attrs, "pci_busid");
+      const std::string* pcitype = get(attrs, "pci_type");
+      const bool needs_busid =
+          iequals(*type, "PCIDev") || (get(attrs, "bridge_type") && *get(attrs, "bridge_type") != "0-1");
+      if (!busid && needs_busid)
+        fail_at(pos, element, "a " + *type + " without pci_busid (hwloc would place it at 0000:00:00.0)");
+      if (busid && !valid_busid(*busid))
+        fail_at(
+            pos, element,
+            "pci_busid=\"" + *busid +
+                "\" is not a PCI address hwloc reads (dddd:bb:dd.f, domain <= ffff); hwloc would drop this object and "
+                "everything below it");
+      if (!pcitype && iequals(*type, "PCIDev"))
+        fail_at(pos, element, "a PCIDev without pci_type (class, vendor and device unknown)");
+      if (pcitype && !valid_pci_type(*pcitype))
+        fail_at(pos, element,
+                "pci_type=\"" + *pcitype +
+                    "\" is not \"cccc [vvvv:dddd] [vvvv:dddd] rr\"; hwloc would leave its class and vendor unknown");
+    }
     // hwloc v2 knows host (0) and PCI (1) upstream sides and PCI (1) downstream sides only.
     if (const std::string* bt = get(attrs, "bridge_type"))
       if (*bt != "0-1" && *bt != "1-1") fail_at(pos, element, "bridge_type=\"" + *bt + "\" is not 0-1 or 1-1");
