@@ -33,6 +33,8 @@ const char* kUsage =
     "  --inter-node-gbps X      effective GB/s per GPU per direction between nodes (default 48 when --nodes > 1)\n"
     "  --ep N                   force this EP size          --max-ep N     no EP size above N\n"
     "  --align N                experts per rank must be a multiple of N\n"
+    "  --use-every-gpu          every GPU joins the EP mesh (default: GPUs that fit no NVLink group of the EP size\n"
+    "                           are left out and reported)\n"
     "  --dispatch-dtype D       bf16 (default), fp16, fp32, fp8      --combine-dtype D   (default bf16)\n"
     "  --routing-model M        auto (default), uniform, group-quota, group-uniform-experts\n"
     "  --experts E --topk K --groups G --group-topk GK --hidden H   override the preset's layer\n"
@@ -67,6 +69,7 @@ const std::vector<KokkosMoE::Impl::CliFlag> kFlags = {
     {"--pcie-gbps", true, ""},
     {"--pcie-efficiency", true, ""},
     {"--no-env", false, ""},
+    {"--use-every-gpu", false, ""},
     {"--help", false, "-h"},
 };
 
@@ -94,6 +97,7 @@ int run(int argc, char** argv) {
   constraints.fixed_ep_size = static_cast<int>(cli.integer("--ep", 1, kMaxPlanWorldSize, 0));
   constraints.max_ep_size = static_cast<int>(cli.integer("--max-ep", 1, kMaxPlanWorldSize, 0));
   constraints.local_expert_alignment = static_cast<int>(cli.integer("--align", 1, kIntMax, 1));
+  constraints.use_every_gpu = cli.has("--use-every-gpu");
   CostModel cost;
   // The planner's own bounds (KokkosMoE_Planner.hpp): every predicted time stays finite.
   const double g0 = kMinPlanGbps, g1 = kMaxPlanGbps, e0 = kMinPlanEfficiency;

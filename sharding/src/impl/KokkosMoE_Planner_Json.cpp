@@ -165,6 +165,8 @@ json candidate_json(const PlanCandidate& c) {
           {"nvlink_clique_groups", c.nvlink_clique_groups},
           {"nodes_per_group", c.nodes_per_group},
           {"node_groups", c.node_groups},
+          {"gpus_used", c.gpus_used},
+          {"unused_gpus", c.unused_gpus},
           {"traffic", traffic_json(c.traffic)},
           {"note", c.note}};
 }
@@ -176,6 +178,9 @@ PlanCandidate candidate_from(const json& j, const std::string& path) {
   c.nvlink_clique_groups = field<bool>(j, "nvlink_clique_groups", path);
   c.nodes_per_group = field<int>(j, "nodes_per_group", path);
   c.node_groups = int_lists(array_field(j, "node_groups", path), path + ".node_groups");
+  // Written since issue 14; absent in older files: every GPU used.
+  if (j.contains("gpus_used")) c.gpus_used = field<int>(j, "gpus_used", path);
+  if (j.contains("unused_gpus")) c.unused_gpus = int_list(array_field(j, "unused_gpus", path), path + ".unused_gpus");
   if (!j.contains("traffic")) bad(path + ".traffic", "missing");
   c.traffic = traffic_from(j.at("traffic"), path + ".traffic");
   c.note = field<std::string>(j, "note", path);
@@ -201,7 +206,8 @@ std::string plan_to_json(const Plan& p, int indent) {
                 {"routing_model", to_string(l.routing_model)}};
   j["constraints"] = {{"fixed_ep_size", p.constraints.fixed_ep_size},
                       {"max_ep_size", p.constraints.max_ep_size},
-                      {"local_expert_alignment", p.constraints.local_expert_alignment}};
+                      {"local_expert_alignment", p.constraints.local_expert_alignment},
+                      {"use_every_gpu", p.constraints.use_every_gpu}};
   j["cost_model"] = {{"nvlink_link_gbps", p.cost_model.nvlink_link_gbps},
                      {"nvlink_efficiency", p.cost_model.nvlink_efficiency},
                      {"pcie_gbps", p.cost_model.pcie_gbps},
@@ -246,6 +252,8 @@ std::string plan_to_json(const Plan& p, int indent) {
     rs.push_back({{"op", r.op}, {"tensor", r.tensor}, {"spec", spec_json(r.spec)}});
   j["router_shardings"] = rs;
   j["global_num_tokens"] = p.global_num_tokens;
+  j["unused_gpus"] = p.unused_gpus;
+  j["unused_reason"] = p.unused_reason;
   json alts = json::array();
   for (const auto& a : p.alternatives) alts.push_back(candidate_json(a));
   j["alternatives"] = alts;
@@ -289,6 +297,7 @@ Plan plan_from_json(std::string_view text) {
   p.constraints.fixed_ep_size = field<int>(k, "fixed_ep_size", "constraints");
   p.constraints.max_ep_size = field<int>(k, "max_ep_size", "constraints");
   p.constraints.local_expert_alignment = field<int>(k, "local_expert_alignment", "constraints");
+  if (k.contains("use_every_gpu")) p.constraints.use_every_gpu = field<bool>(k, "use_every_gpu", "constraints");
   const json& cm = object("cost_model");
   p.cost_model.nvlink_link_gbps = field<double>(cm, "nvlink_link_gbps", "cost_model");
   p.cost_model.nvlink_efficiency = field<double>(cm, "nvlink_efficiency", "cost_model");
@@ -360,6 +369,8 @@ Plan plan_from_json(std::string_view text) {
                                   spec_from(rs[i].at("spec"), path + ".spec")});
   }
   p.global_num_tokens = field<std::int64_t>(j, "global_num_tokens", "");
+  if (j.contains("unused_gpus")) p.unused_gpus = int_list(array_field(j, "unused_gpus", ""), "unused_gpus");
+  if (j.contains("unused_reason")) p.unused_reason = field<std::string>(j, "unused_reason", "");
   const json& alts = array_field(j, "alternatives", "");
   for (std::size_t i = 0; i < alts.size(); ++i)
     p.alternatives.push_back(candidate_from(alts[i], "alternatives[" + std::to_string(i) + "]"));

@@ -82,13 +82,15 @@ bool TrafficEstimate::operator==(const TrafficEstimate& o) const {
 bool PlanCandidate::operator==(const PlanCandidate& o) const {
   return dp_size == o.dp_size && ep_size == o.ep_size && local_experts == o.local_experts &&
          nvlink_clique_groups == o.nvlink_clique_groups && nodes_per_group == o.nodes_per_group &&
-         node_groups == o.node_groups && traffic == o.traffic && note == o.note;
+         node_groups == o.node_groups && gpus_used == o.gpus_used && unused_gpus == o.unused_gpus &&
+         traffic == o.traffic && note == o.note;
 }
 bool Plan::operator==(const Plan& o) const {
   return layer == o.layer && constraints == o.constraints && cost_model == o.cost_model && cluster == o.cluster &&
          mesh == o.mesh && local_experts == o.local_experts && ranks == o.ranks && ep_groups == o.ep_groups &&
          traffic == o.traffic && router_shardings == o.router_shardings && global_num_tokens == o.global_num_tokens &&
-         alternatives == o.alternatives && reason == o.reason && warnings == o.warnings;
+         unused_gpus == o.unused_gpus && unused_reason == o.unused_reason && alternatives == o.alternatives &&
+         reason == o.reason && warnings == o.warnings;
 }
 
 namespace {
@@ -319,12 +321,14 @@ struct Candidate {
   std::vector<Group> groups;  // representative groups (node 0 for in-node, the first group across nodes)
   std::vector<double> P;
   int tier = 0;
+  std::string unused_reason;
 };
 
 int tier_of(const PlanCandidate& c) { return c.ep_size > 1 ? (c.nvlink_clique_groups ? 0 : 1) : 2; }
 
 bool ranks_before(const Candidate& x, const Candidate& y) {
   if (x.tier != y.tier) return x.tier < y.tier;
+  if (x.c.gpus_used != y.c.gpus_used) return x.c.gpus_used > y.c.gpus_used;  // more of the machine first
   const double tx = x.c.traffic.time_us, ty = y.c.traffic.time_us;
   if (x.tier == 0 && x.c.ep_size != y.c.ep_size) return x.c.ep_size > y.c.ep_size;
   if (tx != ty) return tx < ty;
@@ -373,18 +377,43 @@ Plan make_plan(const PlanRequest& req) {
                                                        (nodes == 1 ? " node" : " nodes") + " x " + std::to_string(n) +
                                                        ")";
 
+  bool cliques_truncated = false;
+  const auto cliques = Impl::node_cliques(node, &cliques_truncated);
+  int largest_clique = 1;
+  for (const auto& c : cliques) largest_clique = std::max<int>(largest_clique, static_cast<int>(c.size()));
+  const bool every = k.use_every_gpu;
+  // EP groups inside a node, per size (topology.md §10): NVLink groups only unless every GPU must be used; when no
+  // NVLink group of the size exists and it divides the node, a partition over any pairs is the (PCIe) fallback.
+  std::map<std::pair<int, bool>, Impl::NodeGrouping> groupings;
+  auto grouping = [&](int R, bool all) -> const Impl::NodeGrouping& {
+    auto it = groupings.find({R, all});
+    if (it == groupings.end())
+      it = groupings
+               .emplace(std::make_pair(R, all),
+                        Impl::group_node(node, R, req.cost_model, all, Impl::kGroupStepLimit, cliques))
+               .first;
+    return it->second;
+  };
+
   // Why an EP size is not a candidate ("" when it is).
   auto exclusion = [&](int R) -> std::string {
-    if (W % R != 0) return "EP" + std::to_string(R) + " does not divide the " + Wtext;
+    const std::string ep = "EP" + std::to_string(R);
     if (E % R != 0) return "num_experts (" + Etext + ") is not a multiple of " + std::to_string(R);
     if ((E / R) % k.local_expert_alignment != 0)
       return "E/EP = " + std::to_string(E / R) + " local experts is not a multiple of local_expert_alignment (" +
              std::to_string(k.local_expert_alignment) + ")";
-    if (n % R != 0 && R % n != 0)
-      return "EP" + std::to_string(R) + " neither divides a node's " + std::to_string(n) +
+    if (R > n && R % n != 0)
+      return ep + " neither fits in a node's " + std::to_string(n) +
              " GPUs nor is a multiple of it (EP groups are node subsets or whole nodes)";
+    if (R > n && W % R != 0) return ep + " does not divide the " + Wtext;
     if (k.max_ep_size > 0 && R > k.max_ep_size && R != k.fixed_ep_size)
-      return "EP" + std::to_string(R) + " exceeds max_ep_size (" + std::to_string(k.max_ep_size) + ")";
+      return ep + " exceeds max_ep_size (" + std::to_string(k.max_ep_size) + ")";
+    if (R <= n && R > 1) {
+      if (every && n % R != 0) return ep + " does not divide a node's " + std::to_string(n) + " GPUs (use_every_gpu)";
+      if (!every && grouping(R, false).groups.empty() && n % R != 0)
+        return ep + ": " + grouping(R, false).note + ", and " + std::to_string(R) + " does not divide a node's " +
+               std::to_string(n) + " GPUs for a PCIe partition";
+    }
     return {};
   };
 
@@ -402,7 +431,7 @@ Plan make_plan(const PlanRequest& req) {
     if (!why.empty()) {
       std::string ok;
       for (int r = 1; r <= W; ++r)
-        if (exclusion(r).empty()) ok += (ok.empty() ? "" : ", ") + std::to_string(r);
+        if ((r <= n || W % r == 0) && exclusion(r).empty()) ok += (ok.empty() ? "" : ", ") + std::to_string(r);
       plan_fail("fixed_ep_size", Rule::PlanInfeasible,
                 "fixed_ep_size (" + std::to_string(R) + ") is infeasible: " + why +
                     "; feasible EP sizes here: " + (ok.empty() ? "none" : ok));
@@ -413,15 +442,16 @@ Plan make_plan(const PlanRequest& req) {
   const RoutingModel model = Impl::resolve_model(layer);
   const double bd = token_row_bytes(layer.dispatch_dtype, layer.hidden_size);
   const double bc = token_row_bytes(layer.combine_dtype, layer.hidden_size);
-  const auto cliques = Impl::node_cliques(node);
-  int largest_clique = 1;
-  for (const auto& c : cliques) largest_clique = std::max<int>(largest_clique, static_cast<int>(c.size()));
 
   std::vector<Candidate> cands;
   std::map<int, std::string> excluded;
   std::vector<std::string> warnings;
+  if (cliques_truncated)
+    warnings.push_back("more than " + std::to_string(Impl::kMaxPlannerCliques) +
+                       " maximal NVLink cliques: the clique list is truncated");
   for (int R = 1; R <= W; ++R) {
-    if (W % R != 0) continue;
+    if (R > n && W % R != 0) continue;       // EP sizes inside a node need not divide the world (GPUs may stay unused)
+    if (E % R != 0 && W % R != 0) continue;  // neither divides: not worth a line in the reasons
     const std::string why = exclusion(R);
     if (!why.empty()) {
       excluded[R] = why;
@@ -430,11 +460,15 @@ Plan make_plan(const PlanRequest& req) {
     Candidate cd;
     PlanCandidate& c = cd.c;
     c.ep_size = R;
-    c.dp_size = W / R;
     c.local_experts = E / R;
     if (R <= n) {
-      const Impl::NodeGrouping ng = Impl::group_node(node, R, req.cost_model);
+      const bool fallback = R > 1 && !every && grouping(R, false).groups.empty();
+      const Impl::NodeGrouping& ng = grouping(R, every || fallback);
       c.node_groups = ng.groups;
+      c.unused_gpus = ng.unused;
+      cd.unused_reason = ng.unused_reason;
+      c.dp_size = static_cast<int>(ng.groups.size()) * nodes;
+      c.gpus_used = c.dp_size * R;
       c.nvlink_clique_groups = ng.all_nvlink;
       c.nodes_per_group = 1;
       for (const auto& g : ng.groups) {
@@ -442,19 +476,26 @@ Plan make_plan(const PlanRequest& req) {
         for (int v : g) grp.push_back({0, v});
         cd.groups.push_back(grp);
       }
-      if (R == 1)
+      if (R == 1) {
         c.note = "EP1: every GPU holds all " + Etext + " experts; no dispatch/combine traffic";
-      else if (ng.all_nvlink) {
+      } else if (ng.all_nvlink) {
         std::string gs;
         for (const auto& g : ng.groups) gs += (gs.empty() ? "{" : ", {") + Impl::ids_text(g) + "}";
         c.note =
             "groups inside NVLink cliques: " + gs + " per node (slowest pair " + fmt(ng.min_pair_gbps, 1) + " GB/s)";
         if (ng.numa_straddles > 0) c.note += "; " + std::to_string(ng.numa_straddles) + " group(s) span NUMA nodes";
+        if (!ng.unused.empty())
+          c.note += "; GPU" + std::string(ng.unused.size() == 1 ? " " : "s ") + Impl::ids_text(ng.unused) +
+                    " of each node unused";
       } else {
         c.note = ng.note;
       }
-      if (ng.search_limited) warnings.push_back("EP" + std::to_string(R) + ": the group search hit its step limit");
+      if (ng.search_limited)
+        warnings.push_back("EP" + std::to_string(R) +
+                           ": the group search hit its step limit; the groups are valid but may not be optimal");
     } else {
+      c.dp_size = W / R;
+      c.gpus_used = W;
       c.nodes_per_group = R / n;
       c.nvlink_clique_groups = false;
       Group grp;
@@ -534,7 +575,10 @@ Plan make_plan(const PlanRequest& req) {
   double sumP = 0;
   for (double p : best.P) sumP += p;
   const double T = static_cast<double>(layer.tokens_per_rank);
-  plan.ranks.resize(W);
+  const int used = static_cast<int>(all_groups.size()) * R;  // GPUs in the mesh (GPUs that fit no group have none)
+  plan.ranks.resize(used);
+  plan.unused_gpus = best.c.unused_gpus;
+  plan.unused_reason = best.unused_reason;
   for (int q = 0; q < static_cast<int>(all_groups.size()); ++q) {
     EpGroupInfo info;
     const Group& g = all_groups[q];
@@ -598,7 +642,7 @@ Plan make_plan(const PlanRequest& req) {
     RouterOpSpec bwd;
     bwd.op = RouterOp::Backward;
     add(bwd, {rows, rows, rows});
-    plan.global_num_tokens = *Impl::checked_mul(layer.tokens_per_rank, W);  // validate_request checked it
+    plan.global_num_tokens = *Impl::checked_mul(layer.tokens_per_rank, used);  // validate_request checked T * W
     if (plan.global_num_tokens >= 1) {
       RouterOpSpec aux;
       aux.op = RouterOp::AuxLoss;
@@ -650,6 +694,10 @@ Plan make_plan(const PlanRequest& req) {
   if (const Candidate* c1 = best_of_tier(1, R); best.tier == 0 && c1 && nodes == 1)
     reason +=
         "; the best non-clique alternative is EP" + std::to_string(c1->c.ep_size) + " at " + us(c1->c.traffic.time_us);
+  if (!plan.unused_gpus.empty())
+    reason += "; " + std::to_string(plan.unused_gpus.size()) + " of each node's " + std::to_string(n) +
+              " GPUs left out of the EP mesh (" + plan.unused_reason +
+              "); set use_every_gpu to include them (EP sizes dividing the node, PCIe groups allowed)";
   plan.reason = reason;
 
   if (!node.nvlink_known && node.source != NvlinkTopology::Source::None)
