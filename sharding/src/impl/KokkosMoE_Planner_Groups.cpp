@@ -243,7 +243,7 @@ class GroupSearch {
     for (std::size_t k = 0; k < m_words && remaining >= need; ++k)
       for (std::uint64_t w = numa_mask ? cand[k] & (*numa_mask)[k] : cand[k]; w && remaining >= need; w &= w - 1) {
         const int v = static_cast<int>(k * 64 + static_cast<std::size_t>(__builtin_ctzll(w)));
-        --remaining;                   // candidates after v
+        --remaining;                 // candidates after v
         if (!spend()) return false;  // every companion tried is a step
         const Bits& av = (*m_adj)[v];
         int count = 0;

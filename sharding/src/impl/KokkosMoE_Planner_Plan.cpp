@@ -668,8 +668,17 @@ Plan make_plan(const PlanRequest& req) {
                 us(alt->c.traffic.time_us) + " for the best unforced plan (DP" + std::to_string(alt->c.dp_size) +
                 " x EP" + std::to_string(alt->c.ep_size) + ")";
   } else if (best.tier == 0) {
-    reason = eptext + ": the largest feasible EP size whose groups fit inside NVLink cliques (largest clique: " +
-             std::to_string(largest_clique) + " GPUs per node)";
+    const Candidate* larger = nullptr;  // a larger EP size in NVLink cliques that uses fewer GPUs
+    for (const Candidate& c : cands)
+      if (c.tier == 0 && c.c.ep_size > R && (!larger || c.c.ep_size > larger->c.ep_size)) larger = &c;
+    if (!larger)
+      reason = eptext + ": the largest feasible EP size whose groups fit inside NVLink cliques (largest clique: " +
+               std::to_string(largest_clique) + " GPUs per node)";
+    else
+      reason = eptext + ": the largest EP size whose NVLink-clique groups use " + std::to_string(best.c.gpus_used) +
+               " GPUs (largest clique: " + std::to_string(largest_clique) + " GPUs per node); EP" +
+               std::to_string(larger->c.ep_size) + " fits in NVLink cliques too but uses only " +
+               std::to_string(larger->c.gpus_used) + " (force it with fixed_ep_size)";
     std::string limits;
     for (const auto& [r, why] : excluded)
       if (r > R && r <= std::min(n, largest_clique)) limits += "; " + why;

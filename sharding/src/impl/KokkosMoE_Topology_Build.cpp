@@ -100,7 +100,8 @@ std::string gpu_name(const NvlinkTopology& t, int i) {
 // Link count implied by a bandwidth: exact multiples of the per-link rate; other values are rounded and noted.
 int links_from_mbps(NvlinkTopology& t, std::uint64_t mbps, std::uint64_t rate, const std::string& what) {
   if (mbps == 0 || rate == 0) return 0;
-  const std::uint64_t links = (mbps + rate / 2) / rate;
+  // round to nearest without mbps + rate / 2, which wraps for a corrupt value near 2^64
+  const std::uint64_t links = mbps / rate + (mbps % rate >= rate - rate / 2 ? 1 : 0);
   if (links > kMaxLinkCount)
     fail(what + ": " + std::to_string(mbps) + " MB/s implies " + std::to_string(links) + " links at " +
          std::to_string(rate) + " MB/s per link (implausible)");
