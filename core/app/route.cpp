@@ -409,8 +409,9 @@ int main(int argc, char** argv) {
       std::size_t free_b = 0, total_b = 0;
       if (cudaMemGetInfo(&free_b, &total_b) == cudaSuccess && need > 0.9 * static_cast<double>(free_b))
         throw Impl::CliUsageError("--tokens " + std::to_string(args.tokens) + " needs about " +
-                                  std::to_string(static_cast<long long>(need / 1e9)) + " GB on the device; " +
-                                  std::to_string(static_cast<long long>(free_b / 1000000000ull)) + " GB are free");
+                                  std::to_string(static_cast<long long>(need / 1e9)) + " GB for preset " + preset.name +
+                                  "; the device has " + std::to_string(static_cast<long long>(free_b / 1000000000ull)) +
+                                  " GB free");
     }
 #endif
     return args.dtype == "bf16" ? run<bf16_t>(args, preset) : run<float>(args, preset);
