@@ -22,7 +22,8 @@ if [ "$(id -u)" != 0 ]; then SUDO=sudo; fi
 # 1. Debian packages
 # ---------------------------------------------------------------------------------------------------------------
 pkgs=(build-essential cmake ninja-build pkg-config libhwloc-dev libboost-test1.81-dev libbenchmark-dev
-      nlohmann-json3-dev libopenmpi-dev openmpi-bin xz-utils dpkg-dev clang libclang-rt-14-dev clang-format)
+      nlohmann-json3-dev libopenmpi-dev openmpi-bin xz-utils dpkg-dev clang libclang-rt-14-dev clang-format
+      libhwloc-plugins)  # hwloc's libxml2 XML importer: the topology suites run with it and with the built-in one
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")

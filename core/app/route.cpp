@@ -16,6 +16,9 @@
 
 #include <Kokkos_Core.hpp>
 
+#include <unistd.h>
+
+#include "KokkosMoE_Cli.hpp"
 #include "route_report.hpp"
 
 #if defined(KOKKOS_ENABLE_CUDA)
@@ -30,6 +33,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <iostream>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -59,10 +63,6 @@ struct Args {
   bool json = false;
 };
 
-struct UsageError : std::runtime_error {
-  using std::runtime_error::runtime_error;
-};
-
 void print_usage(std::FILE* out) {
   std::string presets;
   for (const auto& n : router_preset_names()) presets += (presets.empty() ? "" : ", ") + n;
@@ -73,89 +73,51 @@ void print_usage(std::FILE* out) {
                "  --preset NAME          router preset (default deepseek-v3); one of: %s\n"
                "  --tokens N             tokens in the batch, 1 <= N < 2^31 (default 16384)\n"
                "  --dtype float|bf16     logits / probs / gradient type (default float)\n"
-               "  --seed S               seed of the synthetic logits, bias and gradients (default 42)\n"
+               "  --seed S               seed of the synthetic logits, bias and gradients, 0 <= S < 2^63 (default 42)\n"
                "  --format bytemap|bitmap  routing-map format (default bytemap)\n"
                "  --repeats R            timed repeats after one warm-up, median reported, 1..1000 (default 5)\n"
-               "  --aux-coeff C          aux-loss coefficient (default 0.01)\n"
+               "  --aux-coeff C          aux-loss coefficient, finite in FP32 (default 0.01)\n"
                "  --implementation auto|portable  auto: the backend's specialization if any (default)\n"
                "  --json                 print the summary as JSON\n"
                "  -h, --help             this text\n"
-               "Kokkos options such as --kokkos-num-threads=N or --kokkos-device-id=N are passed to Kokkos.\n",
+               "Kokkos options (validated here, then passed to Kokkos in the spelling it understands):\n"
+               "  --kokkos-num-threads=N (alias --kokkos-threads, 1..1024), --kokkos-device-id=N (0..1023),\n"
+               "  --kokkos-num-devices=N[,K], --kokkos-disable-warnings, --kokkos-tune-internals,\n"
+               "  --kokkos-tools-libs=PATH, --kokkos-tools-args=ARGS, --kokkos-tools-help, --kokkos-help\n"
+               "exit status: 0 routing check passed, 1 error or failed check, 2 usage error\n",
                presets.c_str());
 }
 
-std::int64_t parse_int(const std::string& opt, const std::string& v, std::int64_t lo, std::int64_t hi) {
-  char* end = nullptr;
-  errno = 0;
-  const long long x = std::strtoll(v.c_str(), &end, 10);
-  if (v.empty() || *end != '\0' || errno == ERANGE || x < lo || x > hi)
-    throw UsageError(opt + " expects an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) + "], got '" +
-                     v + "'");
-  return x;
+const std::vector<Impl::CliFlag> kFlags = {
+    {"--preset", true, ""}, {"--tokens", true, ""},  {"--dtype", true, ""},     {"--seed", true, ""},
+    {"--format", true, ""}, {"--repeats", true, ""}, {"--aux-coeff", true, ""}, {"--implementation", true, ""},
+    {"--json", false, ""},  {"--help", false, "-h"},
+};
+
+Args parse_args(const Impl::CliArgs& c) {
+  Args a;
+  a.preset = c.choice("--preset", router_preset_names(), a.preset);
+  a.tokens = c.integer("--tokens", 1, (std::int64_t(1) << 31) - 1, a.tokens);
+  const std::string dtype = c.choice("--dtype", {"float", "fp32", "float32", "bf16", "bfloat16"}, a.dtype);
+  a.dtype = (dtype == "bf16" || dtype == "bfloat16") ? "bf16" : "float";
+  a.seed = static_cast<std::uint64_t>(c.integer("--seed", 0, INT64_MAX, static_cast<std::int64_t>(a.seed)));
+  a.format = c.choice("--format", {"bytemap", "bitmap"}, a.format);
+  a.repeats = static_cast<int>(c.integer("--repeats", 1, 1000, a.repeats));
+  const double fp32_max = static_cast<double>(std::numeric_limits<float>::max());
+  a.aux_coeff = c.number("--aux-coeff", -fp32_max, fp32_max, false, false, a.aux_coeff);
+  a.implementation = c.choice("--implementation", {"auto", "portable"}, a.implementation);
+  a.json = c.has("--json");
+  return a;
 }
 
-Args parse_args(int argc, char** argv, bool& help) {
-  Args a;
-  help = false;
-  for (int i = 1; i < argc; ++i) {
-    std::string opt = argv[i];
-    if (opt.rfind("--kokkos-", 0) == 0) continue;  // Kokkos' own flags
-    if (opt == "-h" || opt == "--help") {
-      help = true;
-      continue;
-    }
-    if (opt == "--json") {
-      a.json = true;
-      continue;
-    }
-    std::string value;
-    const auto eq = opt.find('=');
-    if (opt.rfind("--", 0) == 0 && eq != std::string::npos) {
-      value = opt.substr(eq + 1);
-      opt = opt.substr(0, eq);
-    } else {
-      static const char* with_value[] = {"--preset", "--tokens",  "--dtype",     "--seed",
-                                         "--format", "--repeats", "--aux-coeff", "--implementation"};
-      if (std::find_if(std::begin(with_value), std::end(with_value), [&](const char* s) { return opt == s; }) ==
-          std::end(with_value))
-        throw UsageError("unknown option '" + opt + "'");
-      if (i + 1 >= argc) throw UsageError(opt + " needs a value");
-      value = argv[++i];
-    }
-    if (opt == "--preset") {
-      a.preset = value;
-    } else if (opt == "--tokens") {
-      a.tokens = parse_int(opt, value, 1, (std::int64_t(1) << 31) - 1);
-    } else if (opt == "--dtype") {
-      if (value == "bf16" || value == "bfloat16")
-        a.dtype = "bf16";
-      else if (value == "float" || value == "fp32" || value == "float32")
-        a.dtype = "float";
-      else
-        throw UsageError("--dtype expects float or bf16, got '" + value + "'");
-    } else if (opt == "--seed") {
-      a.seed = static_cast<std::uint64_t>(parse_int(opt, value, 0, INT64_MAX));
-    } else if (opt == "--format") {
-      if (value != "bytemap" && value != "bitmap")
-        throw UsageError("--format expects bytemap or bitmap, got '" + value + "'");
-      a.format = value;
-    } else if (opt == "--repeats") {
-      a.repeats = static_cast<int>(parse_int(opt, value, 1, 1000));
-    } else if (opt == "--aux-coeff") {
-      char* end = nullptr;
-      const double c = std::strtod(value.c_str(), &end);
-      if (value.empty() || *end != '\0' || !std::isfinite(static_cast<float>(c)))
-        throw UsageError("--aux-coeff expects a number finite in FP32, got '" + value + "'");
-      a.aux_coeff = c;
-    } else if (opt == "--implementation") {
-      if (value != "auto" && value != "portable")
-        throw UsageError("--implementation expects auto or portable, got '" + value + "'");
-      a.implementation = value;
-    } else {
-      throw UsageError("unknown option '" + opt + "'");
-    }
-  }
-  return a;
+/// Bytes route allocates for T tokens of E experts (every View of run<>()), to refuse a batch that cannot fit
+/// before allocating it (an over-committed allocation would otherwise end in the OOM killer, not an error).
+double route_bytes(std::int64_t T, std::int64_t E, bool bitmap, double scalar_bytes) {
+  const double t = static_cast<double>(T), e = static_cast<double>(E);
+  const double map = bitmap ? std::ceil(e / 8) : e;
+  // logits, probs, grad_probs, grad_logits, aux_grad_logits (Scalar); intermediate, scores, aux_inter, grad_scores
+  // (float); routing_map, aux_map (uint8); the host mirrors of map, probs and grad_logits.
+  return t * (5 * e * scalar_bytes + 4 * e * 4 + map + e + map + 2 * e * scalar_bytes) + e * 64;
 }
 
 // --- synthetic inputs -------------------------------------------------------------------------------------------
@@ -412,29 +374,46 @@ int run(const Args& args, const RouterPreset& preset) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  Args args;
-  RouterPreset preset;
-  try {
-    bool help = false;
-    args = parse_args(argc, argv, help);
-    if (help) {
+  return Impl::cli_main("kokkosmoe-route", [&]() -> int {
+    // Everything the user typed is validated before Kokkos starts: Kokkos 3.4 throws from initialize() (or
+    // aborts) on a bad --kokkos-* value and silently ignores spellings it does not know.
+    const Impl::CliArgs cli = Impl::parse_command_line(argc, argv, kFlags, KOKKOS_VERSION);
+    if (cli.has("--help")) {
       print_usage(stdout);
       return 0;
     }
-    preset = router_preset(args.preset);  // unknown names: the message lists the known presets
-  } catch (const UsageError& e) {
-    std::fprintf(stderr, "kokkosmoe-route: error: %s\n\n", e.what());
-    print_usage(stderr);
-    return 2;
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "kokkosmoe-route: error: %s\n", e.what());
-    return 2;
-  }
-  Kokkos::ScopeGuard guard(argc, argv);
-  try {
+    const Args args = parse_args(cli);
+    Impl::cli_check_kokkos_environment(cli.kokkos());
+    const RouterPreset preset = router_preset(args.preset);
+    const double need =
+        route_bytes(args.tokens, preset.num_experts, args.format == "bitmap", args.dtype == "bf16" ? 2.0 : 4.0);
+    if (Kokkos::SpaceAccessibility<Kokkos::HostSpace, MemSpace>::accessible) {
+      const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGE_SIZE);
+      const double have = pages > 0 && page > 0 ? static_cast<double>(pages) * static_cast<double>(page) : 0;
+      if (have > 0 && need > 0.9 * have)
+        throw Impl::CliUsageError("--tokens " + std::to_string(args.tokens) + " needs about " +
+                                  std::to_string(static_cast<long long>(need / 1e9)) + " GB for preset " + preset.name +
+                                  "; this machine has " + std::to_string(static_cast<long long>(have / 1e9)) +
+                                  " GB of memory");
+    }
+
+    std::vector<std::string> kargs =
+        cli.kokkos().argv_for(argc > 0 && argv[0] ? argv[0] : "kokkosmoe-route", KOKKOS_VERSION);
+    std::vector<char*> kargv;
+    for (auto& s : kargs) kargv.push_back(s.data());
+    kargv.push_back(nullptr);
+    int kargc = static_cast<int>(kargs.size());
+    Kokkos::ScopeGuard guard(kargc, kargv.data());
+#if defined(KOKKOS_ENABLE_CUDA)
+    if (std::is_same_v<ExecSpace, Kokkos::Cuda>) {
+      std::size_t free_b = 0, total_b = 0;
+      if (cudaMemGetInfo(&free_b, &total_b) == cudaSuccess && need > 0.9 * static_cast<double>(free_b))
+        throw Impl::CliUsageError("--tokens " + std::to_string(args.tokens) + " needs about " +
+                                  std::to_string(static_cast<long long>(need / 1e9)) + " GB for preset " + preset.name +
+                                  "; the device has " + std::to_string(static_cast<long long>(free_b / 1000000000ull)) +
+                                  " GB free");
+    }
+#endif
     return args.dtype == "bf16" ? run<bf16_t>(args, preset) : run<float>(args, preset);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "kokkosmoe-route: error: %s\n", e.what());
-    return 1;
-  }
+  });
 }

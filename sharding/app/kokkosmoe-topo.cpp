@@ -6,10 +6,15 @@
 
 #include <KokkosMoE_Topology.hpp>
 
+#include <cerrno>
 #include <cstring>
 #include <fstream>
 #include <iostream>
+#include <stdexcept>
 #include <string>
+#include <vector>
+
+#include "KokkosMoE_Cli.hpp"
 
 namespace {
 
@@ -28,7 +33,8 @@ const char* kUsage =
     "  --no-env           ignore KOKKOSMOE_TOPO_XML and HWLOC_XMLFILE\n"
     "  -h, --help         this text\n"
     "\n"
-    "exit status: 0 ok, 1 error, 2 usage, 3 the capture does not reproduce the live model\n";
+    "exit status: 0 ok, 1 error, 2 usage error (one line naming the option), 3 the capture does not reproduce the\n"
+    "live model\n";
 
 // Everything that a capture must reproduce: the model without its source and warnings (live detection warns about
 // per-link details that the fixture summarizes).
@@ -55,81 +61,62 @@ std::string compare_capture(const KokkosMoE::NvlinkTopology& live, const KokkosM
   return "differs in" + diff;
 }
 
+const std::vector<KokkosMoE::Impl::CliFlag> kFlags = {
+    {"--xml", true, ""},      {"--json", false, ""},        {"--capture", true, ""},
+    {"--no-nvml", false, ""}, {"--nvml-library", true, ""}, {"--no-p2p", false, ""},
+    {"--fabric", false, ""},  {"--no-env", false, ""},      {"--help", false, "-h"},
+};
+
+int run(int argc, char** argv) {
+  namespace Impl = KokkosMoE::Impl;
+  const Impl::CliArgs cli = Impl::parse_command_line(argc, argv, kFlags);
+  if (cli.has("--help")) {
+    std::cout << kUsage;
+    return 0;
+  }
+  KokkosMoE::DetectOptions options;
+  options.xml_path = cli.input_file("--xml", Impl::kCliMaxInputBytes);
+  const bool json = cli.has("--json");
+  const std::string capture = cli.output_file("--capture").value_or("");
+  options.allow_nvml = !cli.has("--no-nvml");
+  options.nvml_library = cli.text("--nvml-library", options.nvml_library);
+  options.query_p2p_status = !cli.has("--no-p2p");
+  options.query_fabric = cli.has("--fabric");
+  options.honor_env = !cli.has("--no-env");
+  if (!capture.empty() && options.xml_path)
+    throw Impl::CliUsageError("--capture records the live machine; it cannot be combined with --xml");
+  if (!capture.empty() && json) throw Impl::CliUsageError("--capture writes XML; it cannot be combined with --json");
+  if (!capture.empty()) {
+    const std::string xml = KokkosMoE::capture_topology_xml(options);
+    if (capture == "-") {
+      std::cout << xml;
+    } else {
+      std::ofstream f(capture, std::ios::binary);
+      if (!(f << xml) || !f.flush())
+        throw std::runtime_error("cannot write " + Impl::cli_quote(capture) + ": " + std::strerror(errno));
+    }
+    // The capture and the detection see the same machine; the fixture must reproduce the live model.
+    KokkosMoE::DetectOptions live_options = options;
+    live_options.honor_env = false;
+    const KokkosMoE::NvlinkTopology live = KokkosMoE::detect_topology(live_options);
+    const KokkosMoE::NvlinkTopology loaded = KokkosMoE::load_topology_xml(xml);
+    const std::string diff = compare_capture(live, loaded);
+    std::ostream& os = capture == "-" ? std::cerr : std::cout;
+    os << "kokkosmoe-topo: captured " << loaded.num_gpus() << " GPU(s)" << (capture == "-" ? "" : " to " + capture)
+       << "; round-trip " << (diff.empty() ? "OK" : "MISMATCH: " + diff) << "\n";
+    if (capture != "-") os << KokkosMoE::topology_report(loaded);
+    return diff.empty() ? 0 : 3;
+  }
+  const KokkosMoE::NvlinkTopology topo = KokkosMoE::detect_topology(options);
+  if (json)
+    std::cout << KokkosMoE::topology_to_json(topo);
+  else
+    std::cout << KokkosMoE::topology_report(topo);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  KokkosMoE::DetectOptions options;
-  bool json = false;
-  std::string capture;
-  for (int k = 1; k < argc; ++k) {
-    const std::string a = argv[k];
-    auto value = [&](const char* what) -> std::string {
-      if (k + 1 >= argc) {
-        std::cerr << "kokkosmoe-topo: " << a << " needs " << what << "\n" << kUsage;
-        std::exit(2);
-      }
-      return argv[++k];
-    };
-    if (a == "--xml")
-      options.xml_path = value("a file name");
-    else if (a == "--json")
-      json = true;
-    else if (a == "--capture")
-      capture = value("a file name");
-    else if (a == "--no-nvml")
-      options.allow_nvml = false;
-    else if (a == "--nvml-library")
-      options.nvml_library = value("a library name");
-    else if (a == "--no-p2p")
-      options.query_p2p_status = false;
-    else if (a == "--fabric")
-      options.query_fabric = true;
-    else if (a == "--no-env")
-      options.honor_env = false;
-    else if (a == "-h" || a == "--help") {
-      std::cout << kUsage;
-      return 0;
-    } else {
-      std::cerr << "kokkosmoe-topo: unknown argument " << a << "\n" << kUsage;
-      return 2;
-    }
-  }
-  if (!capture.empty() && options.xml_path) {
-    std::cerr << "kokkosmoe-topo: --capture records the live machine; it cannot be combined with --xml\n";
-    return 2;
-  }
-  try {
-    if (!capture.empty()) {
-      const std::string xml = KokkosMoE::capture_topology_xml(options);
-      if (capture == "-") {
-        std::cout << xml;
-      } else {
-        std::ofstream f(capture, std::ios::binary);
-        if (!(f << xml) || !f.flush()) {
-          std::cerr << "kokkosmoe-topo: cannot write " << capture << ": " << std::strerror(errno) << "\n";
-          return 1;
-        }
-      }
-      // The capture and the detection see the same machine; the fixture must reproduce the live model.
-      KokkosMoE::DetectOptions live_options = options;
-      live_options.honor_env = false;
-      const KokkosMoE::NvlinkTopology live = KokkosMoE::detect_topology(live_options);
-      const KokkosMoE::NvlinkTopology loaded = KokkosMoE::load_topology_xml(xml);
-      const std::string diff = compare_capture(live, loaded);
-      std::ostream& os = capture == "-" ? std::cerr : std::cout;
-      os << "kokkosmoe-topo: captured " << loaded.num_gpus() << " GPU(s)" << (capture == "-" ? "" : " to " + capture)
-         << "; round-trip " << (diff.empty() ? "OK" : "MISMATCH: " + diff) << "\n";
-      if (capture != "-") os << KokkosMoE::topology_report(loaded);
-      return diff.empty() ? 0 : 3;
-    }
-    const KokkosMoE::NvlinkTopology topo = KokkosMoE::detect_topology(options);
-    if (json)
-      std::cout << KokkosMoE::topology_to_json(topo);
-    else
-      std::cout << KokkosMoE::topology_report(topo);
-    return 0;
-  } catch (const std::exception& e) {
-    std::cerr << "kokkosmoe-topo: " << e.what() << "\n";
-    return 1;
-  }
+  return KokkosMoE::Impl::cli_main("kokkosmoe-topo", [&] { return run(argc, argv); });
 }

@@ -8,10 +8,14 @@
 #include <KokkosMoE_RouterPresets.hpp>
 #include <KokkosMoE_Topology.hpp>
 
-#include <cstdlib>
+#include <cstdint>
 #include <iostream>
+#include <limits>
 #include <optional>
 #include <string>
+#include <vector>
+
+#include "KokkosMoE_Cli.hpp"
 
 namespace {
 
@@ -29,6 +33,8 @@ const char* kUsage =
     "  --inter-node-gbps X      effective GB/s per GPU per direction between nodes (default 48 when --nodes > 1)\n"
     "  --ep N                   force this EP size          --max-ep N     no EP size above N\n"
     "  --align N                experts per rank must be a multiple of N\n"
+    "  --use-every-gpu          every GPU joins the EP mesh (default: GPUs that fit no NVLink group of the EP size\n"
+    "                           are left out and reported)\n"
     "  --dispatch-dtype D       bf16 (default), fp16, fp32, fp8      --combine-dtype D   (default bf16)\n"
     "  --routing-model M        auto (default), uniform, group-quota, group-uniform-experts\n"
     "  --experts E --topk K --groups G --group-topk GK --hidden H   override the preset's layer\n"
@@ -37,135 +43,107 @@ const char* kUsage =
     "  --no-env                 ignore KOKKOSMOE_TOPO_XML and HWLOC_XMLFILE\n"
     "  -h, --help               this text\n"
     "\n"
-    "exit status: 0 ok, 1 error (infeasible request, unreadable topology), 2 usage\n";
+    "exit status: 0 ok, 1 error (infeasible request, unreadable topology), 2 usage error (one line naming the\n"
+    "option and its accepted range)\n";
 
-[[noreturn]] void usage_error(const std::string& msg) {
-  std::cerr << "kokkosmoe-plan: " << msg << "\n" << kUsage;
-  std::exit(2);
-}
+const std::vector<KokkosMoE::Impl::CliFlag> kFlags = {
+    {"--preset", true, ""},
+    {"--nodes", true, ""},
+    {"--tokens-per-rank", true, ""},
+    {"--xml", true, ""},
+    {"--json", false, ""},
+    {"--inter-node-gbps", true, ""},
+    {"--ep", true, ""},
+    {"--max-ep", true, ""},
+    {"--align", true, ""},
+    {"--dispatch-dtype", true, ""},
+    {"--combine-dtype", true, ""},
+    {"--routing-model", true, ""},
+    {"--experts", true, ""},
+    {"--topk", true, ""},
+    {"--groups", true, ""},
+    {"--group-topk", true, ""},
+    {"--hidden", true, ""},
+    {"--nvlink-link-gbps", true, ""},
+    {"--nvlink-efficiency", true, ""},
+    {"--pcie-gbps", true, ""},
+    {"--pcie-efficiency", true, ""},
+    {"--no-env", false, ""},
+    {"--use-every-gpu", false, ""},
+    {"--help", false, "-h"},
+};
 
-long long to_int(const std::string& flag, const std::string& v) {
-  try {
-    std::size_t end = 0;
-    const long long x = std::stoll(v, &end);
-    if (end == v.size()) return x;
-  } catch (const std::exception&) {
+constexpr std::int64_t kIntMax = std::numeric_limits<int>::max();
+
+int run(int argc, char** argv) {
+  using namespace KokkosMoE;
+  const Impl::CliArgs cli = Impl::parse_command_line(argc, argv, kFlags);
+  if (cli.has("--help")) {
+    std::cout << kUsage;
+    return 0;
   }
-  usage_error(flag + " needs an integer, got '" + v + "'");
-}
+  const std::vector<std::string> dtypes{"bf16", "fp16", "fp32", "fp8"};
+  const std::vector<std::string> models{"auto", "uniform", "group-quota", "group-uniform-experts"};
+  // Every value is range-checked in 64 bits before it is narrowed to the planner's int fields.
+  const std::string preset = cli.choice("--preset", router_preset_names(), "deepseek-v3");
+  const std::int64_t nodes = cli.integer("--nodes", 1, kMaxPlanWorldSize, 1);
+  const std::int64_t tokens = cli.integer("--tokens-per-rank", 0, std::numeric_limits<std::int64_t>::max(), 4096);
+  DetectOptions detect;
+  detect.xml_path = cli.input_file("--xml", Impl::kCliMaxInputBytes);
+  detect.honor_env = !cli.has("--no-env");
+  const bool json = cli.has("--json");
+  const std::optional<double> inter = cli.number("--inter-node-gbps", kMinPlanGbps, kMaxPlanGbps, false, false);
+  PlanConstraints constraints;
+  constraints.fixed_ep_size = static_cast<int>(cli.integer("--ep", 1, kMaxPlanWorldSize, 0));
+  constraints.max_ep_size = static_cast<int>(cli.integer("--max-ep", 1, kMaxPlanWorldSize, 0));
+  constraints.local_expert_alignment = static_cast<int>(cli.integer("--align", 1, kIntMax, 1));
+  constraints.use_every_gpu = cli.has("--use-every-gpu");
+  CostModel cost;
+  // The planner's own bounds (KokkosMoE_Planner.hpp): every predicted time stays finite.
+  const double g0 = kMinPlanGbps, g1 = kMaxPlanGbps, e0 = kMinPlanEfficiency;
+  cost.nvlink_link_gbps = cli.number("--nvlink-link-gbps", g0, g1, false, false, cost.nvlink_link_gbps);
+  cost.nvlink_efficiency = cli.number("--nvlink-efficiency", e0, 1, false, false, cost.nvlink_efficiency);
+  cost.pcie_gbps = cli.number("--pcie-gbps", g0, g1, false, false, cost.pcie_gbps);
+  cost.pcie_efficiency = cli.number("--pcie-efficiency", e0, 1, false, false, cost.pcie_efficiency);
+  const auto experts = cli.integer("--experts", 1, kMaxPlanExperts);
+  const auto topk = cli.integer("--topk", 1, kMaxPlanExperts);
+  const auto groups = cli.integer("--groups", 0, kMaxPlanExperts);
+  const auto group_topk = cli.integer("--group-topk", 0, kMaxPlanExperts);
+  const auto hidden = cli.integer("--hidden", 1, kIntMax);
+  const std::string dispatch = cli.choice("--dispatch-dtype", dtypes, "bf16");
+  const std::string combine = cli.choice("--combine-dtype", dtypes, "bf16");
+  const std::string model = cli.choice("--routing-model", models, "auto");
 
-double to_double(const std::string& flag, const std::string& v) {
-  try {
-    std::size_t end = 0;
-    const double x = std::stod(v, &end);
-    if (end == v.size()) return x;
-  } catch (const std::exception&) {
+  PlanRequest req;
+  req.layer = moe_layer_from_preset(router_preset(preset), tokens);
+  if (experts) req.layer.num_experts = static_cast<int>(*experts);
+  if (topk) req.layer.topk = static_cast<int>(*topk);
+  if (groups) req.layer.num_groups = static_cast<int>(*groups);
+  if (group_topk) req.layer.group_topk = static_cast<int>(*group_topk);
+  if (hidden) req.layer.hidden_size = static_cast<int>(*hidden);
+  if (experts || topk || groups || group_topk || hidden) req.layer.name = preset + " (modified)";
+  req.layer.dispatch_dtype = *token_dtype_from_string(dispatch);
+  req.layer.combine_dtype = *token_dtype_from_string(combine);
+  req.layer.routing_model = *routing_model_from_string(model);
+  req.cluster.node = detect_topology(detect);
+  req.cluster.num_nodes = static_cast<int>(nodes);
+  req.cluster.inter_node_gbps = inter ? *inter : (nodes > 1 ? kDefaultInterNodeGbps : 0.0);
+  req.constraints = constraints;
+  req.cost_model = cost;
+  const Plan plan = make_plan(req);
+  if (json) {
+    std::cout << plan_to_json(plan) << "\n";
+  } else {
+    if (nodes > 1 && !inter)
+      std::cout << "note: --inter-node-gbps not given; assuming " << kDefaultInterNodeGbps
+                << " GB/s per GPU per direction (one 400 Gb/s NIC per GPU)\n";
+    std::cout << plan_report(plan);
   }
-  usage_error(flag + " needs a number, got '" + v + "'");
+  return 0;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  using namespace KokkosMoE;
-  std::string preset = "deepseek-v3";
-  long long nodes = 1, tokens = 4096;
-  std::optional<double> inter;
-  bool json = false;
-  DetectOptions detect;
-  PlanConstraints constraints;
-  CostModel cost;
-  std::optional<TokenDType> dispatch, combine;
-  std::optional<RoutingModel> model;
-  std::optional<long long> experts, topk, groups, group_topk, hidden;
-  for (int k = 1; k < argc; ++k) {
-    const std::string a = argv[k];
-    auto value = [&]() -> std::string {
-      if (k + 1 >= argc) usage_error(a + " needs a value");
-      return argv[++k];
-    };
-    if (a == "--preset")
-      preset = value();
-    else if (a == "--nodes")
-      nodes = to_int(a, value());
-    else if (a == "--tokens-per-rank")
-      tokens = to_int(a, value());
-    else if (a == "--xml")
-      detect.xml_path = value();
-    else if (a == "--json")
-      json = true;
-    else if (a == "--inter-node-gbps")
-      inter = to_double(a, value());
-    else if (a == "--ep")
-      constraints.fixed_ep_size = static_cast<int>(to_int(a, value()));
-    else if (a == "--max-ep")
-      constraints.max_ep_size = static_cast<int>(to_int(a, value()));
-    else if (a == "--align")
-      constraints.local_expert_alignment = static_cast<int>(to_int(a, value()));
-    else if (a == "--dispatch-dtype" || a == "--combine-dtype") {
-      const std::string v = value();
-      const auto t = token_dtype_from_string(v);
-      if (!t) usage_error(a + ": unknown dtype '" + v + "' (bf16, fp16, fp32, fp8)");
-      (a == "--dispatch-dtype" ? dispatch : combine) = *t;
-    } else if (a == "--routing-model") {
-      const std::string v = value();
-      model = routing_model_from_string(v);
-      if (!model) usage_error(a + ": unknown model '" + v + "'");
-    } else if (a == "--experts")
-      experts = to_int(a, value());
-    else if (a == "--topk")
-      topk = to_int(a, value());
-    else if (a == "--groups")
-      groups = to_int(a, value());
-    else if (a == "--group-topk")
-      group_topk = to_int(a, value());
-    else if (a == "--hidden")
-      hidden = to_int(a, value());
-    else if (a == "--nvlink-link-gbps")
-      cost.nvlink_link_gbps = to_double(a, value());
-    else if (a == "--nvlink-efficiency")
-      cost.nvlink_efficiency = to_double(a, value());
-    else if (a == "--pcie-gbps")
-      cost.pcie_gbps = to_double(a, value());
-    else if (a == "--pcie-efficiency")
-      cost.pcie_efficiency = to_double(a, value());
-    else if (a == "--no-env")
-      detect.honor_env = false;
-    else if (a == "-h" || a == "--help") {
-      std::cout << kUsage;
-      return 0;
-    } else
-      usage_error("unknown argument " + a);
-  }
-  try {
-    PlanRequest req;
-    req.layer = moe_layer_from_preset(router_preset(preset), tokens);
-    if (experts) req.layer.num_experts = static_cast<int>(*experts);
-    if (topk) req.layer.topk = static_cast<int>(*topk);
-    if (groups) req.layer.num_groups = static_cast<int>(*groups);
-    if (group_topk) req.layer.group_topk = static_cast<int>(*group_topk);
-    if (hidden) req.layer.hidden_size = static_cast<int>(*hidden);
-    if (experts || topk || groups || group_topk || hidden) req.layer.name = preset + " (modified)";
-    if (dispatch) req.layer.dispatch_dtype = *dispatch;
-    if (combine) req.layer.combine_dtype = *combine;
-    if (model) req.layer.routing_model = *model;
-    req.cluster.node = detect_topology(detect);
-    req.cluster.num_nodes = static_cast<int>(nodes);
-    req.cluster.inter_node_gbps = inter ? *inter : (nodes > 1 ? kDefaultInterNodeGbps : 0.0);
-    req.constraints = constraints;
-    req.cost_model = cost;
-    const Plan plan = make_plan(req);
-    if (json) {
-      std::cout << plan_to_json(plan) << "\n";
-    } else {
-      if (nodes > 1 && !inter)
-        std::cout << "note: --inter-node-gbps not given; assuming " << kDefaultInterNodeGbps
-                  << " GB/s per GPU per direction (one 400 Gb/s NIC per GPU)\n";
-      std::cout << plan_report(plan);
-    }
-    return 0;
-  } catch (const std::exception& e) {
-    std::cerr << "kokkosmoe-plan: " << e.what() << "\n";
-    return 1;
-  }
+  return KokkosMoE::Impl::cli_main("kokkosmoe-plan", [&] { return run(argc, argv); });
 }

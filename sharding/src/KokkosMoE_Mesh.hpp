@@ -81,8 +81,10 @@ struct MeshAxis {
 class Mesh {
  public:
   Mesh() = default;
-  /// \throws KokkosMoE::InvalidArgument (Rule::ConfigValue) for an empty or repeated name or a size < 1
+  /// \throws KokkosMoE::InvalidArgument (Rule::ConfigValue) for an empty or repeated name, a size < 1, or more
+  /// than 2^31 - 1 devices in all
   explicit Mesh(std::vector<MeshAxis> axes) : m_axes(std::move(axes)) {
+    long long devices = 1;  // the product is checked in 64 bits, so num_devices() never overflows
     for (std::size_t i = 0; i < m_axes.size(); ++i) {
       const MeshAxis& a = m_axes[i];
       if (a.name.empty()) throw InvalidArgument("Mesh", "axes", Rule::ConfigValue, "a mesh axis needs a name");
@@ -92,6 +94,11 @@ class Mesh {
       for (std::size_t j = 0; j < i; ++j)
         if (m_axes[j].name == a.name)
           throw InvalidArgument("Mesh", "axes", Rule::ConfigValue, "mesh axis '" + a.name + "' appears twice");
+      devices *= a.size;
+      if (devices > 2147483647LL)
+        throw InvalidArgument(
+            "Mesh", "axes", Rule::ConfigValue,
+            "the mesh has more than 2^31 - 1 devices (axis '" + a.name + "' of size " + std::to_string(a.size) + ")");
     }
   }
 
@@ -111,7 +118,13 @@ class Mesh {
         throw InvalidArgument("Mesh::parse", "text", Rule::ConfigValue,
                               "mesh part '" + p + "' is not <name><size> (e.g. dp2) or <name>=<size>");
       std::string name = p.substr(0, d);
-      axes.push_back({name, std::stoi(p.substr(d)), default_axis_kind(name)});
+      long long size = 0;  // std::stoi would throw std::out_of_range past 2^31
+      for (char c : p.substr(d)) {
+        size = size * 10 + (c - '0');
+        if (size > 2147483647LL)
+          throw InvalidArgument("Mesh::parse", "text", Rule::ConfigValue, "mesh part '" + p + "': size too large");
+      }
+      axes.push_back({name, static_cast<int>(size), default_axis_kind(name)});
     };
     for (char c : text) {
       if (c == 'x' || c == ',' || c == '*') {

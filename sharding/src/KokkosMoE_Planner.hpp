@@ -26,6 +26,19 @@
 
 namespace KokkosMoE {
 
+/// \brief The largest world (num_nodes * GPUs per node) make_plan() plans; larger requests throw InvalidArgument
+/// (Rule::ConfigValue). 64 Ki GPUs: far beyond today's largest EP deployments, small enough that every plan stays
+/// within the time and memory budget of docs/planner.md §9.
+inline constexpr int kMaxPlanWorldSize = 65536;
+/// \brief The most experts make_plan() and the routing statistics accept (Rule::ConfigValue above it).
+inline constexpr int kMaxPlanExperts = 65536;
+
+/// \brief Bounds of every bandwidth make_plan() accepts (GB/s per direction: CostModel, inter_node_gbps) and the
+/// smallest efficiency: together with 64-bit byte counts they keep every predicted time finite.
+inline constexpr double kMinPlanGbps = 1e-3;
+inline constexpr double kMaxPlanGbps = 1e6;
+inline constexpr double kMinPlanEfficiency = 1e-3;
+
 /// \brief Element format of the token rows moved by dispatch or combine (docs/ep.md §9).
 enum class TokenDType : int {
   BF16 = 0,  ///< 2 bytes per element
@@ -92,9 +105,12 @@ struct PlanConstraints {
   int fixed_ep_size = 0;           ///< > 0: exactly this EP size (forcing also allows groups across nodes/PCIe)
   int max_ep_size = 0;             ///< > 0: no EP size above this
   int local_expert_alignment = 1;  ///< E / EP must be a multiple of this (>= 1)
+  /// Every GPU joins the EP mesh (EP sizes inside a node must divide it; groups that cannot be NVLink cliques go
+  /// over PCIe, flagged). Default: GPUs that fit no NVLink group of the EP size are left out and reported.
+  bool use_every_gpu = false;
   bool operator==(const PlanConstraints& o) const {
     return fixed_ep_size == o.fixed_ep_size && max_ep_size == o.max_ep_size &&
-           local_expert_alignment == o.local_expert_alignment;
+           local_expert_alignment == o.local_expert_alignment && use_every_gpu == o.use_every_gpu;
   }
   bool operator!=(const PlanConstraints& o) const { return !(*this == o); }
 };
@@ -208,6 +224,8 @@ struct PlanCandidate {
   bool nvlink_clique_groups = true;           ///< every EP group inside one NVLink clique
   int nodes_per_group = 1;                    ///< > 1: EP groups span nodes
   std::vector<std::vector<int>> node_groups;  ///< EP groups of node 0 as node-local GPU ids (nodes_per_group == 1)
+  int gpus_used = 0;                          ///< GPUs in the EP mesh (all nodes): dp_size * ep_size
+  std::vector<int> unused_gpus;               ///< node-local GPUs left out on every node (no NVLink group fits them)
   TrafficEstimate traffic;
   std::string note;  ///< why this candidate ranks where it does (fallbacks, what does not fit)
   bool operator==(const PlanCandidate& o) const;
@@ -238,8 +256,10 @@ struct Plan {
   TrafficEstimate traffic;
   std::vector<RouterShardingEntry> router_shardings;  ///< from the router partition rules on `mesh`
   std::int64_t global_num_tokens = 0;                 ///< T_total for the aux loss psum (tokens_per_rank * ranks)
-  std::vector<PlanCandidate> alternatives;            ///< ranked; alternatives[0] is the chosen configuration
-  std::string reason;                                 ///< why this configuration, including any fallback
+  std::vector<int> unused_gpus;             ///< node-local GPUs left out of the mesh on every node (see unused_reason)
+  std::string unused_reason;                ///< why ("GPUs 8,9: no NVLink peer"); empty when every GPU has a rank
+  std::vector<PlanCandidate> alternatives;  ///< ranked; alternatives[0] is the chosen configuration
+  std::string reason;                       ///< why this configuration, including any fallback
   std::vector<std::string> warnings;
 
   int dp_size() const { return mesh.axis_size("dp"); }

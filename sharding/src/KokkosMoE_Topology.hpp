@@ -183,6 +183,53 @@ std::vector<std::vector<int>> nvlink_islands(const NvlinkTopology& topo);
 /// one); members ascending, cliques in lexicographic order.
 std::vector<std::vector<int>> nvlink_cliques(const NvlinkTopology& topo);
 
+/// \brief Planning constants and limits of ep_groups() (docs/topology.md §10; the same defaults as the planner's
+/// CostModel).
+struct EpGroupOptions {
+  double nvlink_link_gbps = 25.0;   ///< NVLink line rate per link per direction
+  double nvlink_efficiency = 0.82;  ///< achievable fraction of it
+  double pcie_gbps = 63.0;          ///< PCIe per direction (pairs without NVLink)
+  double pcie_efficiency = 0.8;
+  /// Partition every GPU (group_size must divide the GPU count): groups that cannot be NVLink cliques are formed over
+  /// PCIe and flagged (EpGroup::nvlink = false). Default: only NVLink groups; GPUs that fit none are left out.
+  bool use_every_gpu = false;
+  /// Search budget in steps (one step: one group member tried). Past it the best groups found so far are returned
+  /// (a greedy choice if the exact search found none) with search_limited = true: valid, perhaps not optimal.
+  long step_limit = 200000;
+};
+
+/// \brief One EP group of a node.
+struct EpGroup {
+  std::vector<int> gpus;     ///< GPU ids, ascending
+  bool nvlink = false;       ///< every pair is an NVLink peer (nvlink_p2p)
+  double min_pair_gbps = 0;  ///< effective bandwidth of its slowest pair, GB/s (0 for a group of one)
+  int numa_nodes = 0;        ///< distinct NUMA nodes of its GPUs (0 = unknown)
+  bool operator==(const EpGroup& o) const {
+    return gpus == o.gpus && nvlink == o.nvlink && min_pair_gbps == o.min_pair_gbps && numa_nodes == o.numa_nodes;
+  }
+  bool operator!=(const EpGroup& o) const { return !(*this == o); }
+};
+
+/// \brief Disjoint EP groups of one size on one node (docs/topology.md §10.3-§10.6).
+struct EpGroupPlan {
+  int group_size = 0;
+  std::vector<EpGroup> groups;  ///< ordered by their first GPU
+  std::vector<int> unused;      ///< GPUs in no group, ascending
+  std::string unused_reason;    ///< why each unused GPU is left out ("GPU 8: no NVLink peer; ..."), empty if none
+  bool all_nvlink = false;      ///< at least one group, and every group an NVLink clique
+  int numa_straddles = 0;       ///< groups whose GPUs sit in more than one NUMA node
+  bool search_limited = false;  ///< the search hit EpGroupOptions::step_limit (the groups are still valid)
+  std::string reason;           ///< when no NVLink group of this size exists (or not every GPU fits): why
+};
+
+/// \brief Partitions the node's GPUs into disjoint EP groups of \p group_size, choosing lexicographically: every
+/// pair an NVLink peer (hard; GPUs that fit no such group are left out, unless use_every_gpu), as many groups as
+/// possible, the largest minimum pair bandwidth, the fewest groups spanning NUMA nodes, the lowest GPU ids first.
+/// Bounded: at most EpGroupOptions::step_limit search steps (then the best valid groups found so far).
+/// \throws KokkosMoE::InvalidArgument (Rule::ConfigValue) if group_size < 1, or use_every_gpu and group_size does
+/// not divide the GPU count; (Rule::TopologyMalformed) if pairs is not n*n
+EpGroupPlan ep_groups(const NvlinkTopology& topo, int group_size, const EpGroupOptions& options = {});
+
 /// \brief The `nvidia-smi topo -m` token of a pair: "X" on the diagonal, "NV#" when NVLinks connect the pair,
 /// otherwise the PCIe level ("PIX", ..., "SYS", "N/A"). \throws InvalidArgument (Rule::GpuIndexRange)
 std::string pair_token(const NvlinkTopology& topo, int i, int j);

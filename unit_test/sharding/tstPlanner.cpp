@@ -584,7 +584,7 @@ BOOST_AUTO_TEST_CASE(bad_requests_say_what_to_change) {
   r.layer.num_groups = 33;
   r.layer.group_topk = 4;
   check_throws(plan(r), Rule::PlanInfeasible, "fixed_ep_size",
-               "num_experts (264) is not a multiple of 16; feasible EP sizes here: 1, 2, 4, 8");
+               "num_experts (264) is not a multiple of 16; feasible EP sizes here: 1, 2, 3, 4, 6, 8");
   r = request(hgx8(), deepseek_v3(4096));
   r.constraints.fixed_ep_size = 8;
   r.constraints.max_ep_size = 4;
@@ -601,7 +601,7 @@ BOOST_AUTO_TEST_CASE(bad_requests_say_what_to_change) {
   check_throws(plan(r), Rule::TopologyMalformed, "node", "expected n*n = 64");
   r = request(hgx8(), deepseek_v3(4096));
   r.cost_model.nvlink_efficiency = 0;
-  check_throws(plan(r), Rule::ConfigValue, "cost_model", "(0, 1]");
+  check_throws(plan(r), Rule::ConfigValue, "cost_model", "efficiencies must be in [0.001, 1]");
   r = request(hgx8(), deepseek_v3(-1));
   check_throws(plan(r), Rule::ConfigValue, "tokens_per_rank", ">= 0");
   r = request(hgx8(), deepseek_v3(4096));

@@ -8,6 +8,8 @@
 
 #include <KokkosMoE_Planner.hpp>
 
+#include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -31,6 +33,12 @@ inline const GpuPair& pair_of(const NvlinkTopology& t, int i, int j) {
 /// InvalidArgument(Rule::TopologyMalformed) naming what is wrong.
 void validate_node(const char* fn, const NvlinkTopology& node);
 
+/// Bytes of one token row in 64 bits (token_row_bytes() without the double).
+std::int64_t token_row_bytes_exact(TokenDType t, int hidden);
+
+/// a * b, or std::nullopt when the product does not fit in 64 bits.
+std::optional<std::int64_t> checked_mul(std::int64_t a, std::int64_t b);
+
 /// The routing model actually used for a layer (Auto resolved).
 RoutingModel resolve_model(const MoeLayerConfig& layer);
 
@@ -49,21 +57,34 @@ double switch_port_gbps(const NvlinkTopology& node, int gpu, const CostModel& co
 /// Disjoint EP groups of one node.
 struct NodeGrouping {
   std::vector<std::vector<int>> groups;  ///< ascending members; groups ordered by their first member
-  bool all_nvlink = false;               ///< every pair of every group is an NVLink peer
+  std::vector<int> unused;               ///< GPUs in no group (NVLink mode), ascending
+  std::string unused_reason;             ///< per unused GPU (grouped), why
+  bool all_nvlink = false;               ///< at least one group, every pair of every group an NVLink peer
   double min_pair_gbps = 0;              ///< the slowest pair over all groups (0 for groups of one)
   int numa_straddles = 0;                ///< groups whose GPUs sit in more than one NUMA node
   bool search_limited = false;           ///< the search hit its step limit (the result is still valid)
-  std::string note;                      ///< why not NVLink cliques, when not
+  std::string note;                      ///< why not NVLink cliques, or which GPUs are left out and why
 };
 
-/// Partitions the node's GPUs into groups of \p group_size (which divides the GPU count). Lexicographic choice:
-/// every pair an NVLink peer (hard when possible), then the largest minimum pair bandwidth, then the fewest groups
-/// straddling NUMA nodes, then the lowest GPU ids (PCI order) first.
-NodeGrouping group_node(const NvlinkTopology& node, int group_size, const CostModel& cost);
+/// The default step budget of one group_node() call (EpGroupOptions::step_limit).
+inline constexpr long kGroupStepLimit = 200000;
+/// The most maximal cliques the planner enumerates for an in-memory topology (the loaders cap at 65536).
+inline constexpr std::size_t kMaxPlannerCliques = 4096;
+
+/// EP groups of R GPUs (docs/topology.md §10). every_gpu = false: NVLink groups only, as many as possible, GPUs that fit
+/// none left out (no group at all when no NVLink clique of R exists). every_gpu = true (R divides n): a partition
+/// of every GPU, NVLink cliques when possible, else over any pairs (PCIe), flagged. Lexicographic choice: as many
+/// groups, then the largest minimum pair bandwidth, then the fewest groups straddling NUMA nodes, then the lowest
+/// GPU ids. At most \p step_limit search steps; \p cliques are the node's maximal NVLink cliques.
+NodeGrouping group_node(const NvlinkTopology& node, int group_size, const CostModel& cost, bool every_gpu,
+                        long step_limit, const std::vector<std::vector<int>>& cliques);
 
 /// The node's maximal NVLink cliques: node.cliques when the loader filled them, computed from the pairs otherwise
-/// (members ascending, cliques in lexicographic order, as nvlink_cliques()).
-std::vector<std::vector<int>> node_cliques(const NvlinkTopology& node);
+/// (capped at kMaxPlannerCliques; *truncated says so).
+std::vector<std::vector<int>> node_cliques(const NvlinkTopology& node, bool* truncated = nullptr);
+
+/// Bron-Kerbosch enumeration with a cap (KokkosMoE_Topology.cpp).
+std::vector<std::vector<int>> nvlink_cliques_capped(const NvlinkTopology& topo, std::size_t limit, bool* truncated);
 
 /// The distinct NUMA key of a GPU (its first local NUMA node), -1 when unknown.
 int numa_key(const NvlinkTopology& node, int gpu);

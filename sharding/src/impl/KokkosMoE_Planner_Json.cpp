@@ -8,6 +8,8 @@
 #include <impl/KokkosMoE_Planner_Internal.hpp>
 #include <nlohmann/json.hpp>
 
+#include <cstdint>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -22,6 +24,22 @@ constexpr int kVersion = 1;
   throw InvalidArgument("plan_from_json", path, Rule::ConfigValue, "plan JSON: " + path + ": " + what);
 }
 
+// An integer of type T (int or int64) from a JSON number, range-checked: nlohmann's get<int>() narrows silently.
+template <class T>
+T integer_of(const json& v, const std::string& path) {
+  if (!v.is_number_integer()) bad(path, "expected an integer");
+  if (v.is_number_unsigned()) {
+    const auto u = v.get<std::uint64_t>();
+    if (u > static_cast<std::uint64_t>(std::numeric_limits<T>::max())) bad(path, "integer out of range");
+    return static_cast<T>(u);
+  }
+  const auto x = v.get<std::int64_t>();
+  if (x < static_cast<std::int64_t>(std::numeric_limits<T>::min()) ||
+      x > static_cast<std::int64_t>(std::numeric_limits<T>::max()))
+    bad(path, "integer out of range");
+  return static_cast<T>(x);
+}
+
 // Typed field access with the JSON path in every error.
 template <class T>
 T field(const json& j, const char* key, const std::string& path) {
@@ -33,7 +51,7 @@ T field(const json& j, const char* key, const std::string& path) {
     if constexpr (std::is_same_v<T, double>) {
       if (!it->is_number()) bad(p, "expected a number");
     } else if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {
-      if (!it->is_number_integer()) bad(p, "expected an integer");
+      return integer_of<T>(*it, p);
     } else if constexpr (std::is_same_v<T, bool>) {
       if (!it->is_boolean()) bad(p, "expected true or false");
     } else if constexpr (std::is_same_v<T, std::string>) {
@@ -73,10 +91,7 @@ std::vector<std::string> string_list(const json& a, const std::string& path) {
 
 std::vector<int> int_list(const json& a, const std::string& path) {
   std::vector<int> v;
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    if (!a[i].is_number_integer()) bad(path + "[" + std::to_string(i) + "]", "expected an integer");
-    v.push_back(a[i].get<int>());
-  }
+  for (std::size_t i = 0; i < a.size(); ++i) v.push_back(integer_of<int>(a[i], path + "[" + std::to_string(i) + "]"));
   return v;
 }
 
@@ -150,6 +165,8 @@ json candidate_json(const PlanCandidate& c) {
           {"nvlink_clique_groups", c.nvlink_clique_groups},
           {"nodes_per_group", c.nodes_per_group},
           {"node_groups", c.node_groups},
+          {"gpus_used", c.gpus_used},
+          {"unused_gpus", c.unused_gpus},
           {"traffic", traffic_json(c.traffic)},
           {"note", c.note}};
 }
@@ -161,6 +178,9 @@ PlanCandidate candidate_from(const json& j, const std::string& path) {
   c.nvlink_clique_groups = field<bool>(j, "nvlink_clique_groups", path);
   c.nodes_per_group = field<int>(j, "nodes_per_group", path);
   c.node_groups = int_lists(array_field(j, "node_groups", path), path + ".node_groups");
+  // Written since issue 14; absent in older files: every GPU used.
+  if (j.contains("gpus_used")) c.gpus_used = field<int>(j, "gpus_used", path);
+  if (j.contains("unused_gpus")) c.unused_gpus = int_list(array_field(j, "unused_gpus", path), path + ".unused_gpus");
   if (!j.contains("traffic")) bad(path + ".traffic", "missing");
   c.traffic = traffic_from(j.at("traffic"), path + ".traffic");
   c.note = field<std::string>(j, "note", path);
@@ -186,7 +206,8 @@ std::string plan_to_json(const Plan& p, int indent) {
                 {"routing_model", to_string(l.routing_model)}};
   j["constraints"] = {{"fixed_ep_size", p.constraints.fixed_ep_size},
                       {"max_ep_size", p.constraints.max_ep_size},
-                      {"local_expert_alignment", p.constraints.local_expert_alignment}};
+                      {"local_expert_alignment", p.constraints.local_expert_alignment},
+                      {"use_every_gpu", p.constraints.use_every_gpu}};
   j["cost_model"] = {{"nvlink_link_gbps", p.cost_model.nvlink_link_gbps},
                      {"nvlink_efficiency", p.cost_model.nvlink_efficiency},
                      {"pcie_gbps", p.cost_model.pcie_gbps},
@@ -231,6 +252,8 @@ std::string plan_to_json(const Plan& p, int indent) {
     rs.push_back({{"op", r.op}, {"tensor", r.tensor}, {"spec", spec_json(r.spec)}});
   j["router_shardings"] = rs;
   j["global_num_tokens"] = p.global_num_tokens;
+  j["unused_gpus"] = p.unused_gpus;
+  j["unused_reason"] = p.unused_reason;
   json alts = json::array();
   for (const auto& a : p.alternatives) alts.push_back(candidate_json(a));
   j["alternatives"] = alts;
@@ -243,7 +266,7 @@ Plan plan_from_json(std::string_view text) {
   json j;
   try {
     j = json::parse(text.begin(), text.end());
-  } catch (const nlohmann::json::parse_error& e) {
+  } catch (const nlohmann::json::exception& e) {  // parse_error, and out_of_range for numbers such as 1e999
     bad("(root)", std::string("not valid JSON: ") + e.what());
   }
   if (!j.is_object()) bad("(root)", "expected an object");
@@ -274,6 +297,7 @@ Plan plan_from_json(std::string_view text) {
   p.constraints.fixed_ep_size = field<int>(k, "fixed_ep_size", "constraints");
   p.constraints.max_ep_size = field<int>(k, "max_ep_size", "constraints");
   p.constraints.local_expert_alignment = field<int>(k, "local_expert_alignment", "constraints");
+  if (k.contains("use_every_gpu")) p.constraints.use_every_gpu = field<bool>(k, "use_every_gpu", "constraints");
   const json& cm = object("cost_model");
   p.cost_model.nvlink_link_gbps = field<double>(cm, "nvlink_link_gbps", "cost_model");
   p.cost_model.nvlink_efficiency = field<double>(cm, "nvlink_efficiency", "cost_model");
@@ -345,6 +369,8 @@ Plan plan_from_json(std::string_view text) {
                                   spec_from(rs[i].at("spec"), path + ".spec")});
   }
   p.global_num_tokens = field<std::int64_t>(j, "global_num_tokens", "");
+  if (j.contains("unused_gpus")) p.unused_gpus = int_list(array_field(j, "unused_gpus", ""), "unused_gpus");
+  if (j.contains("unused_reason")) p.unused_reason = field<std::string>(j, "unused_reason", "");
   const json& alts = array_field(j, "alternatives", "");
   for (std::size_t i = 0; i < alts.size(); ++i)
     p.alternatives.push_back(candidate_from(alts[i], "alternatives[" + std::to_string(i) + "]"));

@@ -82,13 +82,15 @@ bool TrafficEstimate::operator==(const TrafficEstimate& o) const {
 bool PlanCandidate::operator==(const PlanCandidate& o) const {
   return dp_size == o.dp_size && ep_size == o.ep_size && local_experts == o.local_experts &&
          nvlink_clique_groups == o.nvlink_clique_groups && nodes_per_group == o.nodes_per_group &&
-         node_groups == o.node_groups && traffic == o.traffic && note == o.note;
+         node_groups == o.node_groups && gpus_used == o.gpus_used && unused_gpus == o.unused_gpus &&
+         traffic == o.traffic && note == o.note;
 }
 bool Plan::operator==(const Plan& o) const {
   return layer == o.layer && constraints == o.constraints && cost_model == o.cost_model && cluster == o.cluster &&
          mesh == o.mesh && local_experts == o.local_experts && ranks == o.ranks && ep_groups == o.ep_groups &&
          traffic == o.traffic && router_shardings == o.router_shardings && global_num_tokens == o.global_num_tokens &&
-         alternatives == o.alternatives && reason == o.reason && warnings == o.warnings;
+         unused_gpus == o.unused_gpus && unused_reason == o.unused_reason && alternatives == o.alternatives &&
+         reason == o.reason && warnings == o.warnings;
 }
 
 namespace {
@@ -96,7 +98,10 @@ namespace {
 using Impl::fmt;
 using Impl::plan_fail;
 
-bool positive_finite(double v) { return std::isfinite(v) && v > 0; }
+// Bandwidths and efficiencies are bounded on both sides so that every predicted time is finite: with at most
+// 2^63 bytes per phase and rank (checked below) over at least kMinPlanGbps * kMinPlanEfficiency, a time stays
+// below 1e28 us.
+bool in_range(double v, double lo, double hi) { return std::isfinite(v) && v >= lo && v <= hi; }
 
 void validate_request(const PlanRequest& r) {
   Impl::validate_layer("make_plan", r.layer);
@@ -108,8 +113,17 @@ void validate_request(const PlanRequest& r) {
               "the node topology has no GPUs (source: " + std::string(to_string(c.node.source)) +
                   "); load a fixture with GPUs (kokkosmoe-plan --xml FILE) or plan on a machine that has them");
   Impl::validate_node("make_plan", c.node);
-  if (!std::isfinite(c.inter_node_gbps) || c.inter_node_gbps < 0)
-    plan_fail("inter_node_gbps", Rule::ConfigValue, "inter_node_gbps (" + fmt(c.inter_node_gbps, 3) + ") must be >= 0");
+  const std::int64_t world = std::int64_t(c.num_nodes) * c.node.num_gpus();
+  if (world > kMaxPlanWorldSize)
+    plan_fail("num_nodes", Rule::ConfigValue,
+              "the world (" + std::to_string(c.num_nodes) + " nodes x " + std::to_string(c.node.num_gpus()) +
+                  " GPUs = " + std::to_string(world) + ") exceeds " + std::to_string(kMaxPlanWorldSize) +
+                  " GPUs (kMaxPlanWorldSize); plan fewer nodes");
+  if (!std::isfinite(c.inter_node_gbps) || c.inter_node_gbps < 0 ||
+      (c.inter_node_gbps > 0 && !in_range(c.inter_node_gbps, kMinPlanGbps, kMaxPlanGbps)))
+    plan_fail("inter_node_gbps", Rule::ConfigValue,
+              "inter_node_gbps (" + fmt(c.inter_node_gbps, 6) + ") must be 0 (single node) or in [" +
+                  fmt(kMinPlanGbps, 3) + ", " + fmt(kMaxPlanGbps, 0) + "] GB/s");
   if (c.num_nodes > 1 && c.inter_node_gbps <= 0)
     plan_fail("inter_node_gbps", Rule::ConfigValue,
               "planning " + std::to_string(c.num_nodes) +
@@ -126,14 +140,40 @@ void validate_request(const PlanRequest& r) {
     plan_fail("local_expert_alignment", Rule::ConfigValue,
               "local_expert_alignment (" + std::to_string(k.local_expert_alignment) + ") must be >= 1");
   const CostModel& m = r.cost_model;
-  if (!positive_finite(m.nvlink_link_gbps) || !positive_finite(m.pcie_gbps))
+  if (!in_range(m.nvlink_link_gbps, kMinPlanGbps, kMaxPlanGbps) || !in_range(m.pcie_gbps, kMinPlanGbps, kMaxPlanGbps))
     plan_fail("cost_model", Rule::ConfigValue,
-              "cost-model bandwidths must be positive and finite (nvlink_link_gbps = " + fmt(m.nvlink_link_gbps, 3) +
-                  ", pcie_gbps = " + fmt(m.pcie_gbps, 3) + ")");
-  if (!(m.nvlink_efficiency > 0 && m.nvlink_efficiency <= 1) || !(m.pcie_efficiency > 0 && m.pcie_efficiency <= 1))
+              "cost-model bandwidths must be in [" + fmt(kMinPlanGbps, 3) + ", " + fmt(kMaxPlanGbps, 0) +
+                  "] GB/s (nvlink_link_gbps = " + fmt(m.nvlink_link_gbps, 6) + ", pcie_gbps = " + fmt(m.pcie_gbps, 6) +
+                  ")");
+  if (!in_range(m.nvlink_efficiency, kMinPlanEfficiency, 1.0) || !in_range(m.pcie_efficiency, kMinPlanEfficiency, 1.0))
     plan_fail("cost_model", Rule::ConfigValue,
-              "cost-model efficiencies must be in (0, 1] (nvlink_efficiency = " + fmt(m.nvlink_efficiency, 3) +
-                  ", pcie_efficiency = " + fmt(m.pcie_efficiency, 3) + ")");
+              "cost-model efficiencies must be in [" + fmt(kMinPlanEfficiency, 3) + ", 1] (nvlink_efficiency = " +
+                  fmt(m.nvlink_efficiency, 6) + ", pcie_efficiency = " + fmt(m.pcie_efficiency, 6) + ")");
+  // 64-bit counts: T_total = T * world for the aux loss, and the bytes a rank moves per phase (T * row bytes; the
+  // remote share is smaller). Requests whose counts do not fit are refused, never wrapped.
+  const std::int64_t T = r.layer.tokens_per_rank;
+  if (!Impl::checked_mul(T, world))
+    plan_fail("tokens_per_rank", Rule::ConfigValue,
+              "tokens_per_rank (" + std::to_string(T) + ") times the " + std::to_string(world) +
+                  " ranks overflows 64 bits (global_num_tokens); lower tokens_per_rank");
+  for (TokenDType t : {r.layer.dispatch_dtype, r.layer.combine_dtype}) {
+    const std::int64_t row = Impl::token_row_bytes_exact(t, r.layer.hidden_size);
+    if (!Impl::checked_mul(T, row))
+      plan_fail("tokens_per_rank", Rule::ConfigValue,
+                "tokens_per_rank (" + std::to_string(T) + ") x " + std::to_string(row) + " bytes per " + to_string(t) +
+                    " token row (hidden_size " + std::to_string(r.layer.hidden_size) +
+                    ") overflows 64-bit byte counts; lower tokens_per_rank or hidden_size");
+  }
+}
+
+// bytes / (GB/s) in seconds; 0 bytes take no time on any link (also one of 0 GB/s, e.g. the network of a single
+// node), so no time is ever inf or NaN.
+double seconds(double bytes, double gbps) {
+  if (!(bytes > 0)) return 0.0;
+  if (!(gbps > 0))
+    throw InvalidArgument("make_plan", "cost_model", Rule::PlanInfeasible,
+                          "internal: " + fmt(bytes, 0) + " bytes routed over a link of " + fmt(gbps, 3) + " GB/s");
+  return bytes / gbps / 1e9;
 }
 
 // One member of an EP group: (node, node-local GPU), in ep_index order.
@@ -193,12 +233,15 @@ class CostEvaluator {
           L.out[cls] += out;
           L.in[cls] += in;
           if (lk.cls == LinkClass::NvlinkDirect) {
-            if (out / lk.gbps > L.direct_out_time) L.direct_out_time = out / lk.gbps, L.direct_out_peer = b;
-            if (in / lk.gbps > L.direct_in_time) L.direct_in_time = in / lk.gbps, L.direct_in_peer = b;
+            const double to = seconds(out, lk.gbps), ti = seconds(in, lk.gbps);
+            if (to > L.direct_out_time) L.direct_out_time = to, L.direct_out_peer = b;
+            if (ti > L.direct_in_time) L.direct_in_time = ti, L.direct_in_peer = b;
           }
         }
         const int off = R - 1 - on_node;
-        const double off_p = total_p - P[a] - on_node_p;
+        // Without peers on other nodes nothing crosses the network: total_p - P[a] - on_node_p is then a rounding
+        // residue (1e-16, either sign), which over a single node's 0 GB/s network once gave an infinite time.
+        const double off_p = off > 0 ? std::max(0.0, total_p - P[a] - on_node_p) : 0.0;
         const int net = static_cast<int>(LinkClass::Network);
         L.out[net] = unit * (reverse ? P[a] * off : off_p);
         L.in[net] = unit * (reverse ? off_p : P[a] * off);
@@ -214,12 +257,12 @@ class CostEvaluator {
         };
         consider(L.direct_out_time, Direct, L.direct_out_peer, true);
         consider(L.direct_in_time, Direct, L.direct_in_peer, false);
-        consider(L.out[sw] / m_port[s.gpu], Switch, -1, true);
-        consider(L.in[sw] / m_port[s.gpu], Switch, -1, false);
-        consider(L.out[pc] / m_pcie, Pcie, -1, true);
-        consider(L.in[pc] / m_pcie, Pcie, -1, false);
-        if (L.out[net] > 0) consider(L.out[net] / m_net, Net, -1, true);
-        if (L.in[net] > 0) consider(L.in[net] / m_net, Net, -1, false);
+        consider(seconds(L.out[sw], m_port[s.gpu]), Switch, -1, true);
+        consider(seconds(L.in[sw], m_port[s.gpu]), Switch, -1, false);
+        consider(seconds(L.out[pc], m_pcie), Pcie, -1, true);
+        consider(seconds(L.in[pc], m_pcie), Pcie, -1, false);
+        consider(seconds(L.out[net], m_net), Net, -1, true);
+        consider(seconds(L.in[net], m_net), Net, -1, false);
         auto describe = [&]() {
           const std::string where = "GPU " + std::to_string(s.gpu) +
                                     (m_req.cluster.num_nodes > 1 ? " of node " + std::to_string(s.node) : "");
@@ -252,7 +295,7 @@ class CostEvaluator {
         ph.bytes_local = std::max(ph.bytes_local, unit * P[a]);
         if (t > worst) {
           worst = t;
-          ph.time_us = t / 1e9 * 1e6;
+          ph.time_us = t * 1e6;
           ph.bottleneck = t > 0 ? describe() : std::string();
           ph.bytes_nvlink = L.out[1] + L.out[2];
           ph.bytes_pcie = L.out[pc];
@@ -278,12 +321,14 @@ struct Candidate {
   std::vector<Group> groups;  // representative groups (node 0 for in-node, the first group across nodes)
   std::vector<double> P;
   int tier = 0;
+  std::string unused_reason;
 };
 
 int tier_of(const PlanCandidate& c) { return c.ep_size > 1 ? (c.nvlink_clique_groups ? 0 : 1) : 2; }
 
 bool ranks_before(const Candidate& x, const Candidate& y) {
   if (x.tier != y.tier) return x.tier < y.tier;
+  if (x.c.gpus_used != y.c.gpus_used) return x.c.gpus_used > y.c.gpus_used;  // more of the machine first
   const double tx = x.c.traffic.time_us, ty = y.c.traffic.time_us;
   if (x.tier == 0 && x.c.ep_size != y.c.ep_size) return x.c.ep_size > y.c.ep_size;
   if (tx != ty) return tx < ty;
@@ -291,6 +336,34 @@ bool ranks_before(const Candidate& x, const Candidate& y) {
 }
 
 std::string us(double t) { return fmt(t, 1) + " us"; }
+
+// Post-condition: no field of a plan is inf or NaN (its JSON would hold null, which plan_from_json rejects).
+void check_finite(const Plan& p) {
+  std::vector<std::pair<const char*, double>> v;
+  auto phase = [&](const PhaseEstimate& ph) {
+    for (double x : {ph.row_bytes, ph.bytes_sent, ph.bytes_received, ph.bytes_local, ph.bytes_nvlink, ph.bytes_pcie,
+                     ph.bytes_network, ph.time_us})
+      v.push_back({"traffic", x});
+  };
+  auto traffic = [&](const TrafficEstimate& t) {
+    v.push_back({"traffic", t.destinations_per_token});
+    v.push_back({"traffic", t.remote_destinations_per_token});
+    v.push_back({"traffic", t.time_us});
+    phase(t.dispatch);
+    phase(t.combine);
+  };
+  traffic(p.traffic);
+  for (const auto& a : p.alternatives) traffic(a.traffic);
+  for (const auto& r : p.ranks)
+    for (double x : {r.dispatch_bytes_sent, r.dispatch_bytes_received, r.combine_bytes_sent, r.combine_bytes_received})
+      v.push_back({"ranks", x});
+  for (const auto& g : p.ep_groups) v.push_back({"ep_groups", g.min_pair_gbps});
+  for (const auto& [what, x] : v)
+    if (!std::isfinite(x) || x < 0)
+      throw InvalidArgument("make_plan", what, Rule::PlanInfeasible,
+                            std::string("internal: a ") + what + " value of the plan is " + fmt(x, 3) +
+                                " (every plan value must be finite and non-negative)");
+}
 
 }  // namespace
 
@@ -304,18 +377,43 @@ Plan make_plan(const PlanRequest& req) {
                                                        (nodes == 1 ? " node" : " nodes") + " x " + std::to_string(n) +
                                                        ")";
 
+  bool cliques_truncated = false;
+  const auto cliques = Impl::node_cliques(node, &cliques_truncated);
+  int largest_clique = 1;
+  for (const auto& c : cliques) largest_clique = std::max<int>(largest_clique, static_cast<int>(c.size()));
+  const bool every = k.use_every_gpu;
+  // EP groups inside a node, per size (docs/topology.md §10): NVLink groups only unless every GPU must be used; when no
+  // NVLink group of the size exists and it divides the node, a partition over any pairs is the (PCIe) fallback.
+  std::map<std::pair<int, bool>, Impl::NodeGrouping> groupings;
+  auto grouping = [&](int R, bool all) -> const Impl::NodeGrouping& {
+    auto it = groupings.find({R, all});
+    if (it == groupings.end())
+      it = groupings
+               .emplace(std::make_pair(R, all),
+                        Impl::group_node(node, R, req.cost_model, all, Impl::kGroupStepLimit, cliques))
+               .first;
+    return it->second;
+  };
+
   // Why an EP size is not a candidate ("" when it is).
   auto exclusion = [&](int R) -> std::string {
-    if (W % R != 0) return "EP" + std::to_string(R) + " does not divide the " + Wtext;
+    const std::string ep = "EP" + std::to_string(R);
     if (E % R != 0) return "num_experts (" + Etext + ") is not a multiple of " + std::to_string(R);
     if ((E / R) % k.local_expert_alignment != 0)
       return "E/EP = " + std::to_string(E / R) + " local experts is not a multiple of local_expert_alignment (" +
              std::to_string(k.local_expert_alignment) + ")";
-    if (n % R != 0 && R % n != 0)
-      return "EP" + std::to_string(R) + " neither divides a node's " + std::to_string(n) +
+    if (R > n && R % n != 0)
+      return ep + " neither fits in a node's " + std::to_string(n) +
              " GPUs nor is a multiple of it (EP groups are node subsets or whole nodes)";
+    if (R > n && W % R != 0) return ep + " does not divide the " + Wtext;
     if (k.max_ep_size > 0 && R > k.max_ep_size && R != k.fixed_ep_size)
-      return "EP" + std::to_string(R) + " exceeds max_ep_size (" + std::to_string(k.max_ep_size) + ")";
+      return ep + " exceeds max_ep_size (" + std::to_string(k.max_ep_size) + ")";
+    if (R <= n && R > 1) {
+      if (every && n % R != 0) return ep + " does not divide a node's " + std::to_string(n) + " GPUs (use_every_gpu)";
+      if (!every && grouping(R, false).groups.empty() && n % R != 0)
+        return ep + ": " + grouping(R, false).note + ", and " + std::to_string(R) + " does not divide a node's " +
+               std::to_string(n) + " GPUs for a PCIe partition";
+    }
     return {};
   };
 
@@ -333,7 +431,7 @@ Plan make_plan(const PlanRequest& req) {
     if (!why.empty()) {
       std::string ok;
       for (int r = 1; r <= W; ++r)
-        if (exclusion(r).empty()) ok += (ok.empty() ? "" : ", ") + std::to_string(r);
+        if ((r <= n || W % r == 0) && exclusion(r).empty()) ok += (ok.empty() ? "" : ", ") + std::to_string(r);
       plan_fail("fixed_ep_size", Rule::PlanInfeasible,
                 "fixed_ep_size (" + std::to_string(R) + ") is infeasible: " + why +
                     "; feasible EP sizes here: " + (ok.empty() ? "none" : ok));
@@ -344,15 +442,16 @@ Plan make_plan(const PlanRequest& req) {
   const RoutingModel model = Impl::resolve_model(layer);
   const double bd = token_row_bytes(layer.dispatch_dtype, layer.hidden_size);
   const double bc = token_row_bytes(layer.combine_dtype, layer.hidden_size);
-  const auto cliques = Impl::node_cliques(node);
-  int largest_clique = 1;
-  for (const auto& c : cliques) largest_clique = std::max<int>(largest_clique, static_cast<int>(c.size()));
 
   std::vector<Candidate> cands;
   std::map<int, std::string> excluded;
   std::vector<std::string> warnings;
+  if (cliques_truncated)
+    warnings.push_back("more than " + std::to_string(Impl::kMaxPlannerCliques) +
+                       " maximal NVLink cliques: the clique list is truncated");
   for (int R = 1; R <= W; ++R) {
-    if (W % R != 0) continue;
+    if (R > n && W % R != 0) continue;       // EP sizes inside a node need not divide the world (GPUs may stay unused)
+    if (E % R != 0 && W % R != 0) continue;  // neither divides: not worth a line in the reasons
     const std::string why = exclusion(R);
     if (!why.empty()) {
       excluded[R] = why;
@@ -361,11 +460,15 @@ Plan make_plan(const PlanRequest& req) {
     Candidate cd;
     PlanCandidate& c = cd.c;
     c.ep_size = R;
-    c.dp_size = W / R;
     c.local_experts = E / R;
     if (R <= n) {
-      const Impl::NodeGrouping ng = Impl::group_node(node, R, req.cost_model);
+      const bool fallback = R > 1 && !every && grouping(R, false).groups.empty();
+      const Impl::NodeGrouping& ng = grouping(R, every || fallback);
       c.node_groups = ng.groups;
+      c.unused_gpus = ng.unused;
+      cd.unused_reason = ng.unused_reason;
+      c.dp_size = static_cast<int>(ng.groups.size()) * nodes;
+      c.gpus_used = c.dp_size * R;
       c.nvlink_clique_groups = ng.all_nvlink;
       c.nodes_per_group = 1;
       for (const auto& g : ng.groups) {
@@ -373,19 +476,26 @@ Plan make_plan(const PlanRequest& req) {
         for (int v : g) grp.push_back({0, v});
         cd.groups.push_back(grp);
       }
-      if (R == 1)
+      if (R == 1) {
         c.note = "EP1: every GPU holds all " + Etext + " experts; no dispatch/combine traffic";
-      else if (ng.all_nvlink) {
+      } else if (ng.all_nvlink) {
         std::string gs;
         for (const auto& g : ng.groups) gs += (gs.empty() ? "{" : ", {") + Impl::ids_text(g) + "}";
         c.note =
             "groups inside NVLink cliques: " + gs + " per node (slowest pair " + fmt(ng.min_pair_gbps, 1) + " GB/s)";
         if (ng.numa_straddles > 0) c.note += "; " + std::to_string(ng.numa_straddles) + " group(s) span NUMA nodes";
+        if (!ng.unused.empty())
+          c.note += "; GPU" + std::string(ng.unused.size() == 1 ? " " : "s ") + Impl::ids_text(ng.unused) +
+                    " of each node unused";
       } else {
         c.note = ng.note;
       }
-      if (ng.search_limited) warnings.push_back("EP" + std::to_string(R) + ": the group search hit its step limit");
+      if (ng.search_limited)
+        warnings.push_back("EP" + std::to_string(R) +
+                           ": the group search hit its step limit; the groups are valid but may not be optimal");
     } else {
+      c.dp_size = W / R;
+      c.gpus_used = W;
       c.nodes_per_group = R / n;
       c.nvlink_clique_groups = false;
       Group grp;
@@ -403,7 +513,7 @@ Plan make_plan(const PlanRequest& req) {
     for (double p : cd.P) D += p;
     tr.destinations_per_token = D;
     double remote = 0;  // the largest over ranks of the others' hit probabilities (equal P: D * (R - 1) / R)
-    for (int a = 0; a < R && R > 1; ++a) remote = std::max(remote, D - cd.P[a]);
+    for (int a = 0; a < R && R > 1; ++a) remote = std::max(remote, std::max(0.0, D - cd.P[a]));
     tr.remote_destinations_per_token = remote;
     tr.dispatch = cost.phase(cd.groups, cd.P, bd, false);
     tr.combine = cost.phase(cd.groups, cd.P, bc, true);
@@ -465,7 +575,10 @@ Plan make_plan(const PlanRequest& req) {
   double sumP = 0;
   for (double p : best.P) sumP += p;
   const double T = static_cast<double>(layer.tokens_per_rank);
-  plan.ranks.resize(W);
+  const int used = static_cast<int>(all_groups.size()) * R;  // GPUs in the mesh (GPUs that fit no group have none)
+  plan.ranks.resize(used);
+  plan.unused_gpus = best.c.unused_gpus;
+  plan.unused_reason = best.unused_reason;
   for (int q = 0; q < static_cast<int>(all_groups.size()); ++q) {
     EpGroupInfo info;
     const Group& g = all_groups[q];
@@ -483,10 +596,11 @@ Plan make_plan(const PlanRequest& req) {
       rp.first_expert = a * L;
       rp.num_local_experts = L;
       const double pa = best.P[a];
-      rp.dispatch_bytes_sent = T * bd * (sumP - pa);
+      const double others = std::max(0.0, sumP - pa);  // never a negative rounding residue
+      rp.dispatch_bytes_sent = T * bd * others;
       rp.dispatch_bytes_received = T * bd * (R - 1) * pa;
       rp.combine_bytes_sent = T * bc * (R - 1) * pa;
-      rp.combine_bytes_received = T * bc * (sumP - pa);
+      rp.combine_bytes_received = T * bc * others;
       info.ranks.push_back(rp.rank);
       const int nk = Impl::numa_key(node, g[a].gpu);
       if (nk >= 0 && std::find(numa.begin(), numa.end(), std::make_pair(g[a].node, nk)) == numa.end())
@@ -528,7 +642,7 @@ Plan make_plan(const PlanRequest& req) {
     RouterOpSpec bwd;
     bwd.op = RouterOp::Backward;
     add(bwd, {rows, rows, rows});
-    plan.global_num_tokens = layer.tokens_per_rank * W;
+    plan.global_num_tokens = *Impl::checked_mul(layer.tokens_per_rank, used);  // validate_request checked T * W
     if (plan.global_num_tokens >= 1) {
       RouterOpSpec aux;
       aux.op = RouterOp::AuxLoss;
@@ -554,8 +668,17 @@ Plan make_plan(const PlanRequest& req) {
                 us(alt->c.traffic.time_us) + " for the best unforced plan (DP" + std::to_string(alt->c.dp_size) +
                 " x EP" + std::to_string(alt->c.ep_size) + ")";
   } else if (best.tier == 0) {
-    reason = eptext + ": the largest feasible EP size whose groups fit inside NVLink cliques (largest clique: " +
-             std::to_string(largest_clique) + " GPUs per node)";
+    const Candidate* larger = nullptr;  // a larger EP size in NVLink cliques that uses fewer GPUs
+    for (const Candidate& c : cands)
+      if (c.tier == 0 && c.c.ep_size > R && (!larger || c.c.ep_size > larger->c.ep_size)) larger = &c;
+    if (!larger)
+      reason = eptext + ": the largest feasible EP size whose groups fit inside NVLink cliques (largest clique: " +
+               std::to_string(largest_clique) + " GPUs per node)";
+    else
+      reason = eptext + ": the largest EP size whose NVLink-clique groups use " + std::to_string(best.c.gpus_used) +
+               " GPUs (largest clique: " + std::to_string(largest_clique) + " GPUs per node); EP" +
+               std::to_string(larger->c.ep_size) + " fits in NVLink cliques too but uses only " +
+               std::to_string(larger->c.gpus_used) + " (force it with fixed_ep_size)";
     std::string limits;
     for (const auto& [r, why] : excluded)
       if (r > R && r <= std::min(n, largest_clique)) limits += "; " + why;
@@ -580,6 +703,10 @@ Plan make_plan(const PlanRequest& req) {
   if (const Candidate* c1 = best_of_tier(1, R); best.tier == 0 && c1 && nodes == 1)
     reason +=
         "; the best non-clique alternative is EP" + std::to_string(c1->c.ep_size) + " at " + us(c1->c.traffic.time_us);
+  if (!plan.unused_gpus.empty())
+    reason += "; " + std::to_string(plan.unused_gpus.size()) + " of each node's " + std::to_string(n) +
+              " GPUs left out of the EP mesh (" + plan.unused_reason +
+              "); set use_every_gpu to include them (EP sizes dividing the node, PCIe groups allowed)";
   plan.reason = reason;
 
   if (!node.nvlink_known && node.source != NvlinkTopology::Source::None)
@@ -588,6 +715,7 @@ Plan make_plan(const PlanRequest& req) {
         "is planned as PCIe");
   for (const auto& w : node.warnings) warnings.push_back("topology: " + w);
   plan.warnings = warnings;
+  check_finite(plan);
   return plan;
 }
 

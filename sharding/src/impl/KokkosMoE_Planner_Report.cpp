@@ -53,6 +53,8 @@ std::string plan_report(const Plan& p) {
   os << "plan: " << mesh_text(p.dp_size(), p.ep_size()) << " = " << p.world_size() << " ranks, " << p.local_experts
      << " experts per rank\n";
   os << "  why: " << p.reason << "\n";
+  if (!p.unused_gpus.empty())
+    os << "  unused GPUs (each node): " << Impl::ids_text(p.unused_gpus) << " -- " << p.unused_reason << "\n";
   os << "  EP groups:\n";
   const std::size_t show_groups = p.ep_groups.size() <= 8 ? p.ep_groups.size() : 4;
   for (std::size_t i = 0; i < show_groups; ++i) {

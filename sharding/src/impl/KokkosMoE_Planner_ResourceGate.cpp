@@ -30,7 +30,7 @@ GateResult nvlink_clique_gate(const NvlinkTopology& topo, int min_gpus) {
     for (int i = 0; i < n; ++i) r.gpus.push_back(i);
     return r;
   }
-  const auto cliques = Impl::node_cliques(topo);
+  const auto cliques = Impl::node_cliques(topo, nullptr);
   const std::vector<int>* largest = nullptr;
   for (const auto& c : cliques)
     if (!largest || c.size() > largest->size()) largest = &c;  // first largest: lowest ids

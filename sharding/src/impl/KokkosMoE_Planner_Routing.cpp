@@ -9,7 +9,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -35,19 +37,31 @@ std::optional<TokenDType> token_dtype_from_string(std::string_view s) {
   return std::nullopt;
 }
 
-double token_row_bytes(TokenDType t, int hidden) {
-  const double H = hidden;
+double token_row_bytes(TokenDType t, int hidden) { return static_cast<double>(Impl::token_row_bytes_exact(t, hidden)); }
+
+namespace Impl {
+
+std::int64_t token_row_bytes_exact(TokenDType t, int hidden) {
+  const std::int64_t H = hidden;  // 64 bits: 4 * H and H + 127 overflow int for hidden near 2^31
   switch (t) {
     case TokenDType::BF16:
     case TokenDType::FP16:
-      return 2.0 * H;
+      return 2 * H;
     case TokenDType::FP32:
-      return 4.0 * H;
+      return 4 * H;
     case TokenDType::FP8:
-      return H + 4.0 * static_cast<double>((hidden + 127) / 128);  // e4m3 data + one FP32 scale per 128 elements
+      return H + 4 * ((H + 127) / 128);  // e4m3 data + one FP32 scale per 128 elements
   }
-  return 0.0;
+  return 0;
 }
+
+std::optional<std::int64_t> checked_mul(std::int64_t a, std::int64_t b) {
+  std::int64_t r = 0;
+  if (__builtin_mul_overflow(a, b, &r)) return std::nullopt;
+  return r;
+}
+
+}  // namespace Impl
 
 const char* to_string(RoutingModel m) noexcept {
   switch (m) {
@@ -76,7 +90,7 @@ double binomial_ratio(std::int64_t a, std::int64_t b, std::int64_t k) {
                               ", b = " + std::to_string(b) + ", k = " + std::to_string(k));
   if (k > a) return 0.0;
   double r = 1.0;
-  for (std::int64_t i = 0; i < k; ++i) r *= static_cast<double>(a - i) / static_cast<double>(b - i);
+  for (std::int64_t i = 0; i < k && r != 0.0; ++i) r *= static_cast<double>(a - i) / static_cast<double>(b - i);
   return r;
 }
 
@@ -88,6 +102,9 @@ void validate_layer(const char* fn, const MoeLayerConfig& l) {
   };
   const std::string E = std::to_string(l.num_experts);
   if (l.num_experts < 1) fail("num_experts", Rule::NumExpertsPositive, "num_experts (" + E + ") must be >= 1");
+  if (l.num_experts > kMaxPlanExperts)
+    fail("num_experts", Rule::ConfigValue,
+         "num_experts (" + E + ") exceeds the planner's limit of " + std::to_string(kMaxPlanExperts) + " experts");
   if (l.topk < 1 || l.topk > l.num_experts)
     fail("topk", Rule::TopkRange, "topk (" + std::to_string(l.topk) + ") must be in [1, num_experts = " + E + "]");
   if (l.grouped()) {
@@ -129,10 +146,27 @@ RoutingModel resolve_model(const MoeLayerConfig& l) {
 
 namespace {
 
-// ln C(n, r) for 0 <= r <= n.
-double log_choose(std::int64_t n, std::int64_t r) {
-  return std::lgamma(double(n) + 1.0) - std::lgamma(double(r) + 1.0) - std::lgamma(double(n - r) + 1.0);
+// ln n! without std::lgamma, which writes the global `signgam` (a data race when two threads plan at once):
+// exact products up to 20! (every one is a double), the Stirling series beyond (its first omitted term,
+// 691 / (360360 n^11), is below 1e-17 there). Pure function of n: thread-safe and the same on every platform.
+double log_factorial(std::int64_t n) {
+  if (n <= 20) {
+    double f = 1.0;
+    for (std::int64_t k = 2; k <= n; ++k) f *= static_cast<double>(k);
+    return std::log(f);
+  }
+  const double x = static_cast<double>(n), inv = 1.0 / x, inv2 = inv * inv;
+  const double series = inv * (1.0 / 12 - inv2 * (1.0 / 360 - inv2 * (1.0 / 1260 - inv2 * (1.0 / 1680 - inv2 / 1188))));
+  return x * std::log(x) - x + 0.5 * std::log(2.0 * 3.14159265358979323846 * x) + series;
 }
+
+// ln C(n, r) for 0 <= r <= n.
+double log_choose(std::int64_t n, std::int64_t r) { return log_factorial(n) - log_factorial(r) - log_factorial(n - r); }
+
+// The group DPs cost o * (jmax + 1) steps (GroupQuota) or o * (jmax + 1) * (M + 1) steps and (jmax + 1) * (M + 1)
+// doubles (GroupUniformExperts); layers beyond these bounds are refused rather than planned for minutes.
+constexpr double kMaxGroupDpSteps = double(1 << 26);
+constexpr double kMaxGroupDpCells = double(1 << 22);
 
 // P(a uniformly random gk-subset of G groups meets the o groups overlapping a rank in one given j-subset exactly):
 // C(G - o, gk - j) / C(G, gk), through log-gamma (G can be large; the value can be tiny).
@@ -146,6 +180,12 @@ double subset_weight(int G, int gk, int o, int j) {
 double miss_probability_grouped(const MoeLayerConfig& l, RoutingModel model, const std::vector<int>& overlap) {
   const int G = l.num_groups, gk = l.group_topk, gs = l.num_experts / G, o = static_cast<int>(overlap.size());
   const int jmax = std::min(o, gk);
+  const double cells = model == RoutingModel::GroupQuota ? double(jmax + 1) : double(jmax + 1) * (double(gk) * gs + 1);
+  if (double(o) * cells > kMaxGroupDpSteps || cells > kMaxGroupDpCells)
+    throw InvalidArgument("rank_hit_probabilities", "routing_model", Rule::ConfigValue,
+                          std::string("the ") + to_string(model) + " statistics of num_groups = " + std::to_string(G) +
+                              ", group_topk = " + std::to_string(gk) + " over " + std::to_string(l.num_experts) +
+                              " experts need more than 2^26 steps; choose routing_model uniform (or group-quota)");
   if (model == RoutingModel::GroupQuota) {
     // Each selected group contributes kg = k/gk experts uniform within the group: the group misses the rank with
     // probability C(gs - c, kg) / C(gs, kg). dp[j] = sum over j-subsets A of the overlapping groups of prod q(A).

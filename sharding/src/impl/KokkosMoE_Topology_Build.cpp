@@ -100,7 +100,8 @@ std::string gpu_name(const NvlinkTopology& t, int i) {
 // Link count implied by a bandwidth: exact multiples of the per-link rate; other values are rounded and noted.
 int links_from_mbps(NvlinkTopology& t, std::uint64_t mbps, std::uint64_t rate, const std::string& what) {
   if (mbps == 0 || rate == 0) return 0;
-  const std::uint64_t links = (mbps + rate / 2) / rate;
+  // round to nearest without mbps + rate / 2, which wraps for a corrupt value near 2^64
+  const std::uint64_t links = mbps / rate + (mbps % rate >= rate - rate / 2 ? 1 : 0);
   if (links > kMaxLinkCount)
     fail(what + ": " + std::to_string(mbps) + " MB/s implies " + std::to_string(links) + " links at " +
          std::to_string(rate) + " MB/s per link (implausible)");
@@ -229,6 +230,30 @@ NvlinkTopology topology_from_scan(const HostScan& scan) {
   t.pairs.assign(n * n, GpuPair{});
   for (std::size_t k = 0; k < n * n && k < scan.pcie.size(); ++k) t.pairs[k].pcie = scan.pcie[k];
 
+  // An info given twice with different values: hwloc answers the first, silently. For the infos that change the
+  // model (links, rates, the hidden fabric, identities) that is an error; for any other a warning.
+  const auto interpreted = [](const std::string& name) {
+    for (const char* k :
+         {InfoName::kNvswitchHidden, InfoName::kNvlinkVersion, InfoName::kPerLinkMbps, InfoName::kLinkRateUnknown,
+          InfoName::kGpuExcluded, InfoName::kNvmlIndex, InfoName::kComputeCapability, InfoName::kLinksActive,
+          InfoName::kLinksToSwitch, InfoName::kLinksToCpu, InfoName::kLinksDirect, InfoName::kFabricCluster,
+          InfoName::kFabricClique, InfoName::kGpuUuid})
+      if (name == k) return true;
+    return false;
+  };
+  const auto conflicts = [&](const std::map<std::string, std::vector<std::string>>& c, const std::string& owner) {
+    for (const auto& [name, values] : c) {
+      std::string list;
+      for (const auto& v : values) list += (list.empty() ? "\"" : ", \"") + v + "\"";
+      if (interpreted(name))
+        fail(owner + ": info " + name + " is given " + std::to_string(values.size()) +
+             " times with different values (" + list + "); keep one");
+      add_warning(t, owner + ": info " + name + " has different values (" + list + "); the first is used");
+    }
+  };
+  conflicts(scan.root_info_conflicts, "root");
+  for (const auto& g : scan.gpus) conflicts(g.info_conflicts, "GPU " + g.pci.str());
+
   const auto& root = scan.root_infos;
   if (const std::string* d = find_info(root, InfoName::kDriverVersion)) t.driver_version = *d;
   if (const std::string* h = find_info(root, InfoName::kNvswitchHidden)) {
@@ -316,6 +341,16 @@ NvlinkTopology topology_from_scan(const HostScan& scan) {
         }
       }
     if (asymmetric) add_warning(t, "NVLinkBandwidth matrix is asymmetric; the smaller value of each pair is used");
+    // A GPU the matrix does not list has no NVLink entries at all: say so instead of treating it as PCIe-only.
+    std::vector<char> listed(n, 0);
+    for (const auto& o : m.objects)
+      if (o.kind == MatrixObject::Kind::Gpu && o.index >= 0 && static_cast<std::size_t>(o.index) < n)
+        listed[o.index] = 1;
+    for (std::size_t i = 0; i < n; ++i)
+      if (!listed[i] && !info_active[i] && !info_switch[i])
+        add_warning(t, gpu_name(t, static_cast<int>(i)) +
+                           " is not in the NVLinkBandwidth matrix and has no NVLink infos: its NVLinks are unknown "
+                           "(planned as none)");
   }
   if (scan.p2p_matrix) {
     const ScannedMatrix& m = *scan.p2p_matrix;

@@ -5,11 +5,14 @@
 
 #include "KokkosMoE_Topology_Detect.hpp"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <cerrno>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
-#include <sstream>
 
 #include "KokkosMoE_Topology_Hwloc.hpp"
 #include "KokkosMoE_Topology_Nvml.hpp"
@@ -22,7 +25,7 @@ namespace Impl {
 namespace {
 
 HwlocTree machine_tree(const std::string* hwloc_xml, bool keep_all) {
-  return hwloc_xml ? HwlocTree::from_xml(*hwloc_xml, "<hwloc XML standing in for the live machine>")
+  return hwloc_xml ? HwlocTree::from_xml(*hwloc_xml, "<hwloc XML standing in for the live machine>", true)
                    : HwlocTree::live(keep_all);
 }
 
@@ -67,12 +70,44 @@ std::string capture_xml(const DetectOptions& options, const std::string* hwloc_x
 
 namespace {
 
+// The most bytes a fixture file may have: hwloc XML of the largest machines is a few MB.
+constexpr std::uint64_t kMaxXmlFileBytes = 64ull << 20;
+
+// Reads a regular file of at most kMaxXmlFileBytes. Devices (/dev/zero reads forever), FIFOs (block until a writer
+// comes), directories and sockets are refused by type: the file is opened non-blocking (a FIFO without a writer
+// opens at once) and checked with fstat before anything is read, and the read stops one byte past the cap.
 std::string read_whole_file(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) throw TopologyError("KokkosMoE topology: cannot read " + path + ": " + std::strerror(errno));
-  std::ostringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
+  const auto fail = [&](const std::string& why) {
+    throw TopologyError("KokkosMoE topology: cannot read " + path + ": " + why);
+  };
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY);
+  if (fd < 0) fail(std::strerror(errno));
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{fd};
+  struct stat st;
+  if (::fstat(fd, &st) != 0) fail(std::strerror(errno));
+  if (S_ISDIR(st.st_mode)) fail("it is a directory, not an hwloc XML file");
+  if (S_ISFIFO(st.st_mode)) fail("it is a FIFO (named pipe); give a regular file");
+  if (S_ISCHR(st.st_mode) || S_ISBLK(st.st_mode)) fail("it is a device; give a regular file");
+  if (!S_ISREG(st.st_mode)) fail("it is not a regular file");
+  if (static_cast<std::uint64_t>(st.st_size) > kMaxXmlFileBytes)
+    fail("it has " + std::to_string(st.st_size) + " bytes; topology files are limited to " +
+         std::to_string(kMaxXmlFileBytes >> 20) + " MiB");
+  std::string text;
+  text.reserve(static_cast<std::size_t>(st.st_size));
+  char buf[65536];
+  for (;;) {
+    const ssize_t n = ::read(fd, buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) fail(std::strerror(errno));
+    if (n == 0) break;
+    text.append(buf, static_cast<std::size_t>(n));
+    if (text.size() > kMaxXmlFileBytes)  // the file grew while being read
+      fail("it has more than " + std::to_string(kMaxXmlFileBytes >> 20) + " MiB; topology files are limited to that");
+  }
+  return text;
 }
 
 const char* env(const char* name) {

@@ -14,6 +14,7 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <map>
 #include <set>
 
@@ -33,10 +34,16 @@ bool is_nvidia_gpu_class(hwloc_obj_t o) {
 
 bool has_subtype(hwloc_obj_t o, const char* s) { return o->subtype && std::strcmp(o->subtype, s) == 0; }
 
-// NVSwitches: by subtype (published files store some with class 0000), or an NVIDIA bridge-class 0x0680 function.
-bool is_nvswitch(hwloc_obj_t o) {
+bool is_nvidia_bridge_class(hwloc_obj_t o) {
+  return o->attr->pcidev.vendor_id == 0x10de && o->attr->pcidev.class_id == 0x0680;
+}
+
+// NVSwitches. In fixtures by subtype only (docs/topology.md §5.2: published files store some switches with class 0000,
+// and an NVIDIA class-0680 function is not necessarily a switch); on the live machine also an NVIDIA bridge-class
+// 0x0680 function, since older hwloc releases set no subtype (captures add it, so the fixture says the same).
+bool is_nvswitch(hwloc_obj_t o, bool by_class) {
   if (o->type != HWLOC_OBJ_PCI_DEVICE) return false;
-  return has_subtype(o, "NVSwitch") || (o->attr->pcidev.vendor_id == 0x10de && o->attr->pcidev.class_id == 0x0680);
+  return has_subtype(o, "NVSwitch") || (by_class && is_nvidia_bridge_class(o));
 }
 
 bool is_gpu_osdev(hwloc_obj_t o) {
@@ -47,8 +54,8 @@ bool is_gpu_osdev(hwloc_obj_t o) {
 
 // GPUs: NVIDIA display/3D-class PCI functions, or any PCI function carrying an NVML/CUDA OS device (name prefix or
 // subtype, never the OS-device type code: published files disagree on it).
-bool is_gpu(hwloc_obj_t o) {
-  if (o->type != HWLOC_OBJ_PCI_DEVICE || is_nvswitch(o)) return false;
+bool is_gpu(hwloc_obj_t o, bool by_class) {
+  if (o->type != HWLOC_OBJ_PCI_DEVICE || is_nvswitch(o, by_class)) return false;
   if (is_nvidia_gpu_class(o)) return true;
   for (hwloc_obj_t c = o->io_first_child; c; c = c->next_sibling)
     if (is_gpu_osdev(c)) return true;
@@ -142,9 +149,20 @@ PcieLevel pcie_level(hwloc_obj_t a, hwloc_obj_t b) {
   return (lca->type == HWLOC_OBJ_PACKAGE || one_numa) ? PcieLevel::Node : PcieLevel::Sys;
 }
 
-void merge_infos(hwloc_obj_t o, std::map<std::string, std::string>& out) {
-  for (unsigned k = 0; k < o->infos_count; ++k)
-    if (o->infos[k].name && o->infos[k].value) out.emplace(o->infos[k].name, o->infos[k].value);
+// Infos by name; a name given twice with different values (on one object, or on a GPU's PCI object and its OS
+// devices) is recorded in `conflicts` (hwloc itself would silently answer the first).
+void merge_infos(hwloc_obj_t o, std::map<std::string, std::string>& out,
+                 std::map<std::string, std::vector<std::string>>& conflicts) {
+  for (unsigned k = 0; k < o->infos_count; ++k) {
+    if (!o->infos[k].name || !o->infos[k].value) continue;
+    const auto [it, inserted] = out.emplace(o->infos[k].name, o->infos[k].value);
+    if (!inserted && it->second != o->infos[k].value) {
+      auto& values = conflicts[it->first];
+      if (values.empty()) values.push_back(it->second);
+      if (std::find(values.begin(), values.end(), o->infos[k].value) == values.end())
+        values.push_back(o->infos[k].value);
+    }
+  }
 }
 
 }  // namespace
@@ -161,6 +179,7 @@ std::string hwloc_compiled_version() {
 struct HwlocTree::State {
   hwloc_topology_t topo = nullptr;
   bool from_xml = false;
+  bool switches_by_class = true;  // live trees (and fixtures standing in for one): NVSwitches by class too
   std::string source;
   ~State() {
     if (topo) hwloc_topology_destroy(topo);
@@ -172,17 +191,22 @@ HwlocTree::HwlocTree(HwlocTree&&) noexcept = default;
 HwlocTree& HwlocTree::operator=(HwlocTree&&) noexcept = default;
 HwlocTree::~HwlocTree() = default;
 
-HwlocTree HwlocTree::from_xml(std::string_view xml, const std::string& source) {
+HwlocTree HwlocTree::from_xml(std::string_view xml, const std::string& source, bool as_live) {
   const XmlCheckResult checked = check_hwloc_xml(xml, source);
   auto st = std::make_unique<State>();
   st->from_xml = true;
+  st->switches_by_class = as_live;
   st->source = source;
   if (hwloc_topology_init(&st->topo) != 0) fail("hwloc_topology_init failed: " + errno_text(errno));
   // hwloc 2.x drops I/O objects by default, also for XML: without this the GPUs vanish and the NVLinkBandwidth
   // matrix is dropped or truncated, silently (docs/topology.md §5.1). Keep everything the file contains.
   hwloc_topology_set_io_types_filter(st->topo, HWLOC_TYPE_FILTER_KEEP_ALL);
+  // hwloc gets our canonical form of the document, never the caller's bytes: the same input then gives the same
+  // model or the same error whichever XML importer hwloc has (built-in or libxml2; KokkosMoE_Topology_XmlCheck.cpp).
   // hwloc reads the buffer as a C string of `size` bytes including the terminating NUL.
-  const std::string text(xml.data(), xml.size());
+  const std::string& text = checked.canonical;
+  if (text.size() >= static_cast<std::size_t>(std::numeric_limits<int>::max()))
+    fail(source + ": the XML text is too large for hwloc (" + std::to_string(text.size()) + " bytes)");
   if (hwloc_topology_set_xmlbuffer(st->topo, text.c_str(), static_cast<int>(text.size() + 1)) != 0)
     fail(source + ": hwloc rejected the XML buffer: " + errno_text(errno));
   if (hwloc_topology_load(st->topo) != 0)
@@ -225,7 +249,8 @@ HostScan HwlocTree::scan() const {
   hwloc_topology_t topo = m_state->topo;
   HostScan s;
   hwloc_obj_t root = hwloc_get_root_obj(topo);
-  merge_infos(root, s.root_infos);
+  const bool by_class = m_state->switches_by_class;
+  merge_infos(root, s.root_infos, s.root_info_conflicts);
   if (const char* v = info(root, "hwlocVersion"))
     s.hwloc_version = v;
   else
@@ -234,11 +259,15 @@ HostScan HwlocTree::scan() const {
 
   std::vector<std::pair<ScannedGpu, hwloc_obj_t>> gpus;
   for (hwloc_obj_t o = hwloc_get_next_pcidev(topo, nullptr); o; o = hwloc_get_next_pcidev(topo, o)) {
-    if (is_nvswitch(o)) {
+    if (is_nvswitch(o, by_class)) {
       s.nvswitches.push_back(pci_of(o));
       continue;
     }
-    if (!is_gpu(o)) continue;
+    if (!by_class && is_nvidia_bridge_class(o))
+      s.warnings.push_back("PCI device " + pci_of(o).str() +
+                           " is an NVIDIA bridge-class (0680) function without subtype=\"NVSwitch\": not counted as "
+                           "an NVSwitch (fixtures name switches by subtype, docs/topology.md §5.2)");
+    if (!is_gpu(o, by_class)) continue;
     if (const char* why = info(o, InfoName::kGpuExcluded)) {
       s.warnings.push_back("GPU " + pci_of(o).str() + " excluded by the capture: " + why);
       continue;
@@ -246,10 +275,10 @@ HostScan HwlocTree::scan() const {
     ScannedGpu g;
     g.pci = pci_of(o);
     g.device_id = o->attr->pcidev.device_id;
-    merge_infos(o, g.infos);
+    merge_infos(o, g.infos, g.info_conflicts);
     for (hwloc_obj_t c = o->io_first_child; c; c = c->next_sibling) {
       if (c->type != HWLOC_OBJ_OS_DEVICE) continue;
-      merge_infos(c, g.infos);
+      merge_infos(c, g.infos, g.info_conflicts);
       // hwloc's NVML component names its devices nvml<NVML index>.
       if (c->name && std::strncmp(c->name, "nvml", 4) == 0 && c->name[4] != '\0' && std::strlen(c->name) < 12 &&
           std::strspn(c->name + 4, "0123456789") == std::strlen(c->name + 4))
@@ -307,11 +336,11 @@ HostScan HwlocTree::scan() const {
         char type[64] = {0};
         hwloc_obj_type_snprintf(type, sizeof type, o, 0);
         mo.description = std::string(type) + " (gp_index " + std::to_string(o->gp_index) + ")";
-        if (pci && pci->type == HWLOC_OBJ_PCI_DEVICE && is_gpu(pci)) {
+        if (pci && pci->type == HWLOC_OBJ_PCI_DEVICE && is_gpu(pci, by_class)) {
           for (std::size_t i = 0; i < n; ++i)
             if (s.gpus[i].pci == pci_of(pci)) mo.index = static_cast<int>(i);
           mo.kind = MatrixObject::Kind::Gpu;
-        } else if (pci && pci->type == HWLOC_OBJ_PCI_DEVICE && is_nvswitch(pci)) {
+        } else if (pci && pci->type == HWLOC_OBJ_PCI_DEVICE && is_nvswitch(pci, by_class)) {
           const auto it = std::lower_bound(s.nvswitches.begin(), s.nvswitches.end(), pci_of(pci));
           mo.index = static_cast<int>(it - s.nvswitches.begin());
           mo.kind = MatrixObject::Kind::Switch;
@@ -361,9 +390,18 @@ std::string HwlocTree::export_capture(const NvlinkTopology& t, const SwitchLinkT
     add_root(InfoName::kNvlinkVersion, std::to_string(best->first));
   }
 
+  // Switches found by class get the subtype, so that the fixture (read by subtype only) has the same switches.
+  for (hwloc_obj_t o = hwloc_get_next_pcidev(topo, nullptr); o; o = hwloc_get_next_pcidev(topo, o))
+    if (is_nvswitch(o, true) && !has_subtype(o, "NVSwitch")) {
+      char* subtype = static_cast<char*>(std::malloc(sizeof "NVSwitch"));  // hwloc frees it with free()
+      if (!subtype) fail("out of memory");
+      std::memcpy(subtype, "NVSwitch", sizeof "NVSwitch");
+      std::free(o->subtype);
+      o->subtype = subtype;
+    }
   // GPUs hwloc sees that the model left out (e.g. not visible to NVML) are marked, so the fixture reproduces the model.
   for (hwloc_obj_t o = hwloc_get_next_pcidev(topo, nullptr); o; o = hwloc_get_next_pcidev(topo, o))
-    if (is_gpu(o) && !t.find_gpu(pci_of(o)) && !info(o, InfoName::kGpuExcluded))
+    if (is_gpu(o, true) && !t.find_gpu(pci_of(o)) && !info(o, InfoName::kGpuExcluded))
       hwloc_obj_add_info(o, InfoName::kGpuExcluded,
                          t.nvlink_known ? "visible to hwloc but not to NVML" : "not in the captured model");
   std::vector<hwloc_obj_t> gpu_obj(n, nullptr);
@@ -375,8 +413,27 @@ std::string HwlocTree::export_capture(const NvlinkTopology& t, const SwitchLinkT
       continue;
     }
     gpu_obj[i] = o;
+    // The model's value, once: an info of that name on the GPU's PCI object or its OS devices (hwloc's NVML
+    // component writes GPUModel and NVIDIAUUID there) is overwritten, so the loader never sees two values.
     auto add = [&](const char* name, const std::string& value) {
-      if (!value.empty() && !info(o, name)) hwloc_obj_add_info(o, name, value.c_str());
+      if (value.empty()) return;
+      bool present = false;
+      auto overwrite = [&](hwloc_obj_t x) {
+        for (unsigned k = 0; k < x->infos_count; ++k)
+          if (x->infos[k].name && std::strcmp(x->infos[k].name, name) == 0) {
+            if (x == o) present = true;
+            if (x->infos[k].value && value == x->infos[k].value) continue;
+            char* v = static_cast<char*>(std::malloc(value.size() + 1));  // hwloc frees infos with free()
+            if (!v) fail("out of memory");
+            std::memcpy(v, value.c_str(), value.size() + 1);
+            std::free(x->infos[k].value);
+            x->infos[k].value = v;
+          }
+      };
+      overwrite(o);
+      for (hwloc_obj_t c = o->io_first_child; c; c = c->next_sibling)
+        if (c->type == HWLOC_OBJ_OS_DEVICE) overwrite(c);
+      if (!present) hwloc_obj_add_info(o, name, value.c_str());
     };
     add(InfoName::kGpuModel, g.model);
     add(InfoName::kGpuUuid, g.uuid);

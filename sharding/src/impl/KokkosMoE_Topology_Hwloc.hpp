@@ -19,8 +19,9 @@ namespace KokkosMoE::Impl {
 class HwlocTree {
  public:
   /// Loads an hwloc v2 XML text after check_hwloc_xml(); every I/O object is kept. Verifies that hwloc kept every
-  /// NVLink matrix the text declares. \throws TopologyError naming `source`
-  static HwlocTree from_xml(std::string_view xml, const std::string& source);
+  /// NVLink matrix the text declares. as_live: the XML stands in for the live machine (tests), so NVSwitches are
+  /// also recognized by class as on a live tree; fixtures name them by subtype only. \throws TopologyError
+  static HwlocTree from_xml(std::string_view xml, const std::string& source, bool as_live = false);
   /// Discovers the live machine. keep_all: every I/O object (captures); otherwise the important ones plus every
   /// PCI device (NVSwitches have class 0x0680, which older hwloc releases do not count as important).
   /// The OpenCL, GL and CUDA components are blacklisted (they create GPU contexts and are slow).

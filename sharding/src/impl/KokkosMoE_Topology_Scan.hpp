@@ -54,6 +54,7 @@ struct ScannedGpu {
   std::vector<int> numa_nodes;               // CPU-side local NUMA nodes (OS indices)
   std::string cpuset;                        // hwloc list syntax
   std::map<std::string, std::string> infos;  // infos of the PCI object and of its OS devices
+  std::map<std::string, std::vector<std::string>> info_conflicts;  // names given with different values
 };
 
 /// One end of a distances-matrix row/column, resolved against the scanned objects.
@@ -76,6 +77,7 @@ struct HostScan {
   std::vector<PciAddress> nvswitches;  // visible NVSwitch PCI functions, sorted
   std::vector<PcieLevel> pcie;         // n*n over gpus
   std::map<std::string, std::string> root_infos;
+  std::map<std::string, std::vector<std::string>> root_info_conflicts;  // names given with different values
   std::string hwloc_version;
   std::string hostname;
   std::optional<ScannedMatrix> nvlink_matrix;

@@ -3,6 +3,20 @@
  */
 // A small, allocation-bounded XML scanner: just enough of XML 1.0 for what hwloc writes (prolog, comments,
 // DOCTYPE, elements, attributes, text). It never trusts a declared size before checking it against the text.
+//
+// It also writes the canonical form of the document that hwloc is then given (XmlCheckResult::canonical), so that
+// the loader, not the installed hwloc plugins, decides what a file means. hwloc has two XML importers that read
+// the same bytes differently: its built-in parser (HWLOC_LIBXML_IMPORT=0, or no libhwloc-plugins) takes any byte,
+// ignores comments only before <topology>, stops reading a tag's attributes at the first name with a digit or an
+// upper-case letter and decodes no character references beyond &#9; &#10; &#13;; the libxml2 one (Debian's
+// libhwloc-plugins) rejects invalid UTF-8 and XML-forbidden characters, normalizes white space in attribute values
+// and line ends in text, and decodes every reference. The canonical form is the common subset both read alike:
+// the XML declaration and hwloc's DOCTYPE on their own lines, then elements only (no comments, processing
+// instructions or userdata), one double-quoted attribute per lower-case name, values as valid UTF-8 with every
+// XML-forbidden character replaced by '?' and escaped with &amp; &lt; &gt; &quot; &#9; &#10; &#13; only, array
+// texts re-joined with single spaces and their length= recomputed. A forced importer (setenv before
+// hwloc_topology_init) would not do: hwloc caches its choice in a static on first use and the environment is the
+// process's, not the library's.
 
 #include "KokkosMoE_Topology_XmlCheck.hpp"
 
@@ -19,7 +33,10 @@ namespace KokkosMoE::Impl {
 
 namespace {
 
-constexpr std::size_t kMaxDepth = 256;
+// libxml2 refuses documents nested deeper than 256 elements and values longer than 10 MB; the built-in importer
+// has no such limits. Ours are below both, so a file either loads with both importers or with neither.
+constexpr std::size_t kMaxDepth = 128;
+constexpr std::size_t kMaxValueBytes = 1u << 20;
 constexpr std::uint64_t kMaxMatrixObjects = 65536;
 constexpr std::uint64_t kMaxOsIndex = 1u << 20;  // PUs / NUMA nodes: far beyond any machine
 
@@ -91,6 +108,42 @@ bool valid_bitmap(std::string_view s) {
   }
 }
 
+bool hex_run(std::string_view s, std::size_t& k, std::size_t min, std::size_t max, std::uint32_t* value = nullptr) {
+  std::size_t n = 0;
+  std::uint32_t v = 0;
+  while (k < s.size() && n < max && std::isxdigit(static_cast<unsigned char>(s[k]))) {
+    const char c = static_cast<char>(std::tolower(static_cast<unsigned char>(s[k])));
+    v = v * 16 + static_cast<std::uint32_t>(c <= '9' ? c - '0' : c - 'a' + 10);
+    ++k;
+    ++n;
+  }
+  if (value) *value = v;
+  return n >= min;
+}
+
+bool expect(std::string_view s, std::size_t& k, char c) {
+  if (k >= s.size() || s[k] != c) return false;
+  ++k;
+  return true;
+}
+
+// What hwloc's sscanf("%x:%02x:%02x.%01x") reads and keeps: domain <= 0xffff, bus and device 2 digits, one function.
+bool valid_busid(std::string_view s) {
+  std::size_t k = 0;
+  std::uint32_t domain = 0;
+  return hex_run(s, k, 1, 4, &domain) && expect(s, k, ':') && hex_run(s, k, 1, 2) && expect(s, k, ':') &&
+         hex_run(s, k, 1, 2) && expect(s, k, '.') && hex_run(s, k, 1, 1) && k == s.size();
+}
+
+// hwloc's "%x [%04x:%04x] [%04x:%04x] %02x".
+bool valid_pci_type(std::string_view s) {
+  std::size_t k = 0;
+  return hex_run(s, k, 1, 4) && expect(s, k, ' ') && expect(s, k, '[') && hex_run(s, k, 1, 4) && expect(s, k, ':') &&
+         hex_run(s, k, 1, 4) && expect(s, k, ']') && expect(s, k, ' ') && expect(s, k, '[') && hex_run(s, k, 1, 4) &&
+         expect(s, k, ':') && hex_run(s, k, 1, 4) && expect(s, k, ']') && expect(s, k, ' ') && hex_run(s, k, 1, 2) &&
+         k == s.size();
+}
+
 bool is_name_start(char c) { return std::isalpha(static_cast<unsigned char>(c)) || c == '_' || c == ':'; }
 bool is_name_char(char c) {
   return std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == ':' || c == '-' || c == '.';
@@ -102,6 +155,7 @@ class Scanner {
   Scanner(std::string_view xml, const std::string& source) : m_xml(xml), m_source(source) {}
 
   XmlCheckResult run() {
+    m_out = "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<!DOCTYPE topology SYSTEM \"hwloc2.dtd\">\n";
     if (m_xml.size() >= 3 && m_xml.substr(0, 3) == "\xEF\xBB\xBF") m_pos = 3;
     if (m_xml.find('\0') != std::string_view::npos) {
       // hwloc reads the buffer as a C string: anything after a NUL would be ignored. Only a final NUL is fine.
@@ -124,6 +178,7 @@ class Scanner {
     r.version = m_version;
     for (const auto& m : m_matrices) r.matrices.push_back(m.decl);
     r.num_objects = m_objects.size();
+    r.canonical = std::move(m_out);
     return r;
   }
 
@@ -158,7 +213,9 @@ class Scanner {
 
   void markup() {
     if (starts_with("<?")) {
+      const std::size_t pi = m_pos;
       skip_until("?>", "<?...?>");
+      if (m_xml.substr(pi, 6) == "<?xml ") check_encoding(m_xml.substr(pi, m_pos - pi), pi);
     } else if (starts_with("<!--")) {
       skip_until("-->", "<!-- comment -->");
     } else if (starts_with("<![CDATA[")) {
@@ -177,6 +234,20 @@ class Scanner {
     }
   }
 
+  // The XML declaration may name an encoding: anything but UTF-8 (or its ASCII subset) would be transcoded by
+  // libxml2 and passed through raw by hwloc's built-in importer.
+  void check_encoding(std::string_view decl, std::size_t pos) {
+    const auto e = decl.find("encoding");
+    if (e == std::string_view::npos) return;
+    const auto q = decl.find_first_of("\"'", e);
+    if (q == std::string_view::npos) return;
+    const auto q2 = decl.find(decl[q], q + 1);
+    const std::string_view enc = decl.substr(q + 1, q2 == std::string_view::npos ? 0 : q2 - q - 1);
+    if (!iequals(enc, "UTF-8") && !iequals(enc, "UTF8") && !iequals(enc, "US-ASCII") && !iequals(enc, "ASCII"))
+      fail_at(pos, "<?xml?>",
+              "encoding \"" + std::string(enc) + "\" is not read: hwloc XML is UTF-8 (convert the file with iconv)");
+  }
+
   std::string_view name() {
     const std::size_t b = m_pos;
     if (m_pos >= m_xml.size() || !is_name_start(m_xml[m_pos])) return {};
@@ -188,11 +259,13 @@ class Scanner {
     while (m_pos < m_xml.size() && is_space(m_xml[m_pos])) ++m_pos;
   }
 
+  // Attribute value as XML 1.0 defines it: references decoded, literal tab / line feed / carriage return
+  // normalized to spaces; then made valid: bytes that are not UTF-8 and code points XML forbids become '?'.
   std::string decode(std::string_view raw, std::size_t at, const std::string& element) {
     std::string out;
     for (std::size_t k = 0; k < raw.size(); ++k) {
       if (raw[k] != '&') {
-        out += raw[k];
+        out += (raw[k] == '\t' || raw[k] == '\n' || raw[k] == '\r') ? ' ' : raw[k];
         continue;
       }
       const auto semi = raw.find(';', k);
@@ -208,13 +281,160 @@ class Scanner {
         out += '"';
       else if (ent == "apos")
         out += '\'';
-      else if (!ent.empty() && ent[0] == '#')
-        out += '?';  // numeric references: content irrelevant to our checks
+      else if (ent.size() >= 2 && ent[0] == '#')
+        append_code_point(out, numeric_reference(ent.substr(1), at, element));
       else
         fail_at(at, element, "unknown character entity &" + std::string(ent) + ";");
       k = semi;
     }
+    return xml_text(out);
+  }
+
+  std::uint32_t numeric_reference(std::string_view digits, std::size_t at, const std::string& element) {
+    const bool hex = digits[0] == 'x';
+    if (hex) digits.remove_prefix(1);
+    std::uint32_t cp = 0;
+    if (digits.empty() || digits.size() > 8) fail_at(at, element, "malformed character reference");
+    for (char c : digits) {
+      const int d = std::isdigit(static_cast<unsigned char>(c))           ? c - '0'
+                    : hex && std::isxdigit(static_cast<unsigned char>(c)) ? std::tolower(c) - 'a' + 10
+                                                                          : -1;
+      if (d < 0) fail_at(at, element, "malformed character reference");
+      cp = cp * (hex ? 16 : 10) + static_cast<std::uint32_t>(d);
+    }
+    return cp;
+  }
+
+  static bool xml_char(std::uint32_t cp) {
+    return cp == 0x9 || cp == 0xA || cp == 0xD || (cp >= 0x20 && cp <= 0xD7FF) || (cp >= 0xE000 && cp <= 0xFFFD) ||
+           (cp >= 0x10000 && cp <= 0x10FFFF);
+  }
+
+  static void append_code_point(std::string& out, std::uint32_t cp) {
+    if (!xml_char(cp)) {
+      out += '?';
+    } else if (cp < 0x80) {
+      out += static_cast<char>(cp);
+    } else if (cp < 0x800) {
+      out += static_cast<char>(0xC0 | (cp >> 6));
+      out += static_cast<char>(0x80 | (cp & 0x3F));
+    } else if (cp < 0x10000) {
+      out += static_cast<char>(0xE0 | (cp >> 12));
+      out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
+      out += static_cast<char>(0x80 | (cp & 0x3F));
+    } else {
+      out += static_cast<char>(0xF0 | (cp >> 18));
+      out += static_cast<char>(0x80 | ((cp >> 12) & 0x3F));
+      out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
+      out += static_cast<char>(0x80 | (cp & 0x3F));
+    }
+  }
+
+  // Valid UTF-8 made of XML characters: every other byte (and every forbidden code point) becomes '?'.
+  static std::string xml_text(const std::string& in) {
+    std::string out;
+    const auto* p = reinterpret_cast<const unsigned char*>(in.data());
+    const std::size_t n = in.size();
+    for (std::size_t k = 0; k < n;) {
+      const unsigned char c = p[k];
+      const std::size_t len = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xe ? 3 : (c >> 3) == 0x1e ? 4 : 0;
+      bool ok = len > 0 && k + len <= n;
+      for (std::size_t q = 1; ok && q < len; ++q) ok = (p[k + q] & 0xc0) == 0x80;
+      std::uint32_t cp = c;
+      if (ok && len > 1) {
+        cp = c & (0xff >> (len + 1));
+        for (std::size_t q = 1; q < len; ++q) cp = (cp << 6) | (p[k + q] & 0x3f);
+        const std::uint32_t min[] = {0, 0, 0x80, 0x800, 0x10000};
+        ok = cp >= min[len];
+      }
+      if (ok && xml_char(cp)) {
+        out.append(in, k, len);
+        k += len;
+      } else {
+        out += '?';
+        k += ok ? len : 1;
+      }
+    }
     return out;
+  }
+
+  // The escapes both hwloc importers decode alike.
+  static std::string escape(const std::string& v) {
+    std::string out;
+    for (char c : v) {
+      switch (c) {
+        case '&':
+          out += "&amp;";
+          break;
+        case '<':
+          out += "&lt;";
+          break;
+        case '>':
+          out += "&gt;";
+          break;
+        case '"':
+          out += "&quot;";
+          break;
+        case '\t':
+          out += "&#9;";
+          break;
+        case '\n':
+          out += "&#10;";
+          break;
+        case '\r':
+          out += "&#13;";
+          break;
+        default:
+          out += c;
+      }
+    }
+    return out;
+  }
+
+  void emit_start(std::string_view tag, const std::vector<Attr>& attrs, bool self_closing, std::size_t pos,
+                  const std::string& element) {
+    if (m_skip > 0 || tag == "userdata") {  // userdata is hwloc's opaque application data: we never read it
+      if (!self_closing) ++m_skip;
+      return;
+    }
+    if (tag == "indexes" || tag == "u64values") return;  // written with its re-joined text when it closes
+    if (tag == "topology") {
+      for (const auto& a : attrs)
+        if (a.name != "version")
+          fail_at(pos, element, "attribute " + std::string(a.name) + " is not part of hwloc v2 XML");
+      m_out += "<topology version=\"" + get(attrs, "version")->substr() + "\">\n";
+      return;
+    }
+    m_out.append(2 * (m_stack.size() - 1), ' ');
+    m_out += '<';
+    m_out.append(tag.data(), tag.size());
+    for (const auto& a : attrs) {
+      // hwloc's built-in importer stops at the first attribute name outside [a-z_] (silently dropping the rest);
+      // every attribute hwloc writes is spelled that way.
+      if (a.name.empty() || a.name.size() > 64 ||
+          !std::all_of(a.name.begin(), a.name.end(), [](char c) { return (c >= 'a' && c <= 'z') || c == '_'; }))
+        fail_at(pos, element,
+                "attribute " + std::string(a.name) + ": hwloc attribute names are lower-case letters and '_'");
+      m_out += ' ';
+      m_out.append(a.name.data(), a.name.size());
+      m_out += "=\"" + escape(a.value) + '"';
+    }
+    m_out += self_closing ? "/>\n" : ">\n";
+  }
+
+  void emit_end(std::string_view tag) {
+    if (m_skip > 0) {
+      --m_skip;
+      return;
+    }
+    if (tag == "indexes" || tag == "u64values" || tag == "topology") {
+      if (tag == "topology") m_out += "</topology>\n";
+      return;
+    }
+    m_out.append(2 * (m_stack.size() - 1), ' ');
+    m_out += "</";
+    m_out.append(tag.data(), tag.size());
+    m_out += ">\n";
   }
 
   void start_tag() {
@@ -252,6 +472,9 @@ class Scanner {
       if (end == std::string_view::npos)
         fail_at(attr_pos, element, "attribute " + std::string(an) + " not closed (truncated file?)");
       const std::string_view raw = m_xml.substr(m_pos, end - m_pos);
+      if (raw.size() > kMaxValueBytes)
+        fail_at(attr_pos, element,
+                "attribute " + std::string(an) + " is longer than " + std::to_string(kMaxValueBytes) + " bytes");
       if (raw.find('<') != std::string_view::npos)
         fail_at(attr_pos, element, "attribute " + std::string(an) + " contains '<'");
       for (const auto& a : attrs)
@@ -260,7 +483,8 @@ class Scanner {
       m_pos = end + 1;
     }
     open_element(tag, attrs, tag_pos, element);
-    if (self_closing) close_element(tag_pos);
+    emit_start(tag, attrs, self_closing, tag_pos, element);
+    if (self_closing) close_element(tag_pos, true);
   }
 
   void end_tag() {
@@ -275,7 +499,7 @@ class Scanner {
     if (m_stack.back() != tag)
       fail_at(tag_pos, "</" + std::string(tag) + ">",
               "does not match the open element <" + std::string(m_stack.back()) + ">");
-    close_element(tag_pos);
+    close_element(tag_pos, false);
   }
 
   void text() {
@@ -286,6 +510,11 @@ class Scanner {
     if (m_stack.empty()) {
       if (!blank) fail_at(m_pos, "document", "text outside the root element");
     } else if (m_in_array) {
+      if (t.find('&') != std::string_view::npos)
+        fail_at(m_pos, m_array_is_index ? "<indexes>" : "<u64values>", "character references are not allowed here");
+      if (m_array_text.size() + t.size() > kMaxValueBytes)
+        fail_at(m_pos, m_array_is_index ? "<indexes>" : "<u64values>",
+                "text longer than " + std::to_string(kMaxValueBytes) + " bytes");
       m_array_text.append(t.data(), t.size());
     } else if (!blank && m_stack.back() != "userdata") {
       fail_at(m_pos, "<" + std::string(m_stack.back()) + ">", "unexpected text");
@@ -324,8 +553,10 @@ class Scanner {
                 "no version attribute: hwloc v1 XML is not supported (export with `lstopo --of v2xml`, or hwloc "
                 "2.x's default)");
       m_version = *v;
-      const bool v2 = !v->empty() && (*v)[0] == '2' && (v->size() == 1 || (*v)[1] == '.') &&
-                      std::all_of(v->begin(), v->end(), [](char c) { return c == '.' || std::isdigit(c); });
+      // "2.<minor>": hwloc reads the version with sscanf("%u.%u"); a bare "2" makes its libxml2 importer fall
+      // back to the v1 format and its built-in one refuse the file.
+      const bool v2 = v->size() >= 3 && v->size() <= 8 && (*v)[0] == '2' && (*v)[1] == '.' &&
+                      std::all_of(v->begin() + 2, v->end(), [](char c) { return std::isdigit(c) != 0; });
       if (!v2)
         fail_at(pos, element,
                 "unsupported hwloc XML version \"" + *v +
@@ -352,8 +583,9 @@ class Scanner {
     m_stack.push_back(tag);
   }
 
-  void close_element(std::size_t pos) {
+  void close_element(std::size_t pos, bool self_closed) {
     const std::string_view tag = m_stack.back();
+    if (!self_closed || tag == "indexes" || tag == "u64values") emit_end(tag);
     if (tag == "indexes" || tag == "u64values") finish_array();
     if ((tag == "distances2" || tag == "distances2hetero") && !m_matrices.empty()) {
       MatrixRecord& m = m_matrices.back();
@@ -388,6 +620,30 @@ class Scanner {
     for (auto [a, b] : {std::pair{"cpuset", "complete_cpuset"}, std::pair{"nodeset", "complete_nodeset"}})
       if ((get(attrs, a) != nullptr) != (get(attrs, b) != nullptr))
         fail_at(pos, element, std::string(get(attrs, a) ? a : b) + " without " + (get(attrs, a) ? b : a));
+    // PCI objects: hwloc drops an object whose pci_busid its sscanf cannot read (or whose domain exceeds 16 bits in
+    // builds without 32-bit domains, Debian's), together with everything below it and the matrix entries naming it;
+    // an unreadable pci_type leaves class and vendor 0, so a GPU is no longer recognized. Both vanish without a word
+    // from hwloc, so they are errors here.
+    if (iequals(*type, "PCIDev") || iequals(*type, "Bridge")) {
+      const std::string* busid = get(attrs, "pci_busid");
+      const std::string* pcitype = get(attrs, "pci_type");
+      const bool needs_busid =
+          iequals(*type, "PCIDev") || (get(attrs, "bridge_type") && *get(attrs, "bridge_type") != "0-1");
+      if (!busid && needs_busid)
+        fail_at(pos, element, "a " + *type + " without pci_busid (hwloc would place it at 0000:00:00.0)");
+      if (busid && !valid_busid(*busid))
+        fail_at(
+            pos, element,
+            "pci_busid=\"" + *busid +
+                "\" is not a PCI address hwloc reads (dddd:bb:dd.f, domain <= ffff); hwloc would drop this object and "
+                "everything below it");
+      if (!pcitype && iequals(*type, "PCIDev"))
+        fail_at(pos, element, "a PCIDev without pci_type (class, vendor and device unknown)");
+      if (pcitype && !valid_pci_type(*pcitype))
+        fail_at(pos, element,
+                "pci_type=\"" + *pcitype +
+                    "\" is not \"cccc [vvvv:dddd] [vvvv:dddd] rr\"; hwloc would leave its class and vendor unknown");
+    }
     // hwloc v2 knows host (0) and PCI (1) upstream sides and PCI (1) downstream sides only.
     if (const std::string* bt = get(attrs, "bridge_type"))
       if (*bt != "0-1" && *bt != "1-1") fail_at(pos, element, "bridge_type=\"" + *bt + "\" is not 0-1 or 1-1");
@@ -453,12 +709,15 @@ class Scanner {
                   " characters (hwloc requires the exact count, trailing space included)");
     std::size_t k = 0;
     const std::string& s = m_array_text;
+    std::string joined;
     while (k < s.size()) {
       while (k < s.size() && is_space(s[k])) ++k;
       const std::size_t b = k;
       while (k < s.size() && !is_space(s[k])) ++k;
       if (b == k) break;
       const std::string_view tok(s.data() + b, k - b);
+      joined.append(tok.data(), tok.size());
+      joined += ' ';
       if (m_array_is_index) {
         if (m.indexes.size() >= m.decl.nbobjs)
           fail_at(m_array_pos, element, "more index tokens than nbobjs=" + std::to_string(m.decl.nbobjs));
@@ -483,6 +742,10 @@ class Scanner {
         ++m.num_values;
       }
     }
+    const char* tag = m_array_is_index ? "indexes" : "u64values";
+    m_out.append(2 * (m_stack.size() - 1), ' ');
+    m_out +=
+        std::string("<") + tag + " length=\"" + std::to_string(joined.size()) + "\">" + joined + "</" + tag + ">\n";
   }
 
   // Every index must name an object of the declared type; hwloc would silently drop the whole matrix otherwise.
@@ -532,6 +795,8 @@ class Scanner {
   std::uint64_t m_array_length = 0;
   std::size_t m_array_pos = 0;
   std::string m_array_text;
+  std::string m_out;  // the canonical document
+  int m_skip = 0;     // depth inside elements left out of it (userdata)
 };
 
 }  // namespace

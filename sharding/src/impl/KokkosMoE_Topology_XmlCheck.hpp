@@ -28,6 +28,8 @@ struct XmlCheckResult {
   std::string version;                      // the <topology version="..."> attribute
   std::vector<XmlDeclaredMatrix> matrices;  // every distances matrix, in file order
   std::size_t num_objects = 0;
+  /// The document in the canonical form both hwloc XML importers read alike (see the .cpp); what hwloc is given.
+  std::string canonical;
 };
 
 /// Checks well-formedness (balanced tags, quoted attributes, nothing truncated), the root element and its
