@@ -1,11 +1,11 @@
 /*
  * KokkosMoE: Mixture-of-Experts routing for Kokkos. SPDX-License-Identifier: Apache-2.0
  */
-// EP benchmarks (docs/ep.md §9, docs/conventions.md §7): layout, dispatch, combine and both backwards for the DeepSeek-V3
-// shape (4096 tokens per rank, hidden 7168, bf16, top-8 of 256 with the real group-limited router) and decode (128
-// tokens per rank), eager and capacity mode; in the same run the device copy of the same bytes, raw send/recv and
-// the all-to-all of the same bytes through the library's transport. Every rank runs every benchmark with a fixed
-// iteration count (the ranks must issue the same collectives); rank 0 reports.
+// EP benchmarks (docs/ep.md §9, docs/conventions.md §7): layout, dispatch, combine and both backwards for the
+// DeepSeek-V3 shape (4096 tokens per rank, hidden 7168, bf16, top-8 of 256 with the real group-limited router) and
+// decode (128 tokens per rank), eager and capacity mode; in the same run the device copy of the same bytes, raw
+// send/recv and the all-to-all of the same bytes through the library's transport. Every rank runs every benchmark with
+// a fixed iteration count (the ranks must issue the same collectives); rank 0 reports.
 //
 // Counters: GB/s = logical bandwidth (received rows x H x 2 B, the rank's own included) / time; move_GBps = bytes the
 // operation must read and write on this rank / time; frac_copy = move_GBps / the copy baseline of the same run;

@@ -47,3 +47,15 @@ if [ "$phase" = bench ] || [ "$phase" = all ]; then
     --benchmark_out_format=json) >"$out/bench.log" 2>&1
   echo "exit $?" | tee -a "$out/bench.log"; grep -E "^ep/" "$out/bench.log" | cut -c1-220
 fi
+
+if [ "$phase" = profile ] || [ "$phase" = all ]; then
+  step "ncu: kernel durations of the layout, dispatch and combine (capacity mode, decode and prefill)"
+  for shape in 128 4096; do
+    (cd "$bin" && timeout 240 ncu --metrics gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed \
+      --print-summary per-kernel --kernel-name regex:'.*' --launch-skip 0 --launch-count 400 \
+      ./KokkosMoE_CommBenchmarks --kokkosmoe_ep_tokens=$shape \
+      --benchmark_filter="ep/(layout|dispatch|combine)/capacity") >"$out/ncu-$shape.txt" 2>&1
+    echo "ncu exit $? (T = $shape)"
+    grep -E "KokkosMoE|gpu__time_duration|dram__throughput|Kernel|ncclDevKernel" "$out/ncu-$shape.txt" | head -60
+  done
+fi

@@ -23,7 +23,15 @@ struct alignas(16) Chunk16 {
   std::uint32_t v[4];
 };
 
-constexpr int kLayoutChunk = 32;  ///< tokens per layout team: the in-chunk rank is a serial loop of chunk*K steps
+constexpr int kLayoutChunk = 32;
+
+/// Every EP launch passes its functor as a kernel argument (Kokkos' light-weight launch): the functors are small,
+/// and a launch through constant memory (a host staging buffer, an event wait) or global memory (a per-instance
+/// buffer that may be reallocated) is not safe to capture into a CUDA graph and replay (docs/ep.md §6).
+template <class Policy>
+auto light(const Policy& p) {
+  return Kokkos::Experimental::require(p, Kokkos::Experimental::WorkItemProperty::HintLightWeight);
+}  ///< tokens per layout team: the in-chunk rank is a serial loop of chunk*K steps
 
 template <class T, class Mem>
 using Unmanaged1 = Kokkos::View<T*, Kokkos::LayoutRight, Mem, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
@@ -86,7 +94,7 @@ void layout_count(const Exec& exec, const EpShape s, const IdxView& idx,
     const std::size_t shmem = Scratch::shmem_size(s.E) + Scratch::shmem_size(s.R);
     Kokkos::TeamPolicy<Exec> policy(exec, nch, Kokkos::AUTO);
     Kokkos::parallel_for(
-        "KokkosMoE::ep_layout::count", policy.set_scratch_size(0, Kokkos::PerTeam(shmem)),
+        "KokkosMoE::ep_layout::count", light(policy.set_scratch_size(0, Kokkos::PerTeam(shmem))),
         KOKKOS_LAMBDA(const Team& m) {
           const int c = m.league_rank();
           Scratch cnt(m.team_scratch(0), s.E);
@@ -141,7 +149,7 @@ void layout_count(const Exec& exec, const EpShape s, const IdxView& idx,
   auto per_rank = v.tokens_per_rank;
   auto status = v.status;
   Kokkos::parallel_for(
-      "KokkosMoE::ep_layout::prefix", Kokkos::TeamPolicy<Exec>(exec, s.E + s.R + 1, Kokkos::AUTO),
+      "KokkosMoE::ep_layout::prefix", light(Kokkos::TeamPolicy<Exec>(exec, s.E + s.R + 1, Kokkos::AUTO)),
       KOKKOS_LAMBDA(const Team& m) {
         const int i = m.league_rank();
         if (i < s.E) {
@@ -199,7 +207,7 @@ void layout_offsets(const Exec& exec, const EpShape s, const EpLayoutViews<typen
   const std::size_t shmem = 6 * Scratch::shmem_size(s.L);
   Kokkos::TeamPolicy<Exec> policy(exec, s.R, Kokkos::AUTO);
   Kokkos::parallel_for(
-      "KokkosMoE::ep_layout::offsets", policy.set_scratch_size(0, Kokkos::PerTeam(shmem)),
+      "KokkosMoE::ep_layout::offsets", light(policy.set_scratch_size(0, Kokkos::PerTeam(shmem))),
       KOKKOS_LAMBDA(const Team& m) {
         const int j = m.league_rank(), L = s.L, E = s.E;
         constexpr int kNone = 2147483647;
@@ -321,7 +329,7 @@ void layout_slots(const Exec& exec, const EpShape s, const IdxView& idx,
   n = recv_rows > n ? recv_rows : n;
   n = stage_rows > n ? stage_rows : n;
   Kokkos::parallel_for(
-      "KokkosMoE::ep_layout::slots", Kokkos::RangePolicy<Exec>(exec, 0, n), KOKKOS_LAMBDA(std::int64_t q) {
+      "KokkosMoE::ep_layout::slots", light(Kokkos::RangePolicy<Exec>(exec, 0, n)), KOKKOS_LAMBDA(std::int64_t q) {
         const int L = s.L;
         if (q < slots) {
           const int pos = local_pos(q);
@@ -449,7 +457,7 @@ void pack_forward(const Exec& exec, const EpShape s, const Unmanaged2<const Unit
   auto slot_local = v.slot_local;
   auto recv_expert = v.recv_expert;
   Kokkos::parallel_for(
-      label, Kokkos::TeamPolicy<Exec>(exec, league, Kokkos::AUTO), KOKKOS_LAMBDA(const Team& m) {
+      label, light(Kokkos::TeamPolicy<Exec>(exec, league, Kokkos::AUTO)), KOKKOS_LAMBDA(const Team& m) {
         const int t = m.league_rank();
         if (t < s.T) {
           const std::int64_t q0 = static_cast<std::int64_t>(t) * s.K;
@@ -497,7 +505,7 @@ void unpack_forward(const Exec& exec, int stage_rows, const Unmanaged2<const Uni
   const bool with_f = dst_f.extent(0) > 0;
   auto stage_map = v.stage_map;
   Kokkos::parallel_for(
-      label, Kokkos::TeamPolicy<Exec>(exec, stage_rows, Kokkos::AUTO), KOKKOS_LAMBDA(const Team& m) {
+      label, light(Kokkos::TeamPolicy<Exec>(exec, stage_rows, Kokkos::AUTO)), KOKKOS_LAMBDA(const Team& m) {
         const int q = m.league_rank();
         const int row = stage_map(q);
         if (row < 0) return;
@@ -517,7 +525,7 @@ void zero_invalid_rows(const Exec& exec, int recv_rows, const EpLayoutViews<type
   const bool with_f = dst_f.extent(0) > 0;
   auto recv_expert = v.recv_expert;
   Kokkos::parallel_for(
-      label, Kokkos::TeamPolicy<Exec>(exec, recv_rows, Kokkos::AUTO), KOKKOS_LAMBDA(const Team& m) {
+      label, light(Kokkos::TeamPolicy<Exec>(exec, recv_rows, Kokkos::AUTO)), KOKKOS_LAMBDA(const Team& m) {
         const int row = m.league_rank();
         if (recv_expert(row) >= 0) return;
         Kokkos::parallel_for(Kokkos::TeamThreadRange(m, units), [&](int u) { dst(row, u) = Unit{}; });
@@ -538,7 +546,7 @@ void pack_return(const Exec& exec, int stage_rows, const Unmanaged2<const Unit, 
   const bool with_f = src_f.extent(0) > 0;
   auto stage_map = v.stage_map;
   Kokkos::parallel_for(
-      label, Kokkos::TeamPolicy<Exec>(exec, stage_rows, Kokkos::AUTO), KOKKOS_LAMBDA(const Team& m) {
+      label, light(Kokkos::TeamPolicy<Exec>(exec, stage_rows, Kokkos::AUTO)), KOKKOS_LAMBDA(const Team& m) {
         const int q = m.league_rank();
         const int row = stage_map(q);
         if (row < 0) return;
@@ -568,7 +576,7 @@ void reduce_return(const Exec& exec, const EpShape s, const Unmanaged2<const Uni
   auto slot_row = v.slot_row;
   auto slot_local = v.slot_local;
   Kokkos::parallel_for(
-      label, Kokkos::TeamPolicy<Exec>(exec, s.T, Kokkos::AUTO), KOKKOS_LAMBDA(const Team& m) {
+      label, light(Kokkos::TeamPolicy<Exec>(exec, s.T, Kokkos::AUTO)), KOKKOS_LAMBDA(const Team& m) {
         const int t = m.league_rank();
         const std::int64_t q0 = static_cast<std::int64_t>(t) * s.K;
         if (with_rows) {
@@ -632,8 +640,8 @@ void combine_backward_source(const Exec& exec, const EpShape s,
   auto slot_row = v.slot_row;
   auto slot_local = v.slot_local;
   Kokkos::parallel_for(
-      "KokkosMoE::ep_combine_backward::source", Kokkos::TeamPolicy<Exec>(exec, static_cast<int>(slots), Kokkos::AUTO),
-      KOKKOS_LAMBDA(const Team& m) {
+      "KokkosMoE::ep_combine_backward::source",
+      light(Kokkos::TeamPolicy<Exec>(exec, static_cast<int>(slots), Kokkos::AUTO)), KOKKOS_LAMBDA(const Team& m) {
         const std::int64_t q = m.league_rank();
         const int t = static_cast<int>(q / s.K), k = static_cast<int>(q % s.K);
         const int row = slot_row(q);
@@ -673,7 +681,7 @@ void combine_backward_expert(const Exec& exec, int stage_rows,
   const int units = static_cast<int>(out.extent(1));
   auto stage_map = v.stage_map;
   Kokkos::parallel_for(
-      "KokkosMoE::ep_combine_backward::expert", Kokkos::TeamPolicy<Exec>(exec, stage_rows, Kokkos::AUTO),
+      "KokkosMoE::ep_combine_backward::expert", light(Kokkos::TeamPolicy<Exec>(exec, stage_rows, Kokkos::AUTO)),
       KOKKOS_LAMBDA(const Team& m) {
         const int q = m.league_rank();
         const int row = stage_map(q);
@@ -701,7 +709,7 @@ void combine_backward_scatter(const Exec& exec, const EpShape s,
   auto slot_row = v.slot_row;
   auto slot_local = v.slot_local;
   Kokkos::parallel_for(
-      "KokkosMoE::ep_combine_backward::scatter", Kokkos::RangePolicy<Exec>(exec, 0, slots),
+      "KokkosMoE::ep_combine_backward::scatter", light(Kokkos::RangePolicy<Exec>(exec, 0, slots)),
       KOKKOS_LAMBDA(std::int64_t q) {
         const int row = slot_row(q);
         if (row >= 0 && !slot_local(q)) grad_w(q / s.K, q % s.K) = stage_f(row);

@@ -71,8 +71,8 @@ inline constexpr long kGroupStepLimit = 200000;
 /// The most maximal cliques the planner enumerates for an in-memory topology (the loaders cap at 65536).
 inline constexpr std::size_t kMaxPlannerCliques = 4096;
 
-/// EP groups of R GPUs (docs/topology.md §10). every_gpu = false: NVLink groups only, as many as possible, GPUs that fit
-/// none left out (no group at all when no NVLink clique of R exists). every_gpu = true (R divides n): a partition
+/// EP groups of R GPUs (docs/topology.md §10). every_gpu = false: NVLink groups only, as many as possible, GPUs that
+/// fit none left out (no group at all when no NVLink clique of R exists). every_gpu = true (R divides n): a partition
 /// of every GPU, NVLink cliques when possible, else over any pairs (PCIe), flagged. Lexicographic choice: as many
 /// groups, then the largest minimum pair bandwidth, then the fewest groups straddling NUMA nodes, then the lowest
 /// GPU ids. At most \p step_limit search steps; \p cliques are the node's maximal NVLink cliques.
