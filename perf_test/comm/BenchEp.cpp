@@ -204,8 +204,12 @@ void BM_Ep(benchmark::State& state, Op op, int T, bool capacity) {
       logical = 0;
       break;
     case Op::Dispatch:
-    case Op::CombineBackward:
       move = (static_cast<double>(T) + f.slots) * rb + (f.recv_slots - f.local_slots) * rb * 2;
+      logical = f.recv_slots * rb;
+      break;
+    case Op::CombineBackward:
+      // Weighted: the expert outputs are read too (the weight gradient is their dot product with grad_y).
+      move = (static_cast<double>(T) + 2.0 * f.slots) * rb + (f.recv_slots - f.local_slots) * rb * 2;
       logical = f.recv_slots * rb;
       break;
     case Op::Combine:
