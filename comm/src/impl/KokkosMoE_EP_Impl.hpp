@@ -141,7 +141,7 @@ struct EpHandleState {
     const EpShape& s = group->shape;
     const EpGroupConfig& c = group->config;
     const std::int64_t BK = static_cast<std::int64_t>(c.max_tokens_per_rank) * c.top_k;
-    const int nch = (c.max_tokens_per_rank + kLayoutChunk - 1) / kLayoutChunk;
+    const int nch = (c.max_tokens_per_rank + s.chunk - 1) / s.chunk;
     auto a = [](const char* n, std::int64_t len) {
       return Kokkos::View<int*, Mem>(std::string("KokkosMoE::ep::") + n, static_cast<std::size_t>(len));
     };
@@ -193,7 +193,7 @@ template <class Exec>
 std::size_t handle_bytes(const EpGroupState<Exec>& g) {
   const EpShape& s = g.shape;
   const std::size_t B = static_cast<std::size_t>(g.config.max_tokens_per_rank), BK = B * s.K;
-  const std::size_t nch = (B + kLayoutChunk - 1) / kLayoutChunk, R = s.R, E = s.E, L = s.L;
+  const std::size_t nch = (B + s.chunk - 1) / s.chunk, R = s.R, E = s.E, L = s.L;
   const std::size_t recv = g.capacity_mode() ? static_cast<std::size_t>(g.recv_rows_fixed) : BK;
   const std::size_t stage = g.capacity_mode() ? (R > 1 ? R * static_cast<std::size_t>(s.block) : 0) : BK;
   const std::size_t ints = BK + nch * E + nch * R + nch + (E + 1) + R + R * (E + 1) + 4 * E + (L + 1) + L + 3 * R * L +
@@ -305,6 +305,7 @@ std::shared_ptr<EpGroupState<Exec>> make_group_state(const Exec& exec, const Com
   g->transport = t;
   EpShape& s = g->shape;
   s.K = config.top_k;
+  s.chunk = layout_chunk(config.top_k);
   s.E = config.num_experts;
   s.R = config.ep_size;
   s.L = s.E / s.R;

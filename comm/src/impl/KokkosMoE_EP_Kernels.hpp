@@ -23,7 +23,10 @@ struct alignas(16) Chunk16 {
   std::uint32_t v[4];
 };
 
-constexpr int kLayoutChunk = 32;
+/// Tokens per layout team: at most 32, and at most 2048 slots, so that a chunk's ids fit in team scratch.
+KOKKOS_INLINE_FUNCTION constexpr int layout_chunk(int top_k) {
+  return top_k >= 2048 ? 1 : (2048 / top_k < 32 ? 2048 / top_k : 32);
+}
 
 /// Every EP launch passes its functor as a kernel argument (Kokkos' light-weight launch): the functors are small,
 /// and a launch through constant memory (a host staging buffer, an event wait) or global memory (a per-instance
@@ -73,6 +76,7 @@ struct EpShape {
   int slab = 0;        // fixed: R*B
   int capacity = 0;    // > 0: receive rows of the padded layout (capacity mode); 0: eager
   int block = 0;       // capacity mode: rows per peer block of the stages
+  int chunk = 32;      // tokens per layout team (layout_chunk(K))
   KOKKOS_INLINE_FUNCTION bool eager() const { return capacity == 0 && !fixed; }
 };
 
@@ -84,14 +88,17 @@ void layout_count(const Exec& exec, const EpShape s, const IdxView& idx,
                   const EpLayoutViews<typename Exec::memory_space>& v) {
   using Team = typename Kokkos::TeamPolicy<Exec>::member_type;
   using Scratch = Kokkos::View<int*, typename Exec::scratch_memory_space, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
-  const int nch = (s.T + kLayoutChunk - 1) / kLayoutChunk;
+  const int nch = (s.T + s.chunk - 1) / s.chunk;
   auto local_pos = v.local_pos;
   auto chunk_prefix = v.chunk_prefix;
   auto chunk_tokens = v.chunk_tokens;
   auto chunk_bad = v.chunk_bad;
   auto token_in_rank = v.token_in_rank;
   if (nch > 0) {
-    const std::size_t shmem = Scratch::shmem_size(s.E) + Scratch::shmem_size(s.R);
+    // The chunk's ids are staged in scratch; each slot's rank among the chunk's slots of its expert is a count of
+    // earlier equal ids there (no serial walk through global memory), and the histogram takes scratch atomics.
+    const int n_max = s.chunk * s.K;
+    const std::size_t shmem = Scratch::shmem_size(s.E) + Scratch::shmem_size(s.R) + Scratch::shmem_size(n_max);
     Kokkos::TeamPolicy<Exec> policy(exec, nch, Kokkos::AUTO);
     Kokkos::parallel_for(
         "KokkosMoE::ep_layout::count", light(policy.set_scratch_size(0, Kokkos::PerTeam(shmem))),
@@ -99,44 +106,46 @@ void layout_count(const Exec& exec, const EpShape s, const IdxView& idx,
           const int c = m.league_rank();
           Scratch cnt(m.team_scratch(0), s.E);
           Scratch tok(m.team_scratch(0), s.R);
+          Scratch ids(m.team_scratch(0), n_max);
+          const int t0 = c * s.chunk;
+          const int t1 = t0 + s.chunk < s.T ? t0 + s.chunk : s.T;
+          const int n = (t1 - t0) * s.K;
           Kokkos::parallel_for(Kokkos::TeamThreadRange(m, s.E), [&](int e) { cnt(e) = 0; });
           Kokkos::parallel_for(Kokkos::TeamThreadRange(m, s.R), [&](int r) { tok(r) = 0; });
+          int bad = 0;
+          Kokkos::parallel_reduce(
+              Kokkos::TeamThreadRange(m, n),
+              [&](int j, int& acc) {
+                const long long e = static_cast<long long>(idx(t0 + j / s.K, j % s.K));
+                const bool ok = e >= 0 && e < s.E;
+                if (!ok && e != -1) ++acc;
+                ids(j) = ok ? static_cast<int>(e) : -1;
+              },
+              bad);
           m.team_barrier();
-          const int t0 = c * kLayoutChunk;
-          const int t1 = t0 + kLayoutChunk < s.T ? t0 + kLayoutChunk : s.T;
-          Kokkos::single(Kokkos::PerTeam(m), [&]() {
-            int bad = 0;
-            for (int t = t0; t < t1; ++t) {
-              for (int k = 0; k < s.K; ++k) {
-                const long long e = static_cast<long long>(idx(t, k));
-                int pos = -1;
-                if (e >= 0 && e < s.E) {
-                  pos = cnt(static_cast<int>(e))++;
-                } else if (e != -1) {
-                  ++bad;
-                }
-                local_pos(static_cast<std::int64_t>(t) * s.K + k) = pos;
-              }
+          Kokkos::parallel_for(Kokkos::TeamThreadRange(m, n), [&](int j) {
+            const int e = ids(j);
+            int pos = -1;
+            if (e >= 0) {
+              pos = 0;
+              for (int i = 0; i < j; ++i) pos += ids(i) == e ? 1 : 0;
+              Kokkos::atomic_add(&cnt(e), 1);
             }
-            chunk_bad(c) = bad;
+            local_pos(static_cast<std::int64_t>(t0) * s.K + j) = pos;
           });
-          Kokkos::parallel_for(Kokkos::TeamThreadRange(m, t1 - t0), [&](int j) {
-            const int t = t0 + j;
+          Kokkos::parallel_for(Kokkos::TeamThreadRange(m, t1 - t0), [&](int jt) {
             for (int r = 0; r < s.R; ++r) {
               bool any = false;
               for (int k = 0; k < s.K; ++k) {
-                const long long e = static_cast<long long>(idx(t, k));
-                any = any || (e >= 0 && e < s.E && static_cast<int>(e) / s.L == r);
+                const int e = ids(jt * s.K + k);
+                any = any || (e >= 0 && e / s.L == r);
               }
-              token_in_rank(static_cast<std::int64_t>(t) * s.R + r) = any ? 1 : 0;
+              token_in_rank(static_cast<std::int64_t>(t0 + jt) * s.R + r) = any ? 1 : 0;
+              if (any) Kokkos::atomic_add(&tok(r), 1);
             }
           });
           m.team_barrier();
-          Kokkos::single(Kokkos::PerTeam(m), [&]() {
-            for (int j = 0; j < t1 - t0; ++j)
-              for (int r = 0; r < s.R; ++r) tok(r) += token_in_rank(static_cast<std::int64_t>(t0 + j) * s.R + r);
-          });
-          m.team_barrier();
+          Kokkos::single(Kokkos::PerTeam(m), [&]() { chunk_bad(c) = bad; });
           Kokkos::parallel_for(Kokkos::TeamThreadRange(m, s.E),
                                [&](int e) { chunk_prefix(static_cast<std::int64_t>(c) * s.E + e) = cnt(e); });
           Kokkos::parallel_for(Kokkos::TeamThreadRange(m, s.R),
@@ -337,7 +346,7 @@ void layout_slots(const Exec& exec, const EpShape s, const IdxView& idx,
           std::uint8_t local = 0;
           if (pos >= 0) {
             const int e = static_cast<int>(idx(q / s.K, q % s.K));
-            const int c = static_cast<int>(q / s.K) / kLayoutChunk;
+            const int c = static_cast<int>(q / s.K) / s.chunk;
             const int within = chunk_prefix(static_cast<std::int64_t>(c) * s.E + e) + pos;
             const int dest = dest_base(e) + within;
             const bool dropped = dest >= dest_limit(e);
