@@ -31,6 +31,17 @@ double resolve_timeout(const char* fn, double configured) {
   return value;
 }
 
+CommStats stats_of(const Transport& t) {
+  CommStats s;
+  s.calls = t.calls;
+  s.exchanges = t.exchanges;
+  s.alltoalls = t.alltoalls;
+  s.allgathers = t.allgathers;
+  s.waits = t.waits;
+  s.streams = t.streams_used;
+  return s;
+}
+
 }  // namespace Impl
 
 Impl::Transport& Communicator::checked(const char* fn) const {
@@ -59,16 +70,6 @@ void Communicator::abort() noexcept {
 }
 bool Communicator::aborted() const noexcept { return m_transport && m_transport->aborted(); }
 
-CommStats Communicator::stats() const {
-  const Impl::Transport& t = checked("Communicator::stats");
-  CommStats s;
-  s.calls = t.calls;
-  s.exchanges = t.exchanges;
-  s.alltoalls = t.alltoalls;
-  s.allgathers = t.allgathers;
-  s.waits = t.waits;
-  s.streams = t.streams_used;
-  return s;
-}
+CommStats Communicator::stats() const { return Impl::stats_of(checked("Communicator::stats")); }
 
 }  // namespace KokkosMoE

@@ -214,15 +214,7 @@ std::vector<const void*> handle_buffers(const EpHandleState<Exec>& h) {
 
 template <class Exec>
 CommStats group_stats(const EpGroupState<Exec>& g) {
-  const Transport& t = *g.transport;
-  CommStats s;
-  s.calls = t.calls;
-  s.exchanges = t.exchanges;
-  s.alltoalls = t.alltoalls;
-  s.allgathers = t.allgathers;
-  s.waits = t.waits;
-  s.streams = t.streams_used;
-  return s;
+  return stats_of(*g.transport);
 }
 
 /// FNV-1a over the configuration fields, in a fixed order.

@@ -94,6 +94,9 @@ class Transport {
   bool m_aborted = false;
 };
 
+/// The counters of \p t as the public CommStats.
+CommStats stats_of(const Transport& t);
+
 /// The timeout of a new communicator: KOKKOSMOE_COMM_TIMEOUT (seconds) when set, else `configured`.
 /// \throws InvalidArgument (Rule::ConfigValue) for a value that is not a finite number in (0, 1e6]
 double resolve_timeout(const char* fn, double configured);
