@@ -9,6 +9,7 @@
 //
 //   mpirun -np 2 kokkosmoe-ep [--preset deepseek-v3] [--tokens 256] [--hidden H] [--dtype float|bf16]
 //                             [--capacity ROWS] [--alignment A] [--iters 5] [--seed 1]
+#include <KokkosMoE_Cli.hpp>
 #include <KokkosMoE_Communicator_MPI.hpp>
 #include <KokkosMoE_EP.hpp>
 #include <KokkosMoE_Router.hpp>
@@ -48,50 +49,30 @@ struct Args {
   long alignment = 1;
   long iters = 5;
   long seed = 1;
+  bool help = false;
+  KokkosMoE::Impl::CliKokkosArgs kokkos;
 };
 
-struct UsageError : std::runtime_error {
-  using std::runtime_error::runtime_error;
-};
-
-long parse_long(const std::string& flag, const std::string& v, long lo, long hi) {
-  errno = 0;
-  char* end = nullptr;
-  const long x = std::strtol(v.c_str(), &end, 10);
-  if (v.empty() || end == v.c_str() || *end != '\0' || errno == ERANGE || x < lo || x > hi)
-    throw UsageError(flag + ": '" + v + "' is not an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) +
-                     "]");
-  return x;
-}
-
+/// The command line, parsed before MPI or Kokkos start (the shared strict parser: docs/hostile-input.md).
 Args parse(int argc, char** argv) {
+  using KokkosMoE::Impl::CliFlag;
+  static const std::vector<CliFlag> flags = {
+      {"--preset", true, ""}, {"--tokens", true, ""},   {"--hidden", true, ""},
+      {"--dtype", true, ""},  {"--capacity", true, ""}, {"--alignment", true, ""},
+      {"--iters", true, ""},  {"--seed", true, ""},     {"--help", false, "-h"}};
+  const KokkosMoE::Impl::CliArgs cli = KokkosMoE::Impl::parse_command_line(argc, argv, flags, KOKKOS_VERSION);
   Args a;
-  for (int i = 1; i < argc; ++i) {
-    const std::string opt = argv[i];
-    if (opt == "--help" || opt == "-h") throw UsageError("");
-    if (i + 1 >= argc) throw UsageError(opt + " needs a value (or is unknown); --help lists the options");
-    const std::string v = argv[++i];
-    if (opt == "--preset") {
-      a.preset = v;
-    } else if (opt == "--tokens") {
-      a.tokens = parse_long(opt, v, 0, 1 << 24);
-    } else if (opt == "--hidden") {
-      a.hidden = parse_long(opt, v, 1, 1 << 16);
-    } else if (opt == "--dtype") {
-      if (v != "float" && v != "bf16") throw UsageError("--dtype: '" + v + "' is not float or bf16");
-      a.dtype = v;
-    } else if (opt == "--capacity") {
-      a.capacity = parse_long(opt, v, 0, INT_MAX);
-    } else if (opt == "--alignment") {
-      a.alignment = parse_long(opt, v, 1, 1 << 16);
-    } else if (opt == "--iters") {
-      a.iters = parse_long(opt, v, 1, 1000);
-    } else if (opt == "--seed") {
-      a.seed = parse_long(opt, v, 0, INT_MAX);
-    } else {
-      throw UsageError("unknown option " + opt + "; --help lists the options");
-    }
-  }
+  a.help = cli.has("--help");
+  a.preset = cli.choice("--preset", router_preset_names(), a.preset);
+  a.tokens = cli.integer("--tokens", 0, 1 << 24, a.tokens);
+  a.hidden = cli.integer("--hidden", 1, 1 << 16, 0);
+  a.dtype = cli.choice("--dtype", {"float", "bf16"}, a.dtype);
+  a.capacity = cli.integer("--capacity", 0, INT_MAX, 0);
+  a.alignment = cli.integer("--alignment", 1, 1 << 16, 1);
+  a.iters = cli.integer("--iters", 1, 1000, a.iters);
+  a.seed = cli.integer("--seed", 0, INT_MAX, a.seed);
+  a.kokkos = cli.kokkos();
+  KokkosMoE::Impl::cli_check_kokkos_environment(a.kokkos);
   return a;
 }
 
@@ -316,20 +297,28 @@ int run(const Args& args, const Communicator& comm, int world_rank) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Usage errors end here, before MPI or Kokkos start: one line, exit 2 (on every rank of an mpirun job).
+  Args args;
+  const int usage = KokkosMoE::Impl::cli_main("kokkosmoe-ep", [&] {
+    args = parse(argc, argv);
+    return 0;
+  });
+  if (usage != 0) return usage;
+  if (args.help) {
+    const char* r = std::getenv("OMPI_COMM_WORLD_RANK");
+    if (r == nullptr || std::strcmp(r, "0") == 0) std::printf("%s", kUsage);
+    return 0;
+  }
   int provided = 0;
   MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
   int world_rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
+  const std::vector<std::string> kargs = args.kokkos.argv_for("kokkosmoe-ep", KOKKOS_VERSION);
+  std::vector<char*> kargv;
+  for (const std::string& k : kargs) kargv.push_back(const_cast<char*>(k.c_str()));
+  int kargc = static_cast<int>(kargv.size());
+  Kokkos::initialize(kargc, kargv.data());
   int rc = 1;
-  Args args;
-  try {
-    args = parse(argc, argv);
-  } catch (const UsageError& e) {
-    if (world_rank == 0) std::fprintf(stderr, "%s%s%s", e.what(), *e.what() ? "\n" : "", kUsage);
-    MPI_Finalize();
-    return *e.what() ? 2 : 0;
-  }
-  Kokkos::initialize();
   try {
     Communicator host = make_mpi_communicator(MPI_COMM_WORLD);
 #if defined(KOKKOS_ENABLE_CUDA) && defined(KOKKOSMOE_HAVE_NCCL)
