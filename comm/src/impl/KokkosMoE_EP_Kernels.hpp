@@ -470,22 +470,15 @@ void pack_forward(const Exec& exec, const EpShape s, const Unmanaged2<const Unit
         const int t = m.league_rank();
         if (t < s.T) {
           const std::int64_t q0 = static_cast<std::int64_t>(t) * s.K;
-          // Two units per thread, both loaded before the stores: twice the loads in flight per thread.
-          const int half = (units + 1) / 2;
-          Kokkos::parallel_for(Kokkos::TeamThreadRange(m, half), [&](int u0) {
-            const int u1 = u0 + half;
-            const bool two = u1 < units;
-            const Unit v0 = src(t, u0);
-            const Unit v1 = two ? src(t, u1) : v0;
+          Kokkos::parallel_for(Kokkos::TeamThreadRange(m, units), [&](int u) {
+            const Unit val = src(t, u);
             for (int k = 0; k < s.K; ++k) {
               const int row = slot_row(q0 + k);
               if (row < 0) continue;
               if (slot_local(q0 + k)) {
-                local(row, u0) = v0;
-                if (two) local(row, u1) = v1;
+                local(row, u) = val;
               } else {
-                stage(row, u0) = v0;
-                if (two) stage(row, u1) = v1;
+                stage(row, u) = val;
               }
             }
           });
