@@ -134,7 +134,7 @@ struct EpHandleState {
   int recv_rows = 0;   // rows of the receive Views the last layout needs
   int stage_rows = 0;  // destination-stage rows in use (eager: exact remote receives; capacity: R * block)
   std::vector<std::int64_t> send_rows, recv_rows_peer, src_off, dst_off;  // eager, per peer, in rows
-  bool laid_out = false, dispatched = false, backward_done = true;
+  bool laid_out = false, backward_done = true;
   std::int64_t recv_expert_rows = 0, stage_map_rows = 0;
 
   EpHandleState(std::shared_ptr<EpGroupState<Exec>> g, const EpHandleOptions& o) : group(std::move(g)), options(o) {
@@ -475,7 +475,6 @@ void layout(const Exec& exec, EpHandleState<Exec>& h, const IdxView& idx) {
   layout_offsets(exec, s, h.v);
   layout_slots(exec, s, idx, h.v, h.recv_rows, h.stage_rows);
   h.laid_out = true;
-  h.dispatched = false;
   h.backward_done = !h.options.training;
 }
 
@@ -572,7 +571,6 @@ void dispatch(const Exec& exec, EpHandleState<Exec>& h, const XView& x, const WV
                                Unmanaged1<const float, Mem>(g.dst_stage_f.data(), g.dst_stage_f.extent(0)), h.v, rx, rw,
                                "KokkosMoE::ep_dispatch::unpack");
   });
-  h.dispatched = true;
 }
 
 // ----- combine -----------------------------------------------------------------------------------------------------

@@ -65,7 +65,7 @@ struct EpLayoutViews {
   Kokkos::View<std::uint8_t*, Mem> slot_local;  // [B*K]
   Kokkos::View<int*, Mem> recv_expert;          // [N] local expert of each receive row, -1 for padding and drops
   Kokkos::View<int*, Mem> stage_map;            // [S_dst] receive row of each destination-stage row, -1: none
-  Kokkos::View<int*, Mem> status;               // [4] invalid ids, dropped slots, receive demand (rows), first bad id
+  Kokkos::View<int*, Mem> status;               // [4] invalid ids, dropped slots, receive demand (rows), unused
 };
 
 /// The shape facts every layout kernel needs, by value.
@@ -437,12 +437,6 @@ struct UnitOps<bf16_t, Chunk16> {
   }
 };
 
-/// Rows in units: [rows, units] over caller memory.
-template <class Unit, class Mem>
-struct Rows {
-  Unmanaged2<Unit, Mem> v;
-};
-
 /// Dispatch direction, source side: token t's row is read once and written to the receive row (local slots) or
 /// the source-stage row (remote slots) of each of its slots; the slot's float (the top-k weight) travels alongside
 /// when \p src_f is non-empty. Team q also zeroes receive row q when it holds no slot (padding, drops) and
@@ -612,18 +606,24 @@ void reduce_return(const Exec& exec, const EpShape s, const Unmanaged2<const Uni
       });
 }
 
-/// FP32 dot product of two rows in units, in a fixed order (team reduction over units).
-template <class Scalar, class Unit, class Member, class A, class B>
-KOKKOS_INLINE_FUNCTION float row_dot(const Member& m, int units, const A& a, int ra, const B& b, int rb) {
+/// Combine backward, Weighted, one slot: dst(rd, :) = c * g(rg, :) and the FP32 dot(g(rg, :), out(ro, :)), in one
+/// pass over the units (a team reduction in a fixed order). Both the source and the expert side use it.
+template <class Scalar, class Unit, class Member, class G, class O, class D>
+KOKKOS_INLINE_FUNCTION float scale_and_dot(const Member& m, int units, float c, const G& g, int rg, const O& out,
+                                           int ro, const D& dst, int rd) {
   using Ops = UnitOps<Scalar, Unit>;
   float sum = 0.0f;
   Kokkos::parallel_reduce(
       Kokkos::TeamThreadRange(m, units),
       [&](int u, float& part) {
-        float x[Ops::n], z[Ops::n];
-        Ops::load(a(ra, u), x);
-        Ops::load(b(rb, u), z);
-        for (int i = 0; i < Ops::n; ++i) part += x[i] * z[i];
+        float x[Ops::n], z[Ops::n], y[Ops::n];
+        Ops::load(g(rg, u), x);
+        Ops::load(out(ro, u), z);
+        for (int i = 0; i < Ops::n; ++i) {
+          part += x[i] * z[i];
+          y[i] = c * x[i];
+        }
+        Ops::store(y, dst(rd, u));
       },
       sum);
   return sum;
@@ -642,7 +642,6 @@ void combine_backward_source(const Exec& exec, const EpShape s,
                              const Unmanaged2<Unit, typename Exec::memory_space>& stage,
                              const Unmanaged1<float, typename Exec::memory_space>& stage_f) {
   using Team = typename Kokkos::TeamPolicy<Exec>::member_type;
-  using Ops = UnitOps<Scalar, Unit>;
   const std::int64_t slots = static_cast<std::int64_t>(s.T) * s.K;
   if (slots == 0) return;
   const int units = static_cast<int>(grad_y.extent(1));
@@ -660,13 +659,7 @@ void combine_backward_source(const Exec& exec, const EpShape s,
         }
         const float c = w(t, k);
         if (slot_local(q)) {
-          Kokkos::parallel_for(Kokkos::TeamThreadRange(m, units), [&](int u) {
-            float g[Ops::n];
-            Ops::load(grad_y(t, u), g);
-            for (int i = 0; i < Ops::n; ++i) g[i] *= c;
-            Ops::store(g, grad_out(row, u));
-          });
-          const float d = row_dot<Scalar, Unit>(m, units, grad_y, t, out, row);
+          const float d = scale_and_dot<Scalar, Unit>(m, units, c, grad_y, t, out, row, grad_out, row);
           Kokkos::single(Kokkos::PerTeam(m), [&]() { grad_w(t, k) = d; });
         } else {
           Kokkos::parallel_for(Kokkos::TeamThreadRange(m, units), [&](int u) { stage(row, u) = grad_y(t, u); });
@@ -685,7 +678,6 @@ void combine_backward_expert(const Exec& exec, int stage_rows,
                              const EpLayoutViews<typename Exec::memory_space>& v,
                              const Unmanaged2<Unit, typename Exec::memory_space>& grad_out) {
   using Team = typename Kokkos::TeamPolicy<Exec>::member_type;
-  using Ops = UnitOps<Scalar, Unit>;
   if (stage_rows == 0) return;
   const int units = static_cast<int>(out.extent(1));
   auto stage_map = v.stage_map;
@@ -696,13 +688,7 @@ void combine_backward_expert(const Exec& exec, int stage_rows,
         const int row = stage_map(q);
         if (row < 0) return;
         const float c = stage_f(q);
-        Kokkos::parallel_for(Kokkos::TeamThreadRange(m, units), [&](int u) {
-          float g[Ops::n];
-          Ops::load(stage(q, u), g);
-          for (int i = 0; i < Ops::n; ++i) g[i] *= c;
-          Ops::store(g, grad_out(row, u));
-        });
-        const float d = row_dot<Scalar, Unit>(m, units, stage, q, out, row);
+        const float d = scale_and_dot<Scalar, Unit>(m, units, c, stage, q, out, row, grad_out, row);
         Kokkos::single(Kokkos::PerTeam(m), [&]() { stage_f(q) = d; });
       });
 }

@@ -46,6 +46,31 @@ class MpiTransport final : public Transport {
   void exchange(const char* op, const std::vector<PeerSegment>& segments, void* stream) override {
     check_not_aborted(op);
     record(stream, exchanges);
+    post_and_complete(op, segments);
+  }
+
+  void alltoall(const char* op, const void* send, void* recv, std::size_t block_bytes, void* stream) override {
+    check_not_aborted(op);
+    record(stream, alltoalls);
+    std::vector<PeerSegment> segs(static_cast<std::size_t>(m_size));
+    for (int p = 0; p < m_size; ++p)
+      segs[p] = {p, static_cast<const char*>(send) + block_bytes * p, block_bytes,
+                 static_cast<char*>(recv) + block_bytes * p, block_bytes};
+    post_and_complete(op, segs);
+  }
+
+  void allgather(const char* op, const void* send, void* recv, std::size_t bytes, void* stream) override {
+    check_not_aborted(op);
+    record(stream, allgathers);
+    std::vector<PeerSegment> segs(static_cast<std::size_t>(m_size));
+    for (int p = 0; p < m_size; ++p) segs[p] = {p, send, bytes, static_cast<char*>(recv) + bytes * p, bytes};
+    post_and_complete(op, segs);
+  }
+
+ private:
+  /// Non-blocking receives (first, so that self-sends find their match) and sends for every segment, then the
+  /// bounded wait.
+  void post_and_complete(const char* op, const std::vector<PeerSegment>& segments) {
     std::vector<MPI_Request> reqs;
     std::vector<int> req_peer;
     auto post = [&](bool is_send, int peer, void* ptr, std::size_t bytes) {
@@ -66,7 +91,6 @@ class MpiTransport final : public Transport {
         req_peer.push_back(peer);
       }
     };
-    // Receives first, so that self-sends and eager sends find their match posted.
     for (const PeerSegment& s : segments)
       if (s.recv_bytes > 0) post(false, s.peer, s.recv, s.recv_bytes);
     for (const PeerSegment& s : segments)
@@ -74,28 +98,7 @@ class MpiTransport final : public Transport {
     complete(op, reqs, req_peer);
   }
 
-  void alltoall(const char* op, const void* send, void* recv, std::size_t block_bytes, void* stream) override {
-    std::vector<PeerSegment> segs(static_cast<std::size_t>(m_size));
-    for (int p = 0; p < m_size; ++p)
-      segs[p] = {p, static_cast<const char*>(send) + block_bytes * p, block_bytes,
-                 static_cast<char*>(recv) + block_bytes * p, block_bytes};
-    check_not_aborted(op);
-    record(stream, alltoalls);
-    --exchanges;  // exchange() below counts itself; an all-to-all is one call
-    --calls;
-    exchange(op, segs, stream);
-  }
-
-  void allgather(const char* op, const void* send, void* recv, std::size_t bytes, void* stream) override {
-    std::vector<PeerSegment> segs(static_cast<std::size_t>(m_size));
-    for (int p = 0; p < m_size; ++p) segs[p] = {p, send, bytes, static_cast<char*>(recv) + bytes * p, bytes};
-    check_not_aborted(op);
-    record(stream, allgathers);
-    --exchanges;
-    --calls;
-    exchange(op, segs, stream);
-  }
-
+ public:
   void wait(const char* op, void*) override {
     check_not_aborted(op);
     ++waits;  // MPI exchanges are complete on return: nothing is in flight
