@@ -104,6 +104,12 @@ Blobs battery() {
     router_battery<D, float>(blobs, i + " softmax-post", make_attr(Score::Softmax, false, 8), 1000, 128, false, 3);
     router_battery<D, fp16_t>(blobs, i + " softmax-pre", make_attr(Score::Softmax, true, 4), 1000, 64, false, 4);
     router_battery<D, float>(blobs, i + " sqrtsoftplus", make_attr(Score::SqrtSoftplus, false, 32), 200, 1024, true, 5);
+    // Mixtral (E = 8), the large preset (E = 1024, k = 32), Llama 4 (k = 1, no normalization), grouped softmax
+    router_battery<D, bf16_t>(blobs, i + " mixtral", make_attr(Score::Softmax, false, 2), 1000, 8, false, 10);
+    router_battery<D, bf16_t>(blobs, i + " large", make_attr(Score::Softmax, false, 32), 300, 1024, false, 11);
+    router_battery<D, float>(blobs, i + " llama4", make_attr(Score::Sigmoid, false, 1), 1000, 16, false, 12);
+    router_battery<D, fp16_t>(blobs, i + " grouped-pre", make_attr(Score::Softmax, true, 6, 4, 2, 1.5), 500, 96,
+                              false, 13);
   }
   Exec exec{};
   for (const auto impl : kImpls) {
