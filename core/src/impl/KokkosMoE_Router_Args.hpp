@@ -14,6 +14,7 @@
 
 #include <KokkosMoE_RouterConfig.hpp>
 
+#include <impl/KokkosMoE_RouterMath.hpp>
 #include <kokkos_ext/KokkosMoE_Float16.hpp>  // KOKKOSMOE_HOST_DEVICE
 
 #include <cstddef>
@@ -27,8 +28,6 @@ enum class DType : std::uint8_t { F32 = 0, F16 = 1, BF16 = 2, I16 = 3, I32 = 4, 
 
 /// The routing output of a forward call (docs/router.md §5.4, §5.5).
 enum class RoutingOutput : std::uint8_t { Bytemap = 0, BitmapU8 = 1, Indices = 2, Compact = 3 };
-
-constexpr float kEps = 1e-20f;  ///< docs/router.md §1
 
 /// Bytes of one BitmapU8 row.
 KOKKOSMOE_HOST_DEVICE constexpr std::int64_t bitmap_row_bytes(std::int64_t num_experts) {

@@ -17,7 +17,7 @@
 #include <kokkos_ext/KokkosMoE_KokkosCompat.hpp>
 
 #include <impl/KokkosMoE_Router_Args.hpp>
-#include <impl/KokkosMoE_Router_Select.hpp>
+#include <impl/KokkosMoE_RouterMath.hpp>
 
 #include <cstdint>
 
@@ -105,11 +105,6 @@ KOKKOS_INLINE_FUNCTION void store_index(void* p, DType t, std::int64_t i, std::i
   }
 }
 
-/// One softmax numerator: exp(x - M), with an element equal to -inf contributing exactly 0 (docs/router.md §5.1).
-KOKKOS_INLINE_FUNCTION float softmax_term(float x, float M) { return x == neg_inf() ? 0.0f : kexp(x - M); }
-
-KOKKOS_INLINE_FUNCTION float sigmoidf_(float x) { return 1.0f / (1.0f + kexp(-x)); }
-KOKKOS_INLINE_FUNCTION float sqrtsoftplusf_(float x) { return ksqrt(x > 20.0f ? x : klog1p(kexp(x))); }
 
 /// Max of packed keys (Kokkos' Max reducer on uint64_t; MaxFirstLoc does not exist in Kokkos 3.4).
 template <class Member, class KeyOf>
@@ -242,7 +237,7 @@ struct TopkForwardFunctor {
     } else {
       Kokkos::parallel_for(Kokkos::TeamThreadRange(m, E), [&](const int e) {
         const float x = to_float(logits[row + e]);
-        const float act = f == ScoreFunction::Sigmoid ? sigmoidf_(x) : sqrtsoftplusf_(x);
+        const float act = f == ScoreFunction::Sigmoid ? sigmoid(x) : sqrt_softplus(x);
         y(e) = act;
         s(e) = a.bias ? act + load_as_float(a.bias, a.bias_type, e) : act;
       });
@@ -371,19 +366,18 @@ struct GradTerms {
   float D = 0, Q = 0, P = 0;
 
   /// v of §9 from the saved activation a (Sigmoid: a; SqrtSoftplus: a is the raw logit).
-  KOKKOS_INLINE_FUNCTION float v_of(float a) const { return f == ScoreFunction::Sigmoid ? a : sqrtsoftplusf_(a); }
+  KOKKOS_INLINE_FUNCTION float v_of(float a) const { return f == ScoreFunction::Sigmoid ? a : sqrt_softplus(a); }
 
   /// dx of a routed expert with saved activation a and incoming g (already times scaling_factor).
   KOKKOS_INLINE_FUNCTION float routed(float a, float g) const {
-    if (f == ScoreFunction::Softmax) return a * (g - P);
+    if (f == ScoreFunction::Softmax) return softmax_grad(g, a, P);
     const float h = k > 1 ? g / D - Q / (D * D) : g;
-    if (f == ScoreFunction::Sigmoid) return h * a * (1.0f - a);
-    const float v = sqrtsoftplusf_(a);
-    return a > 20.0f ? h / (2.0f * v + kEps) : h * sigmoidf_(a) / (2.0f * v + kEps);
+    if (f == ScoreFunction::Sigmoid) return sigmoid_grad(h, a);
+    return sqrt_softplus_grad(h, a, sqrt_softplus(a));
   }
   /// dx of a non-routed expert: exactly +0.0, except Softmax pre (-a*P).
   KOKKOS_INLINE_FUNCTION float unrouted(float a) const {
-    return (f == ScoreFunction::Softmax && pre) ? a * (0.0f - P) : 0.0f;
+    return (f == ScoreFunction::Softmax && pre) ? softmax_grad(0.0f, a, P) : 0.0f;
   }
 };
 
@@ -521,7 +515,7 @@ struct TopkBackwardFunctor {
       for (int i = 0; i < k; ++i) {
         const int e = a.ids[t * k + i];
         const float x = load_as_float(a.logits, a.logits_type, row + e);
-        act(i) = f == ScoreFunction::Sigmoid        ? sigmoidf_(x)
+        act(i) = f == ScoreFunction::Sigmoid        ? sigmoid(x)
                  : f == ScoreFunction::SqrtSoftplus ? x
                  : pre                              ? rowact(e)
                                                     : x;
@@ -592,7 +586,7 @@ struct AuxScoresFunctor {
           Kokkos::TeamThreadRange(m, E),
           [&](const int e, float& acc) {
             const float x = load_as_float(a.logits, a.logits_type, row + e);
-            const float yv = sig ? sigmoidf_(x) : sqrtsoftplusf_(x);
+            const float yv = sig ? sigmoid(x) : sqrt_softplus(x);
             s(e) = yv;
             a.intermediate[row + e] = sig ? yv : x;
             acc += yv;
@@ -642,7 +636,7 @@ struct AuxScoresBackwardFunctor {
           if (f == ScoreFunction::Softmax) {
             acc.a += ge * ae;
           } else {
-            const float v = f == ScoreFunction::Sigmoid ? ae : sqrtsoftplusf_(ae);
+            const float v = f == ScoreFunction::Sigmoid ? ae : sqrt_softplus(ae);
             acc.a += v;
             acc.b += ge * v;
           }
@@ -655,15 +649,10 @@ struct AuxScoresBackwardFunctor {
       const float ge = a.grad_scores[row + e];
       float dx;
       if (f == ScoreFunction::Softmax) {
-        dx = ae * (ge - P);
+        dx = softmax_grad(ge, ae, P);
       } else {
         const float h = ge / D - Q / (D * D);
-        if (f == ScoreFunction::Sigmoid) {
-          dx = h * ae * (1.0f - ae);
-        } else {
-          const float v = sqrtsoftplusf_(ae);
-          dx = ae > 20.0f ? h / (2.0f * v + kEps) : h * sigmoidf_(ae) / (2.0f * v + kEps);
-        }
+        dx = f == ScoreFunction::Sigmoid ? sigmoid_grad(h, ae) : sqrt_softplus_grad(h, ae, sqrt_softplus(ae));
       }
       store_float(a.grad_logits, a.grad_logits_type, row + e, dx);
     });

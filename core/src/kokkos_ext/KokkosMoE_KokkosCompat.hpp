@@ -4,8 +4,8 @@
 #ifndef KOKKOSMOE_KOKKOSCOMPAT_HPP
 #define KOKKOSMOE_KOKKOSCOMPAT_HPP
 
-// The one place where Kokkos 3.4 and 4.x differences are bridged (docs/conventions.md §1): math functions moved from
-// Kokkos::Experimental to Kokkos in 3.7, there is no ScopedRegion in 3.4, and no bit_cast.
+// The one place where Kokkos 3.4 and 4.x differences are bridged (docs/conventions.md §1): there is no ScopedRegion in 3.4,
+// and no bit_cast.
 
 #include <Kokkos_Core.hpp>
 
@@ -14,16 +14,6 @@
 
 namespace KokkosMoE {
 namespace Impl {
-
-#if KOKKOS_VERSION >= 30700
-#define KOKKOSMOE_IMPL_MATH_NS Kokkos
-#else
-#define KOKKOSMOE_IMPL_MATH_NS Kokkos::Experimental
-#endif
-
-KOKKOS_INLINE_FUNCTION float kexp(float x) { return KOKKOSMOE_IMPL_MATH_NS::exp(x); }
-KOKKOS_INLINE_FUNCTION float klog1p(float x) { return KOKKOSMOE_IMPL_MATH_NS::log1p(x); }
-KOKKOS_INLINE_FUNCTION float ksqrt(float x) { return KOKKOSMOE_IMPL_MATH_NS::sqrt(x); }
 
 /// RAII profiling region (Kokkos 3.4 has no Kokkos::Profiling::ScopedRegion).
 class ScopedRegion {
