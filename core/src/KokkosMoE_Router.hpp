@@ -43,18 +43,20 @@ void topk_router(const ExecSpace& exec, const RouterConfig& config, const Logits
                  const BiasView& expert_bias, const ProbsView& probs, const MapView& routing_map,
                  const InterView& intermediate) {
   constexpr const char* fn = "topk_router";
-  Impl::TopkForwardArgs a = Impl::lower_topk_forward<ExecSpace>(fn, config, logits, expert_bias);
+  using Scalar = typename LogitsView::non_const_value_type;
+  using Ops = Impl::TopkForwardOperands<ExecSpace, Scalar, typename BiasView::non_const_value_type, std::int32_t>;
+  Ops o = Impl::lower_topk_forward<Ops, ExecSpace>(fn, config, logits, expert_bias);
   Impl::static_check_view<ExecSpace, ProbsView, 2>();
   Impl::static_check_view<ExecSpace, MapView, 2>();
   Impl::static_check_view<ExecSpace, InterView, 2>();
-  static_assert(std::is_same_v<typename ProbsView::value_type, typename LogitsView::non_const_value_type>,
+  static_assert(std::is_same_v<typename ProbsView::value_type, Scalar>,
                 "KokkosMoE::topk_router: probs must have the logits' element type");
   static_assert(std::is_same_v<typename MapView::value_type, std::uint8_t>,
                 "KokkosMoE::topk_router: routing_map must be uint8_t");
   static_assert(std::is_same_v<typename InterView::value_type, float>,
                 "KokkosMoE::topk_router: intermediate must be float");
   Impl::check_map_format(fn, config.map_format);
-  const auto T = a.num_tokens, E = static_cast<std::int64_t>(a.num_experts);
+  const auto T = o.num_tokens, E = static_cast<std::int64_t>(o.params.num_experts);
   Impl::check_shape2(fn, "probs", probs, T, E);
   const bool bitmap = config.map_format == RoutingMapFormat::BitmapU8;
   Impl::check_shape2(fn, "routing_map", routing_map, T, bitmap ? Impl::bitmap_row_bytes(E) : E);
@@ -63,11 +65,11 @@ void topk_router(const ExecSpace& exec, const RouterConfig& config, const Logits
   const Impl::Span out[] = {Impl::span_of("probs", probs), Impl::span_of("routing_map", routing_map),
                             Impl::span_of("intermediate", intermediate)};
   Impl::check_no_alias(fn, in, out);
-  a.output = bitmap ? Impl::RoutingOutput::BitmapU8 : Impl::RoutingOutput::Bytemap;
-  a.probs = probs.data();
-  a.routing_map = routing_map.data();
-  a.intermediate = intermediate.data();
-  Impl::run_topk_forward(fn, exec, a, logits);
+  o.output = bitmap ? Impl::RoutingOutput::BitmapU8 : Impl::RoutingOutput::Bytemap;
+  o.probs = Impl::canonical2<decltype(o.probs)>(probs);
+  o.map = Impl::canonical2<decltype(o.map)>(routing_map);
+  o.inter = Impl::canonical2<decltype(o.inter)>(intermediate);
+  Impl::run_topk_forward(fn, exec, config, o, logits);
 }
 
 /// \brief topk_router without an expert bias.
@@ -85,18 +87,20 @@ void topk_router_indices(const ExecSpace& exec, const RouterConfig& config, cons
                          const BiasView& expert_bias, const ProbsView& probs, const IndicesView& indices,
                          const InterView& intermediate) {
   constexpr const char* fn = "topk_router_indices";
-  Impl::TopkForwardArgs a = Impl::lower_topk_forward<ExecSpace>(fn, config, logits, expert_bias);
+  using Scalar = typename LogitsView::non_const_value_type;
+  using Index = typename IndicesView::value_type;
+  static_assert(Impl::is_index_type<Index>::value,
+                "KokkosMoE::topk_router_indices: indices must be int16_t, int32_t or int64_t");
+  using Ops = Impl::TopkForwardOperands<ExecSpace, Scalar, typename BiasView::non_const_value_type, Index>;
+  Ops o = Impl::lower_topk_forward<Ops, ExecSpace>(fn, config, logits, expert_bias);
   Impl::static_check_view<ExecSpace, ProbsView, 2>();
   Impl::static_check_view<ExecSpace, IndicesView, 2>();
   Impl::static_check_view<ExecSpace, InterView, 2>();
-  using Index = typename IndicesView::value_type;
-  static_assert(std::is_same_v<typename ProbsView::value_type, typename LogitsView::non_const_value_type>,
+  static_assert(std::is_same_v<typename ProbsView::value_type, Scalar>,
                 "KokkosMoE::topk_router_indices: probs must have the logits' element type");
-  static_assert(Impl::is_index_type<Index>::value,
-                "KokkosMoE::topk_router_indices: indices must be int16_t, int32_t or int64_t");
   static_assert(std::is_same_v<typename InterView::value_type, float>,
                 "KokkosMoE::topk_router_indices: intermediate must be float");
-  const auto T = a.num_tokens, E = static_cast<std::int64_t>(a.num_experts);
+  const auto T = o.num_tokens, E = static_cast<std::int64_t>(o.params.num_experts);
   if (std::is_same_v<Index, std::int16_t> && E > 32767)
     Impl::fail(fn, "indices", Rule::IndexTypeRange,
                "int16_t indices require num_experts <= 32767 (num_experts = " + std::to_string(E) + ")");
@@ -107,12 +111,11 @@ void topk_router_indices(const ExecSpace& exec, const RouterConfig& config, cons
   const Impl::Span out[] = {Impl::span_of("probs", probs), Impl::span_of("indices", indices),
                             Impl::span_of("intermediate", intermediate)};
   Impl::check_no_alias(fn, in, out);
-  a.output = Impl::RoutingOutput::Indices;
-  a.probs = probs.data();
-  a.indices_type = Impl::dtype_of<Index>();
-  a.indices = indices.data();
-  a.intermediate = intermediate.data();
-  Impl::run_topk_forward(fn, exec, a, logits);
+  o.output = Impl::RoutingOutput::Indices;
+  o.probs = Impl::canonical2<decltype(o.probs)>(probs);
+  o.indices = Impl::canonical2<decltype(o.indices)>(indices);
+  o.inter = Impl::canonical2<decltype(o.inter)>(intermediate);
+  Impl::run_topk_forward(fn, exec, config, o, logits);
 }
 
 /// \brief topk_router_indices without an expert bias.
@@ -128,22 +131,24 @@ template <class ExecSpace, class LogitsView, class BiasView, class IdsView, clas
 void topk_router_compact(const ExecSpace& exec, const RouterConfig& config, const LogitsView& logits,
                          const BiasView& expert_bias, const IdsView& ids, const WeightsView& weights) {
   constexpr const char* fn = "topk_router_compact";
-  Impl::TopkForwardArgs a = Impl::lower_topk_forward<ExecSpace>(fn, config, logits, expert_bias);
+  using Scalar = typename LogitsView::non_const_value_type;
+  using Ops = Impl::TopkForwardOperands<ExecSpace, Scalar, typename BiasView::non_const_value_type, std::int32_t>;
+  Ops o = Impl::lower_topk_forward<Ops, ExecSpace>(fn, config, logits, expert_bias);
   Impl::static_check_view<ExecSpace, IdsView, 2>();
   Impl::static_check_view<ExecSpace, WeightsView, 2>();
   static_assert(std::is_same_v<typename IdsView::value_type, std::int32_t>,
                 "KokkosMoE::topk_router_compact: ids must be int32_t");
   static_assert(std::is_same_v<typename WeightsView::value_type, float>,
                 "KokkosMoE::topk_router_compact: weights must be float");
-  Impl::check_shape2(fn, "ids", ids, a.num_tokens, config.topk);
-  Impl::check_shape2(fn, "weights", weights, a.num_tokens, config.topk);
+  Impl::check_shape2(fn, "ids", ids, o.num_tokens, config.topk);
+  Impl::check_shape2(fn, "weights", weights, o.num_tokens, config.topk);
   const Impl::Span in[] = {Impl::span_of("logits", logits), Impl::span_of("expert_bias", expert_bias)};
   const Impl::Span out[] = {Impl::span_of("ids", ids), Impl::span_of("weights", weights)};
   Impl::check_no_alias(fn, in, out);
-  a.output = Impl::RoutingOutput::Compact;
-  a.ids = ids.data();
-  a.weights = weights.data();
-  Impl::run_topk_forward(fn, exec, a, logits);
+  o.output = Impl::RoutingOutput::Compact;
+  o.ids = Impl::canonical2<decltype(o.ids)>(ids);
+  o.weights = Impl::canonical2<decltype(o.weights)>(weights);
+  Impl::run_topk_forward(fn, exec, config, o, logits);
 }
 
 /// \brief topk_router_compact without an expert bias.
@@ -164,18 +169,19 @@ void topk_router_backward(const ExecSpace& exec, const RouterConfig& config, con
   Impl::static_check_view<ExecSpace, MapView, 2>();
   static_assert(std::is_same_v<typename MapView::non_const_value_type, std::uint8_t>,
                 "KokkosMoE::topk_router_backward: routing_map must be uint8_t");
-  Impl::TopkBackwardArgs a = Impl::lower_topk_backward<ExecSpace>(fn, config, intermediate, grad_probs, grad_logits);
+  using Ops = Impl::TopkBackwardOperands<ExecSpace, typename GradProbsView::non_const_value_type, std::int32_t>;
+  Ops o = Impl::lower_topk_backward<Ops, ExecSpace>(fn, config, intermediate, grad_probs, grad_logits);
   Impl::check_map_format(fn, config.map_format);
   const bool bitmap = config.map_format == RoutingMapFormat::BitmapU8;
-  const auto E = static_cast<std::int64_t>(a.num_experts);
-  Impl::check_shape2(fn, "routing_map", routing_map, a.num_tokens, bitmap ? Impl::bitmap_row_bytes(E) : E);
+  const auto E = static_cast<std::int64_t>(o.params.num_experts);
+  Impl::check_shape2(fn, "routing_map", routing_map, o.num_tokens, bitmap ? Impl::bitmap_row_bytes(E) : E);
   const Impl::Span in[] = {Impl::span_of("routing_map", routing_map), Impl::span_of("intermediate", intermediate),
                            Impl::span_of("grad_probs", grad_probs)};
   const Impl::Span out[] = {Impl::span_of("grad_logits", grad_logits)};
   Impl::check_no_alias(fn, in, out);
-  a.output = bitmap ? Impl::RoutingOutput::BitmapU8 : Impl::RoutingOutput::Bytemap;
-  a.routing_map = routing_map.data();
-  Impl::run_topk_backward(exec, a);
+  o.output = bitmap ? Impl::RoutingOutput::BitmapU8 : Impl::RoutingOutput::Bytemap;
+  o.map = Impl::canonical2<decltype(o.map)>(routing_map);
+  Impl::run_topk_backward(exec, config, o);
 }
 
 /// \brief Backward of topk_router_indices: sums run over the k slots (within tolerance of the map path).
@@ -188,19 +194,20 @@ void topk_router_indices_backward(const ExecSpace& exec, const RouterConfig& con
   using Index = typename IndicesView::non_const_value_type;
   static_assert(Impl::is_index_type<Index>::value,
                 "KokkosMoE::topk_router_indices_backward: indices must be int16_t, int32_t or int64_t");
-  Impl::TopkBackwardArgs a = Impl::lower_topk_backward<ExecSpace>(fn, config, intermediate, grad_probs, grad_logits);
-  if (std::is_same_v<Index, std::int16_t> && a.num_experts > 32767)
-    Impl::fail(fn, "indices", Rule::IndexTypeRange,
-               "int16_t indices require num_experts <= 32767 (num_experts = " + std::to_string(a.num_experts) + ")");
-  Impl::check_shape2(fn, "indices", indices, a.num_tokens, config.topk);
+  using Ops = Impl::TopkBackwardOperands<ExecSpace, typename GradProbsView::non_const_value_type, Index>;
+  Ops o = Impl::lower_topk_backward<Ops, ExecSpace>(fn, config, intermediate, grad_probs, grad_logits);
+  if (std::is_same_v<Index, std::int16_t> && o.params.num_experts > 32767)
+    Impl::fail(
+        fn, "indices", Rule::IndexTypeRange,
+        "int16_t indices require num_experts <= 32767 (num_experts = " + std::to_string(o.params.num_experts) + ")");
+  Impl::check_shape2(fn, "indices", indices, o.num_tokens, config.topk);
   const Impl::Span in[] = {Impl::span_of("indices", indices), Impl::span_of("intermediate", intermediate),
                            Impl::span_of("grad_probs", grad_probs)};
   const Impl::Span out[] = {Impl::span_of("grad_logits", grad_logits)};
   Impl::check_no_alias(fn, in, out);
-  a.output = Impl::RoutingOutput::Indices;
-  a.indices_type = Impl::dtype_of<Index>();
-  a.indices = indices.data();
-  Impl::run_topk_backward(exec, a);
+  o.output = Impl::RoutingOutput::Indices;
+  o.indices = Impl::canonical2<decltype(o.indices)>(indices);
+  Impl::run_topk_backward(exec, config, o);
 }
 
 /// \brief Backward of topk_router_compact (docs/router.md §5.5): recomputes the activations from the logits.
@@ -237,19 +244,15 @@ void topk_router_compact_backward(const ExecSpace& exec, const RouterConfig& con
                            Impl::span_of("grad_weights", grad_weights)};
   const Impl::Span out[] = {Impl::span_of("grad_logits", grad_logits)};
   Impl::check_no_alias(fn, in, out);
-  Impl::TopkBackwardArgs a;
-  a.num_tokens = T;
-  a.num_experts = static_cast<int>(E);
-  a.config = config;
-  a.output = Impl::RoutingOutput::Compact;
-  a.logits_type = Impl::dtype_of<Scalar>();
-  a.logits = logits.data();
-  a.ids = ids.data();
-  a.grad_weights_type = Impl::dtype_of<GW>();
-  a.grad_weights = grad_weights.data();
-  a.grad_type = a.logits_type;
-  a.grad_logits = grad_logits.data();
-  Impl::run_topk_backward(exec, a);
+  using Ops = Impl::CompactBackwardOperands<ExecSpace, Scalar, GW>;
+  Ops o;
+  o.params = Impl::token_params(config, static_cast<int>(E), false);
+  o.num_tokens = T;
+  o.logits = Impl::canonical2<decltype(o.logits)>(logits);
+  o.ids = Impl::canonical2<decltype(o.ids)>(ids);
+  o.grad_weights = Impl::canonical2<decltype(o.grad_weights)>(grad_weights);
+  o.grad_logits = Impl::canonical2<decltype(o.grad_logits)>(grad_logits);
+  Impl::run_compact_backward(exec, config, o);
 }
 
 /// \brief Debug check (docs/router.md §7.1): scans a [T, E] float/fp16_t/bf16_t View and throws
@@ -260,7 +263,7 @@ void check_finite(const ExecSpace& exec, const View& values, const char* paramet
   using Scalar = typename View::non_const_value_type;
   static_assert(Impl::is_router_float<Scalar>::value, "KokkosMoE::check_finite: float, fp16_t or bf16_t only");
   Impl::check_contiguous("check_finite", parameter, values);
-  Impl::run_check_finite(exec, "check_finite", parameter, values.data(), values.extent(0), values.extent(1));
+  Impl::run_check_finite(exec, "check_finite", parameter, values);
 }
 
 // ---- the same operations on Kokkos::DefaultExecutionSpace{} ----------------------------------------------------

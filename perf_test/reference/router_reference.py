@@ -25,6 +25,8 @@ Examples:
   python3 router_reference.py --presets deepseek-v3 --tokens 4096 --modes eager --iters 5
   python3 router_reference.py --dry-run                              # list the cases; no torch needed
   python3 router_reference.py --dry-run --run-cpu --tokens 64        # tiny CPU run when torch (CPU) is present
+  /usr/bin/python3 router_reference.py --device cpu --threads 2 --tokens 16384 --modes eager \
+      --ops fwd_dense,bwd_dense --out torch_cpu.json                  # the host reference (Debian's python3-torch)
 """
 
 import argparse
@@ -336,6 +338,9 @@ def main(argv=None):
     ap.add_argument("--out", default=None, help="write the results as JSON here")
     ap.add_argument("--dry-run", action="store_true", help="list the cases (and write them) without running")
     ap.add_argument("--run-cpu", action="store_true", help="with --dry-run: run the cases on the CPU (no CUDA)")
+    ap.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto",
+                    help="where to run: cuda, cpu (the host reference, timed with perf_counter), auto (cuda if any)")
+    ap.add_argument("--threads", type=int, default=0, help="CPU runs: torch.set_num_threads (0: torch's default)")
     args = ap.parse_args(argv)
 
     presets = [s for s in args.presets.split(",") if s]
@@ -380,11 +385,19 @@ def main(argv=None):
 
     warnings.filterwarnings("ignore", message=r"(?is)\s*online softmax")  # an Inductor note, printed per compile
 
-    use_cuda = torch.cuda.is_available() and not args.run_cpu
-    if not use_cuda and not args.dry_run:
-        print("error: no CUDA device; use --dry-run --run-cpu for a CPU run", file=sys.stderr)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("error: --device cuda: no CUDA device", file=sys.stderr)
+        return 2
+    use_cuda = torch.cuda.is_available() and not args.run_cpu and args.device != "cpu"
+    if not use_cuda and not args.dry_run and args.device == "auto":
+        print("error: no CUDA device; use --device cpu for a CPU run", file=sys.stderr)
         return 2
     device = "cuda" if use_cuda else "cpu"
+    if not use_cuda:
+        if args.threads > 0:
+            torch.set_num_threads(args.threads)
+        context["threads"] = torch.get_num_threads()
+        context["timing"] = "time.perf_counter around each call; median over iters"
     context.update(torch=torch.__version__, device=device,
                    gpu=torch.cuda.get_device_name() if use_cuda else "none",
                    cuda=getattr(torch.version, "cuda", None) or "none")

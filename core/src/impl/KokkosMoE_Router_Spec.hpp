@@ -15,21 +15,38 @@
 #include <Kokkos_Core.hpp>
 
 #include <impl/KokkosMoE_Router_Args.hpp>
+#include <impl/KokkosMoE_Router_Operands.hpp>
 #include <impl/KokkosMoE_Router_Portable.hpp>
+#include <impl/KokkosMoE_Router_PortableTopk.hpp>
 #include <impl/KokkosMoE_Router_Validate.hpp>
 
 namespace KokkosMoE {
 namespace Impl {
 
+/// Top-k router operations: the generic specialization is the portable path; a vendor specialization
+/// (cuda/KokkosMoE_Router_CudaSpec.hpp) replaces it where one exists. Operands are the canonical typed Views of
+/// impl/KokkosMoE_Router_Operands.hpp; the config is passed along for specializations that need its raw fields.
+template <class ExecSpace>
+struct TopkSpec {
+  static constexpr bool is_specialized = false;
+  template <class Ops>
+  static void forward(const ExecSpace& exec, const RouterConfig&, const Ops& o) {
+    PortableTopk<ExecSpace>::forward(exec, o);
+  }
+  template <class Ops>
+  static void backward(const ExecSpace& exec, const RouterConfig&, const Ops& o) {
+    PortableTopk<ExecSpace>::backward(exec, o);
+  }
+  template <class Ops>
+  static void compact_backward(const ExecSpace& exec, const RouterConfig&, const Ops& o) {
+    PortableTopk<ExecSpace>::compact_backward(exec, o);
+  }
+};
+
+/// The aux-loss operations (the same pattern over the raw operand structs of impl/KokkosMoE_Router_Args.hpp).
 template <class ExecSpace>
 struct RouterImpl {
   static constexpr bool is_specialized = false;
-  static void topk_forward(const ExecSpace& exec, const TopkForwardArgs& a) {
-    PortableRouter<ExecSpace>::topk_forward(exec, a);
-  }
-  static void topk_backward(const ExecSpace& exec, const TopkBackwardArgs& a) {
-    PortableRouter<ExecSpace>::topk_backward(exec, a);
-  }
   static void aux_scores_forward(const ExecSpace& exec, const AuxScoresArgs& a) {
     PortableRouter<ExecSpace>::aux_scores_forward(exec, a);
   }
@@ -49,6 +66,7 @@ struct RouterImpl {
 
 #if defined(KOKKOS_ENABLE_CUDA)
 #include <cuda/KokkosMoE_Router_Cuda.hpp>
+#include <cuda/KokkosMoE_Router_CudaSpec.hpp>
 #endif
 
 namespace KokkosMoE {
@@ -60,10 +78,9 @@ Kokkos::View<const float*, typename LogitsView::memory_space> no_bias() {
   return {};
 }
 
-/// Validates logits, bias and config of a forward call and fills the common part of the args.
-template <class ExecSpace, class LogitsView, class BiasView>
-TopkForwardArgs lower_topk_forward(const char* fn, const RouterConfig& config, const LogitsView& logits,
-                                   const BiasView& bias) {
+/// Validates logits, bias and config of a forward call and fills the common part of the canonical operands.
+template <class Ops, class ExecSpace, class LogitsView, class BiasView>
+Ops lower_topk_forward(const char* fn, const RouterConfig& config, const LogitsView& logits, const BiasView& bias) {
   static_check_view<ExecSpace, LogitsView, 2>();
   static_check_view<ExecSpace, BiasView, 1>();
   using Scalar = typename LogitsView::non_const_value_type;
@@ -76,22 +93,18 @@ TopkForwardArgs lower_topk_forward(const char* fn, const RouterConfig& config, c
   const bool has_bias = bias.size() > 0;
   check_router_config(fn, config, E, has_bias);
   if (has_bias) check_shape1(fn, "expert_bias", bias, E);
-  TopkForwardArgs a;
-  a.num_tokens = T;
-  a.num_experts = static_cast<int>(E);
-  a.config = config;
-  if (a.config.group_topk <= 0) a.config.group_topk = 0;
-  a.logits_type = dtype_of<Scalar>();
-  a.logits = logits.data();
-  a.bias_type = dtype_of<BiasScalar>();
-  a.bias = has_bias ? bias.data() : nullptr;
-  return a;
+  Ops o;
+  o.params = token_params(config, static_cast<int>(E), has_bias);
+  o.num_tokens = T;
+  o.logits = canonical2<decltype(o.logits)>(logits);
+  if (has_bias) o.bias = canonical1<decltype(o.bias)>(bias);
+  return o;
 }
 
 /// Validates intermediate, grad_probs, grad_logits and the config of a map/indices backward call.
-template <class ExecSpace, class InterView, class GradProbsView, class GradLogitsView>
-TopkBackwardArgs lower_topk_backward(const char* fn, const RouterConfig& config, const InterView& intermediate,
-                                     const GradProbsView& grad_probs, const GradLogitsView& grad_logits) {
+template <class Ops, class ExecSpace, class InterView, class GradProbsView, class GradLogitsView>
+Ops lower_topk_backward(const char* fn, const RouterConfig& config, const InterView& intermediate,
+                        const GradProbsView& grad_probs, const GradLogitsView& grad_logits) {
   static_check_view<ExecSpace, InterView, 2>();
   static_check_view<ExecSpace, GradProbsView, 2>();
   static_check_view<ExecSpace, GradLogitsView, 2>();
@@ -107,49 +120,55 @@ TopkBackwardArgs lower_topk_backward(const char* fn, const RouterConfig& config,
   check_router_config(fn, config, E, false);
   check_shape2(fn, "grad_probs", grad_probs, T, E);
   check_shape2(fn, "grad_logits", grad_logits, T, E);
-  TopkBackwardArgs a;
-  a.num_tokens = T;
-  a.num_experts = static_cast<int>(E);
-  a.config = config;
-  a.intermediate = intermediate.data();
-  a.grad_type = dtype_of<G>();
-  a.grad_probs = grad_probs.data();
-  a.grad_logits = grad_logits.data();
-  return a;
+  Ops o;
+  o.params = token_params(config, static_cast<int>(E), false);
+  o.num_tokens = T;
+  o.inter = canonical2<decltype(o.inter)>(intermediate);
+  o.grad_probs = canonical2<decltype(o.grad_probs)>(grad_probs);
+  o.grad_logits = canonical2<decltype(o.grad_logits)>(grad_logits);
+  return o;
 }
 
-template <class ExecSpace>
-void run_check_finite(const ExecSpace& exec, const char* fn, const char* param, const void* data, DType type,
-                      std::int64_t rows, std::int64_t cols) {
-  const std::int64_t first = PortableRouter<ExecSpace>::first_non_finite(exec, data, type, rows, cols);
+/// check_finite on a validated, contiguous [rows, cols] View (fences: a debug check).
+template <class ExecSpace, class View>
+void run_check_finite(const ExecSpace& exec, const char* fn, const char* param, const View& values) {
+  using Scalar = typename View::non_const_value_type;
+  using Canonical = typename CanonicalViews<ExecSpace>::template In2<Scalar>;
+  const Canonical v = canonical2<Canonical>(values);
+  const std::int64_t first = PortableRouter<ExecSpace>::first_non_finite(exec, v);
   if (first >= 0) {
-    const float v = PortableRouter<ExecSpace>::read_one(exec, data, type, first);
-    throw NonFiniteInput(fn, param, first / cols, first % cols, v);
+    const std::int64_t cols = static_cast<std::int64_t>(v.extent(1));
+    throw NonFiniteInput(fn, param, first / cols, first % cols, PortableRouter<ExecSpace>::read_one(exec, v, first));
   }
 }
-template <class ExecSpace, class Scalar>
-void run_check_finite(const ExecSpace& exec, const char* fn, const char* param, const Scalar* data, std::int64_t rows,
-                      std::int64_t cols) {
-  run_check_finite(exec, fn, param, static_cast<const void*>(data), dtype_of<Scalar>(), rows, cols);
+
+template <class ExecSpace, class Ops, class LogitsView>
+void run_topk_forward(const char* fn, const ExecSpace& exec, const RouterConfig& config, const Ops& o,
+                      const LogitsView& logits) {
+  if (config.check_finite) run_check_finite(exec, fn, "logits", logits);
+  if (o.num_tokens == 0) return;
+  if (config.implementation == Implementation::Portable)
+    PortableTopk<ExecSpace>::forward(exec, o);
+  else
+    TopkSpec<ExecSpace>::forward(exec, config, o);
 }
 
-template <class ExecSpace, class LogitsView>
-void run_topk_forward(const char* fn, const ExecSpace& exec, const TopkForwardArgs& a, const LogitsView& logits) {
-  if (a.config.check_finite) run_check_finite(exec, fn, "logits", logits.data(), a.num_tokens, a.num_experts);
-  if (a.num_tokens == 0) return;
-  if (a.config.implementation == Implementation::Portable)
-    PortableRouter<ExecSpace>::topk_forward(exec, a);
+template <class ExecSpace, class Ops>
+void run_topk_backward(const ExecSpace& exec, const RouterConfig& config, const Ops& o) {
+  if (o.num_tokens == 0) return;
+  if (config.implementation == Implementation::Portable)
+    PortableTopk<ExecSpace>::backward(exec, o);
   else
-    RouterImpl<ExecSpace>::topk_forward(exec, a);
+    TopkSpec<ExecSpace>::backward(exec, config, o);
 }
 
-template <class ExecSpace>
-void run_topk_backward(const ExecSpace& exec, const TopkBackwardArgs& a) {
-  if (a.num_tokens == 0) return;
-  if (a.config.implementation == Implementation::Portable)
-    PortableRouter<ExecSpace>::topk_backward(exec, a);
+template <class ExecSpace, class Ops>
+void run_compact_backward(const ExecSpace& exec, const RouterConfig& config, const Ops& o) {
+  if (o.num_tokens == 0) return;
+  if (config.implementation == Implementation::Portable)
+    PortableTopk<ExecSpace>::compact_backward(exec, o);
   else
-    RouterImpl<ExecSpace>::topk_backward(exec, a);
+    TopkSpec<ExecSpace>::compact_backward(exec, config, o);
 }
 
 }  // namespace Impl

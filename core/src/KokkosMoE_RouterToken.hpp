@@ -1,0 +1,115 @@
+/*
+ * KokkosMoE: Mixture-of-Experts routing for Kokkos. SPDX-License-Identifier: Apache-2.0
+ */
+#ifndef KOKKOSMOE_ROUTERTOKEN_HPP
+#define KOKKOSMOE_ROUTERTOKEN_HPP
+
+/// \file KokkosMoE_RouterToken.hpp
+/// \brief Per-token routing device functions (docs/router.md §18), in the style of kokkos-kernels' Batched
+/// functions: score + group-limited top-k + weights of ONE token row, callable from a user's own kernel (for
+/// instance the epilogue of the gate GEMM), with the same results as topk_router_compact.
+///
+/// Four variants share one implementation and differ only in who works on the row:
+///   SerialTokenRoute::invoke(params, logits, bias, work, ids, weights)                one thread, plain loops
+///   TeamTokenRoute<Member>::invoke(member, ...)                                      the team's threads
+///   TeamVectorTokenRoute<Member>::invoke(member, ...)                                threads and vector lanes
+///   ThreadVectorTokenRoute<Member>::invoke(member, ...)                              one thread's vector lanes
+/// Team variants are collective: every thread of the team (ThreadVector: every vector lane of the calling thread)
+/// calls them with the same arguments. Serial selects in one pass with an insertion buffer; the others run k rounds
+/// of a max reduction; both give the same slots (selection keys are unique, docs/router.md §6).
+///
+/// Parameters are validated once on the host by make_token_router_params (it throws like topk_router); the
+/// device functions never validate. The rows are rank-1 Views (a subview of a row-major [T, E] tensor, a scratch
+/// View, ...) of E logits (float, fp16_t or bf16_t), E bias values or an empty View, k int32 ids and k float weights
+/// (= scaling_factor * weight, slot order, slot 0 = best). `work` is a TokenRouterWorkspace over memory the caller
+/// owns: team or thread scratch (TokenRouterWorkspace::shmem_size) or any Views of the required sizes.
+
+#include <KokkosMoE_RouterConfig.hpp>
+
+#include <Kokkos_Core.hpp>
+#include <kokkos_ext/KokkosMoE_Float16.hpp>
+
+#include <impl/KokkosMoE_RouterToken_Impl.hpp>
+#include <impl/KokkosMoE_Router_Validate.hpp>
+
+#include <cstdint>
+
+namespace KokkosMoE {
+
+/// Validated routing parameters of one token (device-copyable). Build with make_token_router_params.
+using TokenRouterParams = Impl::TokenParams;
+
+/// Validates \p config for \p num_experts experts (and an expert bias iff \p has_bias) exactly as topk_router does.
+/// \throws KokkosMoE::InvalidArgument naming the field and the rule (docs/router.md §4)
+inline TokenRouterParams make_token_router_params(const RouterConfig& config, int num_experts, bool has_bias) {
+  constexpr const char* fn = "make_token_router_params";
+  Impl::check_counts(fn, 1, num_experts);
+  Impl::check_router_config(fn, config, num_experts, has_bias);
+  return Impl::token_params(config, num_experts, has_bias);
+}
+
+/// Per-token workspace over memory the caller owns: act [E], score [E] (only with a bias; otherwise the scores are
+/// the activations), group scores and flags [G] (only when grouped) and the k selected keys.
+template <class MemorySpace>
+using TokenRouterWorkspace = Impl::TokenWork<MemorySpace>;
+
+namespace Impl {
+template <class Loops, class LogitsRow, class BiasRow, class Work, class IdsRow, class WeightsRow>
+KOKKOS_INLINE_FUNCTION void token_route_compact(const Loops& loops, const TokenParams& p, const LogitsRow& logits,
+                                                const BiasRow& bias, const Work& work, const IdsRow& ids,
+                                                const WeightsRow& weights) {
+  const TokenChoice c = route_token(loops, p, logits, bias, work);
+  loops.for_each(p.topk, [&](const int i) {
+    const int e = key_index(work.keys(i));
+    ids(i) = e;
+    weights(i) = p.scaling_factor * c.weight(work.act(e));
+  });
+}
+}  // namespace Impl
+
+/// One thread routes one token.
+struct SerialTokenRoute {
+  template <class LogitsRow, class BiasRow, class Work, class IdsRow, class WeightsRow>
+  KOKKOS_INLINE_FUNCTION static void invoke(const TokenRouterParams& p, const LogitsRow& logits, const BiasRow& bias,
+                                            const Work& work, const IdsRow& ids, const WeightsRow& weights) {
+    Impl::token_route_compact(Impl::SerialLoops{}, p, logits, bias, work, ids, weights);
+  }
+};
+
+/// The threads of a team route one token (TeamThreadRange over the experts).
+template <class MemberType>
+struct TeamTokenRoute {
+  template <class LogitsRow, class BiasRow, class Work, class IdsRow, class WeightsRow>
+  KOKKOS_INLINE_FUNCTION static void invoke(const MemberType& member, const TokenRouterParams& p,
+                                            const LogitsRow& logits, const BiasRow& bias, const Work& work,
+                                            const IdsRow& ids, const WeightsRow& weights) {
+    Impl::token_route_compact(Impl::TeamLoops<MemberType>{member}, p, logits, bias, work, ids, weights);
+  }
+};
+
+/// The threads and vector lanes of a team route one token (TeamVectorRange over the experts).
+template <class MemberType>
+struct TeamVectorTokenRoute {
+  template <class LogitsRow, class BiasRow, class Work, class IdsRow, class WeightsRow>
+  KOKKOS_INLINE_FUNCTION static void invoke(const MemberType& member, const TokenRouterParams& p,
+                                            const LogitsRow& logits, const BiasRow& bias, const Work& work,
+                                            const IdsRow& ids, const WeightsRow& weights) {
+    Impl::token_route_compact(Impl::TeamVectorLoops<MemberType>{member}, p, logits, bias, work, ids, weights);
+  }
+};
+
+/// The vector lanes of the calling team thread route one token (ThreadVectorRange over the experts): several
+/// tokens per team, one per thread.
+template <class MemberType>
+struct ThreadVectorTokenRoute {
+  template <class LogitsRow, class BiasRow, class Work, class IdsRow, class WeightsRow>
+  KOKKOS_INLINE_FUNCTION static void invoke(const MemberType& member, const TokenRouterParams& p,
+                                            const LogitsRow& logits, const BiasRow& bias, const Work& work,
+                                            const IdsRow& ids, const WeightsRow& weights) {
+    Impl::token_route_compact(Impl::ThreadVectorLoops<MemberType>{member}, p, logits, bias, work, ids, weights);
+  }
+};
+
+}  // namespace KokkosMoE
+
+#endif

@@ -1,0 +1,95 @@
+/*
+ * KokkosMoE: Mixture-of-Experts routing for Kokkos. SPDX-License-Identifier: Apache-2.0
+ */
+#ifndef KOKKOSMOE_ROUTER_CUDASPEC_HPP
+#define KOKKOSMOE_ROUTER_CUDASPEC_HPP
+
+// Kokkos::Cuda specialization of the top-k router spec: lowers the canonical typed operands to the raw-pointer
+// argument structs of the native kernels (the only place where the router's Views become pointers) and launches
+// them through RouterImpl<Kokkos::Cuda>.
+
+#include <Kokkos_Macros.hpp>
+#if defined(KOKKOS_ENABLE_CUDA)
+
+#include <Kokkos_Core.hpp>
+
+#include <cuda/KokkosMoE_Router_Cuda.hpp>
+#include <impl/KokkosMoE_Router_Args.hpp>
+#include <impl/KokkosMoE_Router_Operands.hpp>
+#include <impl/KokkosMoE_Router_Validate.hpp>  // dtype_of
+
+namespace KokkosMoE {
+namespace Impl {
+
+template <>
+struct TopkSpec<Kokkos::Cuda> {
+  static constexpr bool is_specialized = true;
+
+  static RouterConfig lowered_config(const RouterConfig& config) {
+    RouterConfig c = config;
+    if (c.group_topk <= 0) c.group_topk = 0;
+    return c;
+  }
+
+  template <class Ops>
+  static void forward(const Kokkos::Cuda& exec, const RouterConfig& config, const Ops& o) {
+    using Scalar = typename Ops::scalar_type;
+    TopkForwardArgs a;
+    a.num_tokens = o.num_tokens;
+    a.num_experts = o.params.num_experts;
+    a.config = lowered_config(config);
+    a.output = o.output;
+    a.logits_type = dtype_of<Scalar>();
+    a.logits = o.logits.data();
+    a.bias_type = dtype_of<typename Ops::bias_type>();
+    a.bias = o.params.has_bias ? o.bias.data() : nullptr;
+    a.probs = o.probs.data();
+    a.routing_map = o.map.data();
+    a.indices_type = dtype_of<typename Ops::index_type>();
+    a.indices = o.indices.data();
+    a.intermediate = o.inter.data();
+    a.ids = o.ids.data();
+    a.weights = o.weights.data();
+    RouterImpl<Kokkos::Cuda>::topk_forward(exec, a);
+  }
+
+  template <class Ops>
+  static void backward(const Kokkos::Cuda& exec, const RouterConfig& config, const Ops& o) {
+    TopkBackwardArgs a;
+    a.num_tokens = o.num_tokens;
+    a.num_experts = o.params.num_experts;
+    a.config = lowered_config(config);
+    a.output = o.output;
+    a.routing_map = o.map.data();
+    a.indices_type = dtype_of<typename Ops::index_type>();
+    a.indices = o.indices.data();
+    a.intermediate = o.inter.data();
+    a.grad_type = dtype_of<typename Ops::grad_type>();
+    a.grad_probs = o.grad_probs.data();
+    a.grad_logits = o.grad_logits.data();
+    RouterImpl<Kokkos::Cuda>::topk_backward(exec, a);
+  }
+
+  template <class Ops>
+  static void compact_backward(const Kokkos::Cuda& exec, const RouterConfig& config, const Ops& o) {
+    TopkBackwardArgs a;
+    a.num_tokens = o.num_tokens;
+    a.num_experts = o.params.num_experts;
+    a.config = lowered_config(config);
+    a.output = RoutingOutput::Compact;
+    a.logits_type = dtype_of<typename Ops::scalar_type>();
+    a.logits = o.logits.data();
+    a.ids = o.ids.data();
+    a.grad_weights_type = dtype_of<typename Ops::grad_weights_type>();
+    a.grad_weights = o.grad_weights.data();
+    a.grad_type = a.logits_type;
+    a.grad_logits = o.grad_logits.data();
+    RouterImpl<Kokkos::Cuda>::topk_backward(exec, a);
+  }
+};
+
+}  // namespace Impl
+}  // namespace KokkosMoE
+
+#endif
+#endif

@@ -1,0 +1,509 @@
+/*
+ * KokkosMoE: Mixture-of-Experts routing for Kokkos. SPDX-License-Identifier: Apache-2.0
+ */
+#ifndef KOKKOSMOE_ROUTER_PORTABLETOPK_HPP
+#define KOKKOSMOE_ROUTER_PORTABLETOPK_HPP
+
+// The portable top-k router kernels (docs/router.md §17), built from the per-token functions of
+// impl/KokkosMoE_RouterToken_Impl.hpp. The mapping of tokens onto the hardware depends on the backend:
+//   * host spaces: a team of one thread takes a block of tokens; each token runs the Serial variant (one pass with
+//     an insertion buffer, sums in expert order), and the dense outputs are written as a fill of the non-selected
+//     value followed by a scatter of the k selected entries, so the fill loops vectorize. Results do not depend on
+//     the thread count (§12).
+//   * devices: each team thread owns one token and its vector lanes (up to 32, fewer for small E) stride over the
+//     experts (the ThreadVector variant): several tokens per team, reductions within a warp, no team barrier.
+// The map-based backward reads only what it needs where the score function allows it (Sigmoid, SqrtSoftplus,
+// Softmax post: the gradient of a non-selected expert is +0): the map, then the selected entries of grad_probs and
+// the intermediate. Softmax pre streams the dense rows (every expert has a gradient).
+
+#include <Kokkos_Core.hpp>
+#include <kokkos_ext/KokkosMoE_Float16.hpp>
+#include <kokkos_ext/KokkosMoE_KokkosCompat.hpp>
+
+#include <impl/KokkosMoE_RouterMath.hpp>
+#include <impl/KokkosMoE_RouterToken_Impl.hpp>
+#include <impl/KokkosMoE_Router_Operands.hpp>
+
+#include <cstdint>
+
+namespace KokkosMoE {
+namespace Impl {
+
+/// Two sums reduced together (nested multi-value reductions are not in Kokkos 3.4).
+struct Sum2 {
+  float a = 0.0f, b = 0.0f;
+  KOKKOS_INLINE_FUNCTION Sum2& operator+=(const Sum2& o) {
+    a += o.a;
+    b += o.b;
+    return *this;
+  }
+};
+
+/// Per-token gradient scalars of docs/router.md §9 and the derivative that turns them into dx.
+struct GradTerms {
+  ScoreFunction f;
+  bool pre;
+  int k;
+  float D = 0, Q = 0, P = 0;
+
+  KOKKOS_INLINE_FUNCTION static GradTerms of(const TokenParams& p) {
+    GradTerms g;
+    g.f = p.score_function;
+    g.pre = p.use_pre_softmax;
+    g.k = p.topk;
+    return g;
+  }
+  KOKKOS_INLINE_FUNCTION void set_sums(float S, float Q_, float P_) {
+    D = S + kEps;
+    Q = Q_;
+    P = P_;
+  }
+  /// v of §9 from the saved activation a (Sigmoid: a; SqrtSoftplus: a is the raw logit).
+  KOKKOS_INLINE_FUNCTION float v_of(float a) const { return f == ScoreFunction::Sigmoid ? a : sqrt_softplus(a); }
+  /// Adds expert e's terms to the sums (P for Softmax; S and Q otherwise).
+  KOKKOS_INLINE_FUNCTION void accumulate(Sum2& acc, float a, float g) const {
+    if (f == ScoreFunction::Softmax) {
+      acc.a += g * a;
+    } else {
+      const float v = v_of(a);
+      acc.a += v;
+      acc.b += g * v;
+    }
+  }
+  KOKKOS_INLINE_FUNCTION void finish(const Sum2& s) {
+    if (f == ScoreFunction::Softmax)
+      set_sums(0.0f, 0.0f, s.a);
+    else
+      set_sums(s.a, s.b, 0.0f);
+  }
+  /// dx of a routed expert with saved activation a and incoming g (already times scaling_factor).
+  KOKKOS_INLINE_FUNCTION float routed(float a, float g) const {
+    if (f == ScoreFunction::Softmax) return softmax_grad(g, a, P);
+    const float h = k > 1 ? g / D - Q / (D * D) : g;
+    if (f == ScoreFunction::Sigmoid) return sigmoid_grad(h, a);
+    return sqrt_softplus_grad(h, a, sqrt_softplus(a));
+  }
+  /// dx of a non-routed expert: exactly +0.0, except Softmax pre (-a*P).
+  KOKKOS_INLINE_FUNCTION float unrouted(float a) const {
+    return (f == ScoreFunction::Softmax && pre) ? softmax_grad(0.0f, a, P) : 0.0f;
+  }
+};
+
+/// Launch geometry of the per-token kernels: host spaces take blocks of tokens per one-thread team; devices put
+/// one token on each team thread, with vector_length lanes per token.
+template <class ExecSpace>
+struct TokenGeometry {
+  static constexpr bool host = is_host_space<ExecSpace>();
+  static constexpr int kHostTokensPerTeam = 8;
+  int vector_length = 1;
+  int team_size = 1;
+  int tokens_per_team = 1;
+
+  static TokenGeometry of(int num_experts) {
+    TokenGeometry g;
+    if (host) {
+      g.tokens_per_team = kHostTokensPerTeam;
+      return g;
+    }
+    int v = 1;
+    while (v < 32 && v < num_experts) v *= 2;
+    g.vector_length = v;
+    g.team_size = 128 / v;
+    g.tokens_per_team = g.team_size;
+    return g;
+  }
+
+  /// A policy with per-token scratch of `bytes`: per team on the host, per thread on a device; level 0 while it
+  /// fits in 32 KB per team, level 1 otherwise.
+  Kokkos::TeamPolicy<ExecSpace> policy(const ExecSpace& exec, std::int64_t T, std::size_t bytes, int& level) const {
+    const std::int64_t league = (T + tokens_per_team - 1) / tokens_per_team;
+    Kokkos::TeamPolicy<ExecSpace> p(exec, static_cast<int>(league), team_size, vector_length);
+    level = (host || bytes * static_cast<std::size_t>(team_size) <= 32 * 1024) ? 0 : 1;
+    if (bytes > 0) {
+      if (host)
+        p.set_scratch_size(level, Kokkos::PerTeam(bytes));
+      else
+        p.set_scratch_size(level, Kokkos::PerThread(bytes));
+    }
+    return p;
+  }
+
+  /// Scratch handle of the calling token: the team's on the host, the thread's on a device.
+  template <class Member>
+  KOKKOS_INLINE_FUNCTION static auto scratch(const Member& m, int level) {
+    if constexpr (host)
+      return m.team_scratch(level);
+    else
+      return m.thread_scratch(level);
+  }
+};
+
+// ---------------------------------------------------------------------------------------------------------------
+// forward
+// ---------------------------------------------------------------------------------------------------------------
+template <class ExecSpace, class Ops>
+struct TopkForwardKernel {
+  using Geometry = TokenGeometry<ExecSpace>;
+  using member_type = typename Kokkos::TeamPolicy<ExecSpace>::member_type;
+  using Work = TokenWork<typename ExecSpace::scratch_memory_space>;
+  using Scalar = typename Ops::scalar_type;
+  using Index = typename Ops::index_type;
+
+  Ops o;
+  int tokens_per_team;
+  int level;
+
+  KOKKOS_INLINE_FUNCTION void operator()(const member_type& m) const {
+    const Work w(Geometry::scratch(m, level), o.params);
+    if constexpr (Geometry::host) {
+      const std::int64_t t0 = static_cast<std::int64_t>(m.league_rank()) * tokens_per_team;
+      const std::int64_t t1 = t0 + tokens_per_team < o.num_tokens ? t0 + tokens_per_team : o.num_tokens;
+      for (std::int64_t t = t0; t < t1; ++t) host_token(t, w);
+    } else {
+      const std::int64_t t = static_cast<std::int64_t>(m.league_rank()) * m.team_size() + m.team_rank();
+      if (t < o.num_tokens) device_token(m, t, w);
+    }
+  }
+
+  KOKKOS_INLINE_FUNCTION void host_token(std::int64_t t, const Work& w) const {
+    const TokenParams& p = o.params;
+    const int E = p.num_experts, k = p.topk;
+    const float scale = p.scaling_factor;
+    const auto x = Kokkos::subview(o.logits, t, Kokkos::ALL);
+    const TokenChoice c = route_token(SerialLoops{}, p, x, o.bias, w);
+    if (o.output == RoutingOutput::Compact) {
+      for (int i = 0; i < k; ++i) {
+        const int e = key_index(w.keys(i));
+        o.ids(t, i) = e;
+        o.weights(t, i) = scale * c.weight(w.act(e));
+      }
+      return;
+    }
+    // the non-selected values everywhere, then the k selected entries
+    const Scalar zero = from_float<Scalar>(0.0f);
+    for (int e = 0; e < E; ++e) o.probs(t, e) = zero;
+    if (p.score_function == ScoreFunction::SqrtSoftplus) {
+      for (int e = 0; e < E; ++e) o.inter(t, e) = to_float(x(e));
+    } else if (p.softmax_post()) {
+      const float ninf = neg_inf();
+      for (int e = 0; e < E; ++e) o.inter(t, e) = ninf;
+    } else {
+      for (int e = 0; e < E; ++e) o.inter(t, e) = w.act(e);
+    }
+    if (o.output == RoutingOutput::Bytemap) {
+      for (int e = 0; e < E; ++e) o.map(t, e) = 0;
+    } else if (o.output == RoutingOutput::BitmapU8) {
+      const int nb = static_cast<int>(bitmap_row_bytes(E));
+      for (int b = 0; b < nb; ++b) o.map(t, b) = 0;
+    }
+    for (int i = 0; i < k; ++i) {
+      const int e = key_index(w.keys(i));
+      const float we = c.weight(w.act(e));
+      o.probs(t, e) = from_float<Scalar>(scale * we);
+      if (c.mode == TokenChoice::Post) o.inter(t, e) = we;
+      if (o.output == RoutingOutput::Bytemap) {
+        o.map(t, e) = 1;
+      } else if (o.output == RoutingOutput::BitmapU8) {
+        o.map(t, e / 8) = static_cast<std::uint8_t>(o.map(t, e / 8) | (1u << (e % 8)));
+      } else {
+        o.indices(t, i) = static_cast<Index>(e);
+      }
+    }
+  }
+
+  KOKKOS_INLINE_FUNCTION void device_token(const member_type& m, std::int64_t t, const Work& w) const {
+    const TokenParams& p = o.params;
+    const int E = p.num_experts, k = p.topk;
+    const float scale = p.scaling_factor;
+    const ThreadVectorLoops<member_type> L{m};
+    const auto x = Kokkos::subview(o.logits, t, Kokkos::ALL);
+    const TokenChoice c = route_token(L, p, x, o.bias, w);
+    if (o.output == RoutingOutput::Compact) {
+      L.for_each(k, [&](const int i) {
+        const int e = key_index(w.keys(i));
+        o.ids(t, i) = e;
+        o.weights(t, i) = scale * c.weight(w.act(e));
+      });
+      return;
+    }
+    const bool post = c.mode == TokenChoice::Post;
+    const bool ssp = p.score_function == ScoreFunction::SqrtSoftplus;
+    L.for_each(E, [&](const int e) {
+      const std::uint64_t key = w.eligible_key(p, e);
+      const bool routed = key != 0 && key >= c.kth;
+      const float we = routed ? c.weight(w.act(e)) : 0.0f;
+      o.probs(t, e) = from_float<Scalar>(routed ? scale * we : 0.0f);
+      o.inter(t, e) = ssp ? to_float(x(e)) : post ? (routed ? we : neg_inf()) : w.act(e);
+      if (o.output == RoutingOutput::Bytemap) o.map(t, e) = routed ? 1 : 0;
+    });
+    if (o.output == RoutingOutput::BitmapU8) {
+      L.for_each(static_cast<int>(bitmap_row_bytes(E)), [&](const int b) {
+        unsigned byte = 0;
+        for (int j = 0; j < 8; ++j) {
+          const int e = b * 8 + j;
+          if (e < E) {
+            const std::uint64_t key = w.eligible_key(p, e);
+            if (key != 0 && key >= c.kth) byte |= 1u << j;
+          }
+        }
+        o.map(t, b) = static_cast<std::uint8_t>(byte);
+      });
+    } else if (o.output == RoutingOutput::Indices) {
+      L.for_each(k, [&](const int i) { o.indices(t, i) = static_cast<Index>(key_index(w.keys(i))); });
+    }
+  }
+};
+
+// ---------------------------------------------------------------------------------------------------------------
+// backward from a routing map or dense indices (docs/router.md §9)
+// ---------------------------------------------------------------------------------------------------------------
+template <class ExecSpace, class Ops>
+struct TopkBackwardKernel {
+  using Geometry = TokenGeometry<ExecSpace>;
+  using member_type = typename Kokkos::TeamPolicy<ExecSpace>::member_type;
+  using G = typename Ops::grad_type;
+
+  Ops o;
+  int tokens_per_team;
+
+  KOKKOS_INLINE_FUNCTION bool routed_in_map(std::int64_t t, int e) const {
+    if (o.output == RoutingOutput::Bytemap) return o.map(t, e) != 0;
+    return (o.map(t, e / 8) >> (e % 8)) & 1u;
+  }
+  KOKKOS_INLINE_FUNCTION float grad_in(std::int64_t t, int e) const {
+    return to_float(o.grad_probs(t, e)) * o.params.scaling_factor;
+  }
+
+  KOKKOS_INLINE_FUNCTION void operator()(const member_type& m) const {
+    if constexpr (Geometry::host) {
+      const std::int64_t t0 = static_cast<std::int64_t>(m.league_rank()) * tokens_per_team;
+      const std::int64_t t1 = t0 + tokens_per_team < o.num_tokens ? t0 + tokens_per_team : o.num_tokens;
+      for (std::int64_t t = t0; t < t1; ++t) {
+        if (o.output == RoutingOutput::Indices)
+          indices(SerialLoops{}, t);
+        else
+          map_host(t);
+      }
+    } else {
+      const std::int64_t t = static_cast<std::int64_t>(m.league_rank()) * m.team_size() + m.team_rank();
+      if (t >= o.num_tokens) return;
+      const ThreadVectorLoops<member_type> L{m};
+      if (o.output == RoutingOutput::Indices)
+        indices(L, t);
+      else
+        map_device(L, t);
+    }
+  }
+
+  /// Calls f(e) for every routed expert of token t, in expert order, eight experts at a time (an empty stretch of
+  /// the map costs one test). Both map formats become the same 8-bit masks first, so f is expanded once: the two
+  /// formats then give bit-identical gradients, NaN signs included (which operand order the compiler picks for a
+  /// product of two NaNs decides the sign of the result).
+  template <class F>
+  KOKKOS_INLINE_FUNCTION void for_each_routed(std::int64_t t, const F& f) const {
+    const int E = o.params.num_experts;
+    const int nb = static_cast<int>(bitmap_row_bytes(E));
+    const bool bytemap = o.output == RoutingOutput::Bytemap;
+    for (int b = 0; b < nb; ++b) {
+      const int e0 = b * 8, n = E - e0 < 8 ? E - e0 : 8;
+      unsigned mask = 0;
+      if (bytemap) {
+        for (int j = 0; j < n; ++j) mask |= (o.map(t, e0 + j) != 0 ? 1u : 0u) << j;
+      } else {
+        mask = o.map(t, b) & ((1u << n) - 1u);
+      }
+      if (mask == 0) continue;
+      for (int j = 0; j < n; ++j)
+        if ((mask >> j) & 1u) f(e0 + j);
+    }
+  }
+
+  // Host: sums over the routed experts in expert order; all but Softmax pre read only the routed entries.
+  KOKKOS_INLINE_FUNCTION void map_host(std::int64_t t) const {
+    const int E = o.params.num_experts;
+    GradTerms g = GradTerms::of(o.params);
+    Sum2 sums;
+    if (o.params.softmax_pre()) {
+      for (int e = 0; e < E; ++e)
+        if (routed_in_map(t, e)) g.accumulate(sums, o.inter(t, e), grad_in(t, e));
+      g.finish(sums);
+      for (int e = 0; e < E; ++e) {
+        const float ae = o.inter(t, e);
+        o.grad_logits(t, e) = from_float<G>(routed_in_map(t, e) ? g.routed(ae, grad_in(t, e)) : g.unrouted(ae));
+      }
+      return;
+    }
+    for_each_routed(t, [&](const int e) { g.accumulate(sums, o.inter(t, e), grad_in(t, e)); });
+    g.finish(sums);
+    const G zero = from_float<G>(0.0f);
+    for (int e = 0; e < E; ++e) o.grad_logits(t, e) = zero;
+    for_each_routed(t,
+                    [&](const int e) { o.grad_logits(t, e) = from_float<G>(g.routed(o.inter(t, e), grad_in(t, e))); });
+  }
+
+  // Device: the lanes read the map; only lanes of routed experts (all lanes for Softmax pre) read the dense rows.
+  template <class Loops>
+  KOKKOS_INLINE_FUNCTION void map_device(const Loops& L, std::int64_t t) const {
+    const int E = o.params.num_experts;
+    GradTerms g = GradTerms::of(o.params);
+    const bool dense = o.params.softmax_pre();
+    Sum2 sums;
+    Kokkos::parallel_reduce(
+        Kokkos::ThreadVectorRange(L.m, E),
+        [&](const int e, Sum2& acc) {
+          if (routed_in_map(t, e)) g.accumulate(acc, o.inter(t, e), grad_in(t, e));
+        },
+        sums);
+    g.finish(sums);
+    L.for_each(E, [&](const int e) {
+      float dx;
+      if (routed_in_map(t, e))
+        dx = g.routed(o.inter(t, e), grad_in(t, e));
+      else
+        dx = dense ? g.unrouted(o.inter(t, e)) : 0.0f;
+      o.grad_logits(t, e) = from_float<G>(dx);
+    });
+  }
+
+  // Dense indices: sums over the k slots in slot order, the non-selected value everywhere, then the k entries.
+  template <class Loops>
+  KOKKOS_INLINE_FUNCTION void indices(const Loops& L, std::int64_t t) const {
+    const int E = o.params.num_experts, k = o.params.topk;
+    GradTerms g = GradTerms::of(o.params);
+    Sum2 sums;
+    for (int i = 0; i < k; ++i) {
+      const int e = static_cast<int>(o.indices(t, i));
+      g.accumulate(sums, o.inter(t, e), grad_in(t, e));
+    }
+    g.finish(sums);
+    const bool dense = o.params.softmax_pre();
+    L.for_each(E, [&](const int e) { o.grad_logits(t, e) = from_float<G>(dense ? g.unrouted(o.inter(t, e)) : 0.0f); });
+    L.barrier();
+    L.for_each(k, [&](const int i) {
+      const int e = static_cast<int>(o.indices(t, i));
+      o.grad_logits(t, e) = from_float<G>(g.routed(o.inter(t, e), grad_in(t, e)));
+    });
+  }
+};
+
+// ---------------------------------------------------------------------------------------------------------------
+// compact backward (docs/router.md §5.5): the activations are recomputed from the logits
+// ---------------------------------------------------------------------------------------------------------------
+template <class ExecSpace, class Ops>
+struct CompactBackwardKernel {
+  using Geometry = TokenGeometry<ExecSpace>;
+  using member_type = typename Kokkos::TeamPolicy<ExecSpace>::member_type;
+  using Scalar = typename Ops::scalar_type;
+  using FloatRow =
+      Kokkos::View<float*, typename ExecSpace::scratch_memory_space, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
+
+  Ops o;
+  int tokens_per_team;
+  int level;
+
+  static std::size_t scratch_bytes(const TokenParams& p) {
+    return FloatRow::shmem_size(p.softmax_pre() ? p.num_experts : 0) + FloatRow::shmem_size(p.topk);
+  }
+
+  KOKKOS_INLINE_FUNCTION void operator()(const member_type& m) const {
+    const auto h = Geometry::scratch(m, level);
+    const FloatRow rowact(h, o.params.softmax_pre() ? o.params.num_experts : 0);
+    const FloatRow act(h, o.params.topk);
+    if constexpr (Geometry::host) {
+      const std::int64_t t0 = static_cast<std::int64_t>(m.league_rank()) * tokens_per_team;
+      const std::int64_t t1 = t0 + tokens_per_team < o.num_tokens ? t0 + tokens_per_team : o.num_tokens;
+      for (std::int64_t t = t0; t < t1; ++t) token(SerialLoops{}, t, rowact, act);
+    } else {
+      const std::int64_t t = static_cast<std::int64_t>(m.league_rank()) * m.team_size() + m.team_rank();
+      if (t < o.num_tokens) token(ThreadVectorLoops<member_type>{m}, t, rowact, act);
+    }
+  }
+
+  template <class Loops>
+  KOKKOS_INLINE_FUNCTION void token(const Loops& L, std::int64_t t, const FloatRow& rowact, const FloatRow& act) const {
+    const TokenParams& p = o.params;
+    const int E = p.num_experts, k = p.topk;
+    const float scale = p.scaling_factor;
+    const ScoreFunction f = p.score_function;
+    const bool pre = p.softmax_pre();
+    GradTerms g = GradTerms::of(p);
+    if (pre)
+      row_softmax(
+          L, E, [&](const int e) { return to_float(o.logits(t, e)); }, rowact);
+    L.barrier();
+    L.single([&]() {
+      // activations of the selected experts, as the forward computed them
+      for (int i = 0; i < k; ++i) {
+        const int e = o.ids(t, i);
+        const float x = to_float(o.logits(t, e));
+        act(i) = f == ScoreFunction::Sigmoid ? sigmoid(x) : pre ? rowact(e) : x;
+      }
+      if (p.softmax_post()) {  // post-softmax over the k selected logits
+        float M = act(0);
+        for (int i = 1; i < k; ++i) M = act(i) > M ? act(i) : M;
+        float sum = 0;
+        for (int i = 0; i < k; ++i) sum += softmax_term(act(i), M);
+        const float inv = 1.0f / sum;
+        for (int i = 0; i < k; ++i) act(i) = softmax_term(act(i), M) * inv;
+      }
+    });
+    L.barrier();
+    Sum2 sums;
+    for (int i = 0; i < k; ++i) g.accumulate(sums, act(i), to_float(o.grad_weights(t, i)) * scale);
+    g.finish(sums);
+    L.for_each(E, [&](const int e) { o.grad_logits(t, e) = from_float<Scalar>(pre ? g.unrouted(rowact(e)) : 0.0f); });
+    L.barrier();
+    L.for_each(k, [&](const int i) {
+      const float gi = to_float(o.grad_weights(t, i)) * scale;
+      o.grad_logits(t, o.ids(t, i)) = from_float<Scalar>(g.routed(act(i), gi));
+    });
+  }
+};
+
+/// The portable top-k router operations on any execution space.
+template <class ExecSpace>
+struct PortableTopk {
+  using Geometry = TokenGeometry<ExecSpace>;
+
+  template <class Ops>
+  static void forward(const ExecSpace& exec, const Ops& o) {
+    ScopedRegion region("KokkosMoE::topk_router[portable]");
+    using Kernel = TopkForwardKernel<ExecSpace, Ops>;
+    const Geometry geo = Geometry::of(o.params.num_experts);
+    int level = 0;
+    const auto policy = geo.policy(exec, o.num_tokens, Kernel::Work::shmem_size(o.params), level);
+    Kokkos::parallel_for("KokkosMoE::topk_router", policy, Kernel{o, geo.tokens_per_team, level});
+  }
+
+  template <class Ops>
+  static void backward(const ExecSpace& exec, const Ops& o) {
+    ScopedRegion region("KokkosMoE::topk_router_backward[portable]");
+    const Geometry geo = Geometry::of(o.params.num_experts);
+    int level = 0;
+    const auto policy = geo.policy(exec, o.num_tokens, 0, level);
+    Kokkos::parallel_for("KokkosMoE::topk_router_backward", policy,
+                         TopkBackwardKernel<ExecSpace, Ops>{o, geo.tokens_per_team});
+  }
+
+  template <class Ops>
+  static void compact_backward(const ExecSpace& exec, const Ops& o) {
+    ScopedRegion region("KokkosMoE::topk_router_compact_backward[portable]");
+    using Kernel = CompactBackwardKernel<ExecSpace, Ops>;
+    const Geometry geo = Geometry::of(o.params.num_experts);
+    int level = 0;
+    const auto policy = geo.policy(exec, o.num_tokens, Kernel::scratch_bytes(o.params), level);
+    Kokkos::parallel_for("KokkosMoE::topk_router_compact_backward", policy, Kernel{o, geo.tokens_per_team, level});
+  }
+};
+
+}  // namespace Impl
+}  // namespace KokkosMoE
+
+namespace Kokkos {
+template <>
+struct reduction_identity<KokkosMoE::Impl::Sum2> {
+  KOKKOS_FORCEINLINE_FUNCTION static KokkosMoE::Impl::Sum2 sum() { return KokkosMoE::Impl::Sum2(); }
+};
+}  // namespace Kokkos
+
+#endif

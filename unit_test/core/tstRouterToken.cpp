@@ -1,0 +1,159 @@
+/*
+ * KokkosMoE: Mixture-of-Experts routing for Kokkos. SPDX-License-Identifier: Apache-2.0
+ */
+// The public per-token routing functions (KokkosMoE_RouterToken.hpp, docs/router.md §18) called from a user kernel:
+// each variant (Serial, Team, TeamVector, ThreadVector) on every backend against the double-precision oracle
+// (selected experts exact, weights within the §16.1 tolerance), and the four variants agreeing bit for bit with one
+// another. Workspaces come from team scratch, thread scratch and plain device Views.
+
+#include <KokkosMoE_EnableDeviceTypes.hpp>
+#include <KokkosMoE_RouterToken.hpp>
+
+#include <boost/test/unit_test.hpp>
+
+#include "RouterOracle.hpp"
+#include "RouterTestUtils.hpp"
+
+using namespace KokkosMoETest;
+using Oracle::Score;
+
+namespace {
+
+enum class Variant { Serial, Team, TeamVector, ThreadVector };
+constexpr Variant kVariants[] = {Variant::Serial, Variant::Team, Variant::TeamVector, Variant::ThreadVector};
+const char* variant_name(Variant v) {
+  switch (v) {
+    case Variant::Serial:
+      return "Serial";
+    case Variant::Team:
+      return "Team";
+    case Variant::TeamVector:
+      return "TeamVector";
+    case Variant::ThreadVector:
+      return "ThreadVector";
+  }
+  return "?";
+}
+
+/// A user kernel: one team per token (ThreadVector: one token per team thread), the workspace in scratch.
+template <class D, class S, class B>
+struct RouteKernel {
+  using Exec = typename D::execution_space;
+  using member_type = typename Kokkos::TeamPolicy<Exec>::member_type;
+  using Work = KokkosMoE::TokenRouterWorkspace<typename Exec::scratch_memory_space>;
+  Variant variant;
+  KokkosMoE::TokenRouterParams p;
+  V2<D, const S> logits;
+  V1<D, const B> bias;
+  V2<D, std::int32_t> ids;
+  V2<D, float> weights;
+  int tokens_per_team;
+
+  KOKKOS_INLINE_FUNCTION void operator()(const member_type& m) const {
+    if (variant == Variant::ThreadVector) {
+      const int t = m.league_rank() * tokens_per_team + m.team_rank();
+      if (t >= static_cast<int>(logits.extent(0))) return;
+      const Work w(m.thread_scratch(0), p);
+      KokkosMoE::ThreadVectorTokenRoute<member_type>::invoke(m, p, row(logits, t), bias, w, row(ids, t),
+                                                             row(weights, t));
+      return;
+    }
+    const int t = m.league_rank();
+    const Work w(m.team_scratch(0), p);
+    if (variant == Variant::Serial) {
+      Kokkos::single(Kokkos::PerTeam(m), [&]() {
+        KokkosMoE::SerialTokenRoute::invoke(p, row(logits, t), bias, w, row(ids, t), row(weights, t));
+      });
+    } else if (variant == Variant::Team) {
+      KokkosMoE::TeamTokenRoute<member_type>::invoke(m, p, row(logits, t), bias, w, row(ids, t), row(weights, t));
+    } else {
+      KokkosMoE::TeamVectorTokenRoute<member_type>::invoke(m, p, row(logits, t), bias, w, row(ids, t), row(weights, t));
+    }
+  }
+  template <class V>
+  KOKKOS_INLINE_FUNCTION static auto row(const V& v, int t) {
+    return Kokkos::subview(v, t, Kokkos::ALL);
+  }
+};
+
+template <class D, class S>
+void check_case(const Oracle::Attr& a, int T, int E, bool with_bias, std::uint64_t seed) {
+  using Exec = typename D::execution_space;
+  const RouterInputs in = generate_router_inputs<S, float>(a, T, E, with_bias, seed);
+  const std::vector<Oracle::FwdRow> ref = oracle_forward(a, in);
+  const auto logits = device_values<D, S>("logits", T, E, in.x);
+  V1<D, const float> bias;
+  if (with_bias) bias = device_vector<D, float>("bias", in.b);
+  const KokkosMoE::TokenRouterParams p = KokkosMoE::make_token_router_params(to_config(a), E, with_bias);
+  const std::size_t bytes = KokkosMoE::TokenRouterWorkspace<typename Exec::scratch_memory_space>::shmem_size(p);
+  const bool host = Kokkos::SpaceAccessibility<Kokkos::HostSpace, typename D::memory_space>::accessible;
+  std::vector<std::int32_t> first_ids;
+  std::vector<float> first_weights;
+  for (const Variant v : kVariants) {
+    BOOST_TEST_CONTEXT(variant_name(v) << " " << describe(a, T, E, with_bias, Num<S>::name)) {
+      auto ids = make2<D, std::int32_t>("ids", T, a.topk, -1);
+      auto weights = make2<D, float>("weights", T, a.topk, -1.0f);
+      RouteKernel<D, S, float> kernel{v, p, logits, bias, ids, weights, 1};
+      if (v == Variant::ThreadVector) {
+        const int vl = host ? 1 : 8, tpt = host ? 1 : 4;
+        kernel.tokens_per_team = tpt;
+        Kokkos::TeamPolicy<Exec> policy(Exec{}, (T + tpt - 1) / tpt, tpt, vl);
+        policy.set_scratch_size(0, Kokkos::PerThread(bytes));
+        Kokkos::parallel_for("test::thread_vector_route", policy, kernel);
+      } else {
+        const int ts = (host || v == Variant::Serial) ? 1 : 32, vl = (!host && v == Variant::TeamVector) ? 4 : 1;
+        Kokkos::TeamPolicy<Exec> policy(Exec{}, T, v == Variant::TeamVector && !host ? 8 : ts, vl);
+        policy.set_scratch_size(0, Kokkos::PerTeam(bytes));
+        Kokkos::parallel_for("test::team_route", policy, kernel);
+      }
+      Exec{}.fence();
+      const std::vector<std::int32_t> got_ids = download(ids);
+      const std::vector<float> got_w = download(weights);
+      Mismatches log("per-token routing vs oracle");
+      const Tol tol = fp32_tol(E);
+      for (int t = 0; t < T; ++t)
+        for (int i = 0; i < a.topk; ++i) {
+          const std::size_t j = static_cast<std::size_t>(t) * a.topk + i;
+          if (got_ids[j] != ref[t].idx[i] || !close(got_w[j], ref[t].weight[i], tol))
+            log.add([&](std::ostream& os) {
+              os << "token " << t << " slot " << i << ": id " << got_ids[j] << " (oracle " << ref[t].idx[i]
+                 << "), weight " << got_w[j] << " (oracle " << ref[t].weight[i] << ")";
+            });
+        }
+      log.report();
+      if (first_ids.empty()) {
+        first_ids = got_ids;
+        first_weights = got_w;
+      } else {
+        BOOST_TEST(bytes_equal(got_ids, first_ids), "ids differ from the Serial variant's");
+        BOOST_TEST(bytes_equal(got_w, first_weights), "weights differ from the Serial variant's");
+      }
+    }
+  }
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_SUITE(router_token)
+
+BOOST_AUTO_TEST_CASE_TEMPLATE(variants_match_oracle, DeviceType, KOKKOSMOE_DEVICE_TYPES) {
+  // DeepSeek-V3 style (grouped, biased sigmoid), Softmax post and pre, SqrtSoftplus, k = 1, small E
+  check_case<DeviceType, float>(make_attr(Score::Sigmoid, false, 8, 8, 4, 2.5), 64, 256, true, 1);
+  check_case<DeviceType, bf16_t>(make_attr(Score::Softmax, false, 8), 64, 128, false, 2);
+  check_case<DeviceType, fp16_t>(make_attr(Score::Softmax, true, 4), 64, 64, false, 3);
+  check_case<DeviceType, float>(make_attr(Score::SqrtSoftplus, false, 6), 32, 96, true, 4);
+  check_case<DeviceType, float>(make_attr(Score::Sigmoid, false, 1), 64, 16, false, 5);
+  check_case<DeviceType, bf16_t>(make_attr(Score::Softmax, false, 2), 64, 8, false, 6);
+}
+
+BOOST_AUTO_TEST_CASE(params_validated) {
+  KokkosMoE::RouterConfig c;
+  c.topk = 9;
+  expect_rule(KokkosMoE::Rule::TopkRange, "topk > E", [&] { (void)KokkosMoE::make_token_router_params(c, 8, false); });
+  c.topk = 2;
+  c.score_function = KokkosMoE::ScoreFunction::Softmax;
+  expect_rule(KokkosMoE::Rule::BiasRequiresSigmoidOrSqrtSoftplus, "bias with softmax",
+              [&] { (void)KokkosMoE::make_token_router_params(c, 8, true); });
+}
+
+BOOST_AUTO_TEST_SUITE_END()
