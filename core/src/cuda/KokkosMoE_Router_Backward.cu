@@ -70,9 +70,8 @@ struct BwdCoef {
 __device__ __forceinline__ float dx_sig_ssp(int fn, const BwdCoef& c, bool r, float a, float v, float g) {
   if (!r) return 0.0f;
   const float h = c.norm ? g * c.invD - c.qdd : g;
-  if (fn == kSig) return h * a * (1.0f - a);
-  const float den = 2.0f * v + kEps;
-  return a > 20.0f ? h / den : h * sigmoidf_(a) / den;
+  if (fn == kSig) return sigmoid_grad(h, a);
+  return sqrt_softplus_grad(h, a, v);
 }
 
 // ------------------------------------------------------------------------------------------------------------
@@ -189,7 +188,7 @@ __global__ void __launch_bounds__(128, NC == 1 ? 6 : 1) bwd_dense(const BwdParam
 #pragma unroll
         for (int p = 0; p < V; ++p) {
           v[p] = a[p];
-          if (fn == kSsp && (rm & (1u << p))) v[p] = sqrtsoftplusf_(a[p]);
+          if (fn == kSsp && (rm & (1u << p))) v[p] = sqrt_softplus(a[p]);
           if (rm & (1u << p)) {
             if (fn == kSmx) {
               Ps += g[p] * a[p];
@@ -213,7 +212,7 @@ __global__ void __launch_bounds__(128, NC == 1 ? 6 : 1) bwd_dense(const BwdParam
         for (int p = 0; p < V; ++p) {
           const bool r = (rm & (1u << p)) != 0;
           if (fn == kSmx)
-            dx[p] = all_a ? a[p] * ((r ? g[p] : 0.0f) - cf.P) : (r ? a[p] * (g[p] - cf.P) : 0.0f);
+            dx[p] = all_a ? softmax_grad(r ? g[p] : 0.0f, a[p], cf.P) : (r ? softmax_grad(g[p], a[p], cf.P) : 0.0f);
           else
             dx[p] = dx_sig_ssp(fn, cf, r, a[p], v[p], g[p]);
         }
@@ -284,7 +283,7 @@ __global__ void __launch_bounds__(128, NC == 1 ? 6 : 1) bwd_dense(const BwdParam
 #pragma unroll
           for (int p = 0; p < V; ++p) {
             v[p] = a[p];
-            if (fn == kSsp && (rm & (1u << p))) v[p] = sqrtsoftplusf_(a[p]);
+            if (fn == kSsp && (rm & (1u << p))) v[p] = sqrt_softplus(a[p]);
           }
         }
         if (pass == 0) {
@@ -305,7 +304,7 @@ __global__ void __launch_bounds__(128, NC == 1 ? 6 : 1) bwd_dense(const BwdParam
           for (int p = 0; p < V; ++p) {
             const bool r = (rm & (1u << p)) != 0;
             if (fn == kSmx)
-              dx[p] = all_a ? a[p] * ((r ? g[p] : 0.0f) - cf.P) : (r ? a[p] * (g[p] - cf.P) : 0.0f);
+              dx[p] = all_a ? softmax_grad(r ? g[p] : 0.0f, a[p], cf.P) : (r ? softmax_grad(g[p], a[p], cf.P) : 0.0f);
             else
               dx[p] = dx_sig_ssp(fn, cf, r, a[p], v[p], g[p]);
           }
@@ -400,13 +399,13 @@ __global__ void __launch_bounds__(128) bwd_sparse(const BwdParams P) {
       if (compact) {
         g = w0 * P.scale;
         if (fn == kSig) {
-          a = sigmoidf_(u0);
+          a = sigmoid(u0);
         } else if (fn == kSsp) {
           a = u0;
         } else {  // Softmax post: softmax over the slots, slot order (the forward's bits)
           const float x0 = __shfl_sync(kFull, u0, seg * TPT);
           const float e = expf(u0 - x0);
-          const float ez = (u0 == -INFINITY) ? 0.0f : e;
+          const float ez = softmax_term(u0, x0);
           float sum = 0.0f;
           for (int r = 0; r < k; ++r) sum += __shfl_sync(kFull, ez, seg * TPT + r);
           a = e * (1.0f / sum);
@@ -415,7 +414,7 @@ __global__ void __launch_bounds__(128) bwd_sparse(const BwdParams P) {
         a = u0;
         g = h0 * P.scale;
       }
-      v = (fn == kSsp && has) ? sqrtsoftplusf_(a) : a;
+      v = (fn == kSsp && has) ? sqrt_softplus(a) : a;
       float S = 0.0f, Q = 0.0f, Ps = 0.0f;
       const float gv = g * v, ga = g * a;
       for (int r = 0; r < k; ++r) {
@@ -455,7 +454,7 @@ __global__ void __launch_bounds__(128) bwd_sparse(const BwdParams P) {
       }
       __syncwarp();
       if (has) {
-        const float dx = (fn == kSmx) ? a * (g - cf.P) : dx_sig_ssp(fn, cf, true, a, v, g);
+        const float dx = (fn == kSmx) ? softmax_grad(g, a, cf.P) : dx_sig_ssp(fn, cf, true, a, v, g);
         static_cast<OS*>(P.gout)[rowE + i0] = TO::from_f(dx);
       }
       __syncwarp();
@@ -508,7 +507,7 @@ __global__ void __launch_bounds__(128) bwd_sparse(const BwdParams P) {
         g = load_any(P.gw, P.gw_type, rowK + r) * P.scale;
         e = 0.0f;
         if (fn == kSig) {
-          a = sigmoidf_(x);
+          a = sigmoid(x);
         } else if (fn == kSsp) {
           a = x;
         } else if (pre) {
@@ -523,7 +522,7 @@ __global__ void __launch_bounds__(128) bwd_sparse(const BwdParams P) {
         g = load_any(P.gin, GO, rowE + idx) * P.scale;
         e = 0.0f;
       }
-      v = (fn == kSsp) ? sqrtsoftplusf_(a) : a;
+      v = (fn == kSsp) ? sqrt_softplus(a) : a;
     };
 
     float S = 0.0f, Q = 0.0f, Ps = 0.0f;
@@ -628,7 +627,7 @@ __global__ void __launch_bounds__(128) bwd_sparse(const BwdParams P) {
       auto put = [&](int idx, float a, float v, float g) {
         float dx;
         if (fn == kSmx)
-          dx = a * (g - cf.P);
+          dx = softmax_grad(g, a, cf.P);
         else
           dx = dx_sig_ssp(fn, cf, true, a, v, g);
         orow[idx] = TO::from_f(dx);

@@ -137,10 +137,10 @@ __device__ __forceinline__ void token_front(const FwdParams& P, const float (&x)
     }
   } else if (fn == kFnSigmoid) {
 #pragma unroll
-    for (int p = 0; p < V; ++p) y[p] = sigmoidf_(x[p]);
+    for (int p = 0; p < V; ++p) y[p] = sigmoid(x[p]);
   } else {
 #pragma unroll
-    for (int p = 0; p < V; ++p) y[p] = sqrtsoftplusf_(x[p]);
+    for (int p = 0; p < V; ++p) y[p] = sqrt_softplus(x[p]);
   }
 
   if (aux && fn != kFnSoftmax) {
@@ -158,7 +158,7 @@ __device__ __forceinline__ void token_front(const FwdParams& P, const float (&x)
     for (int c = 0; c < NC; ++c) {
       if (valid && cvalid[c]) store_chunk<kDtF32, W>(P.scores + rowE + (c * TPT + ls) * W, sc + c * W);
 #pragma unroll
-      for (int w = 0; w < W; ++w) key[c * W + w] = cvalid[c] ? okey(sc[c * W + w]) : 0u;
+      for (int w = 0; w < W; ++w) key[c * W + w] = cvalid[c] ? order_key(sc[c * W + w]) : 0u;
     }
   } else {
     if (aux) {  // softmax aux: scores = probabilities
@@ -172,7 +172,7 @@ __device__ __forceinline__ void token_front(const FwdParams& P, const float (&x)
       for (int w = 0; w < W; ++w) {
         const int p = c * W + w;
         const float sc = has_bias ? y[p] + bias[p] : y[p];
-        key[p] = cvalid[c] ? okey(sc) : 0u;
+        key[p] = cvalid[c] ? order_key(sc) : 0u;
       }
   }
   // intermediate (all modes but compact; Softmax post is written after selection)
@@ -227,8 +227,8 @@ __device__ __forceinline__ void token_front(const FwdParams& P, const float (&x)
           a1 = max(a1, b1);
           a2 = n2;
         }
-        gsum += okey_decode(a1);
-        if (kg == 2) gsum += okey_decode(a2);
+        gsum = group_score_add(gsum, 0, order_key_decode(a1));
+        if (kg == 2) gsum = group_score_add(gsum, 1, order_key_decode(a2));
       } else {
         unsigned L[8];
 #pragma unroll
@@ -244,9 +244,9 @@ __device__ __forceinline__ void token_front(const FwdParams& P, const float (&x)
         }
 #pragma unroll
         for (int j = 0; j < 8; ++j)
-          if (j < kg) gsum += okey_decode(L[j]);
+          if (j < kg) gsum = group_score_add(gsum, j, order_key_decode(L[j]));
       }
-      gkey[c] = okey(gsum);
+      gkey[c] = order_key(gsum);
     }
     int rank[NC];
 #pragma unroll
@@ -365,7 +365,7 @@ __global__ void __launch_bounds__(128) topk_fwd_reg(const FwdParams P) {
     {
       unsigned tau = 0;
       if constexpr (ECAP <= kCandLimit) {
-        tau = 1;
+        tau = 1;  // every real key (>= kNaNKey) is a candidate
       } else {
         if (k <= TPT) {
           unsigned lm = 0;
@@ -437,7 +437,7 @@ __global__ void __launch_bounds__(128) topk_fwd_reg(const FwdParams P) {
 #pragma unroll
         for (int w = 0; w < W; ++w) {
           const int p = c * W + w;
-          if (cmask & (1u << p)) cand[off++] = comp_key(key[p], static_cast<unsigned>((c * TPT + ls) * W + w));
+          if (cmask & (1u << p)) cand[off++] = pack_key(key[p], (c * TPT + ls) * W + w);
         }
     }
     __syncwarp();
@@ -454,7 +454,7 @@ __global__ void __launch_bounds__(128) topk_fwd_reg(const FwdParams P) {
       }
       for (; i < C; ++i) rank += (cand[i] > me) ? 1 : 0;
       if (rank < k) {
-        const int idx = static_cast<int>(comp_idx(me));
+        const int idx = key_index(me);
         if (aux) {
           fbuf[idx] = 1;
         } else {
@@ -577,7 +577,7 @@ __device__ __forceinline__ float slot_weight(const FwdParams& P, int k, bool sof
   if (softmax_post) {
     const float x0 = __shfl_sync(kFull, yr, sbase);
     const float er = expf(yr - x0);
-    const float ez = (yr == -INFINITY) ? 0.0f : er;
+    const float ez = softmax_term(yr, x0);
     float sum = 0.0f;
 #pragma unroll
     for (int r = 0; r < k; ++r) sum += __shfl_sync(kFull, ez, sbase + r);
@@ -996,8 +996,8 @@ __global__ void __launch_bounds__(kGenBlock) topk_fwd_generic(const FwdParams P)
     auto act = [&](int e) -> float {  // activation y (Softmax post: the logit)
       const float xe = xat(e);
       if (fn == kFnSoftmax) return softmax_rowstats ? expf(xe - M) * inv : xe;
-      if (fn == kFnSigmoid) return sigmoidf_(xe);
-      return sqrtsoftplusf_(xe);
+      if (fn == kFnSigmoid) return sigmoid(xe);
+      return sqrt_softplus(xe);
     };
     if (aux && fn != kFnSoftmax) {
       float s = 0.0f;
@@ -1011,7 +1011,7 @@ __global__ void __launch_bounds__(kGenBlock) topk_fwd_generic(const FwdParams P)
     };
     auto rawkey = [&](int e) -> unsigned {
       if (P.cache_keys) return skeys[e];
-      return okey(score(e, act(e)));
+      return order_key(score(e, act(e)));
     };
     auto yat = [&](int e) -> float {
       if (P.cache_keys) return sys[e];
@@ -1022,7 +1022,7 @@ __global__ void __launch_bounds__(kGenBlock) topk_fwd_generic(const FwdParams P)
       const float ye = act(e);
       const float se = score(e, ye);
       if (P.cache_keys) {
-        skeys[e] = okey(se);
+        skeys[e] = order_key(se);
         sys[e] = ye;
       }
       if (aux) P.scores[rowE + e] = se;
@@ -1044,7 +1044,7 @@ __global__ void __launch_bounds__(kGenBlock) topk_fwd_generic(const FwdParams P)
         for (int i = 0; i < gs; ++i) list_insert<8>(L, rawkey(g * gs + i));
 #pragma unroll
         for (int j = 0; j < 8; ++j)
-          if (j < kg) sum += okey_decode(L[j]);
+          if (j < kg) sum += order_key_decode(L[j]);
       } else {
         unsigned long long prev = 0x100000000ull;  // above every key
         int rem = kg;
@@ -1063,13 +1063,13 @@ __global__ void __launch_bounds__(kGenBlock) topk_fwd_generic(const FwdParams P)
             }
           }
           const int take = min(cnt, rem);
-          const float v = okey_decode(cur);
+          const float v = order_key_decode(cur);
           for (int j = 0; j < take; ++j) sum += v;
           rem -= take;
           prev = cur;
         }
       }
-      return okey(sum);
+      return order_key(sum);
     };
     auto gkey_at = [&](int g) -> unsigned { return P.cache_groups ? sgkeys[g] : gscore_key(g); };
     if (grouped) {
@@ -1111,7 +1111,7 @@ __global__ void __launch_bounds__(kGenBlock) topk_fwd_generic(const FwdParams P)
       unsigned long long* src = (P.list_mode == 0) ? list + P.list_n / 2 : list;
       for (int e = lo; e < hi; ++e) {
         const unsigned ke = keyf(e);
-        if (selected(e, ke)) src[pos++] = comp_key(ke, static_cast<unsigned>(e));
+        if (selected(e, ke)) src[pos++] = pack_key(ke, e);
       }
       if (P.list_mode == 1)
         for (int i = k + threadIdx.x; i < P.list_n; i += kGenBlock) list[i] = 0ull;
@@ -1155,17 +1155,17 @@ __global__ void __launch_bounds__(kGenBlock) topk_fwd_generic(const FwdParams P)
       if (P.list_mode != 2) {
         if (threadIdx.x == 0) {
           if (softmax_post) {
-            const float xf = yat(static_cast<int>(comp_idx(list[0])));
+            const float xf = yat(key_index(list[0]));
             float sum = 0.0f;
             for (int r = 0; r < k; ++r) {
-              const float xr = yat(static_cast<int>(comp_idx(list[r])));
+              const float xr = yat(key_index(list[r]));
               sum += (xr == -INFINITY) ? 0.0f : expf(xr - xf);
             }
             sc.fred[0][0][0] = xf;
             sc.fred[0][0][1] = 1.0f / sum;
           } else if (fn != kFnSoftmax && k > 1) {
             float sum = 0.0f;
-            for (int r = 0; r < k; ++r) sum += yat(static_cast<int>(comp_idx(list[r])));
+            for (int r = 0; r < k; ++r) sum += yat(key_index(list[r]));
             sc.fred[0][0][0] = sum + kEps;
           }
         }
@@ -1181,12 +1181,12 @@ __global__ void __launch_bounds__(kGenBlock) topk_fwd_generic(const FwdParams P)
           for (int e = threadIdx.x; e < E; e += kGenBlock) {
             const unsigned ke = keyf(e);
             if (selected(e, ke)) {
-              const unsigned long long c = comp_key(ke, e);
+              const unsigned long long c = pack_key(ke, e);
               best = c > best ? c : best;
             }
           }
           best = block_max_u64(best, sc, phase);
-          x0 = yat(static_cast<int>(comp_idx(best)));
+          x0 = yat(key_index(best));
           float s = 0.0f;
           for (int e = threadIdx.x; e < E; e += kGenBlock) {
             const unsigned ke = keyf(e);
@@ -1212,7 +1212,7 @@ __global__ void __launch_bounds__(kGenBlock) topk_fwd_generic(const FwdParams P)
     if (compact || P.out == kOutIndices) {
       if (P.list_mode != 2) {
         for (int r = threadIdx.x; r < k; r += kGenBlock) {
-          const int e = static_cast<int>(comp_idx(list[r]));
+          const int e = key_index(list[r]);
           const long long o = t * static_cast<long long>(k) + r;
           if (compact) {
             P.ids[o] = e;
@@ -1225,11 +1225,11 @@ __global__ void __launch_bounds__(kGenBlock) topk_fwd_generic(const FwdParams P)
         for (int e = threadIdx.x; e < E; e += kGenBlock) {
           const unsigned ke = keyf(e);
           if (!selected(e, ke)) continue;
-          const unsigned long long me = comp_key(ke, e);
+          const unsigned long long me = pack_key(ke, e);
           int r = 0;
           for (int i = 0; i < E; ++i) {
             const unsigned ki = keyf(i);
-            if (selected(i, ki) && comp_key(ki, i) > me) ++r;
+            if (selected(i, ki) && pack_key(ki, i) > me) ++r;
           }
           const long long o = t * static_cast<long long>(k) + r;
           if (compact) {
