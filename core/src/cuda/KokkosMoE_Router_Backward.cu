@@ -653,50 +653,50 @@ __global__ void __launch_bounds__(128) bwd_sparse(const BwdParams P) {
 
 // ------------------------------------------------------------------------------------------------------------
 template <class K>
-cudaError_t launch_warps(K kern, const BwdParams& P, int tpt, cudaStream_t st) {
+cudaError_t launch_warps(K kern, const BwdParams& P, int tpt, const Queue& q) {
   const int block = 128;
   const long long tok_per_block = 4LL * (32 / tpt);
   const long long work = (P.T + tok_per_block - 1) / tok_per_block;
-  const int grid = persistent_grid(reinterpret_cast<const void*>(kern), block, 0, work);
-  kern<<<grid, block, 0, st>>>(P);
+  const int grid = persistent_grid(q.device, reinterpret_cast<const void*>(kern), block, 0, work);
+  kern<<<grid, block, 0, q.stream>>>(P);
   return cudaGetLastError();
 }
 
 template <int GI, int GO>
-cudaError_t dense_dispatch(const BwdParams& P, bool vec, cudaStream_t st) {
+cudaError_t dense_dispatch(const BwdParams& P, bool vec, const Queue& q) {
   const int E = P.E;
   if (vec) {
-    if (E <= 8) return launch_warps(bwd_dense<GI, GO, 1, 1, 8>, P, 1, st);
-    if (E <= 16) return launch_warps(bwd_dense<GI, GO, 2, 1, 8>, P, 2, st);
-    if (E <= 32) return launch_warps(bwd_dense<GI, GO, 4, 1, 8>, P, 4, st);
-    if (E <= 64) return launch_warps(bwd_dense<GI, GO, 8, 1, 8>, P, 8, st);
-    if (E <= 128) return launch_warps(bwd_dense<GI, GO, 16, 1, 8>, P, 16, st);
-    if (E <= 256) return launch_warps(bwd_dense<GI, GO, 32, 1, 8>, P, 32, st);
-    if (E <= 512) return launch_warps(bwd_dense<GI, GO, 32, 2, 8>, P, 32, st);
-    return launch_warps(bwd_dense<GI, GO, 32, 4, 8>, P, 32, st);
+    if (E <= 8) return launch_warps(bwd_dense<GI, GO, 1, 1, 8>, P, 1, q);
+    if (E <= 16) return launch_warps(bwd_dense<GI, GO, 2, 1, 8>, P, 2, q);
+    if (E <= 32) return launch_warps(bwd_dense<GI, GO, 4, 1, 8>, P, 4, q);
+    if (E <= 64) return launch_warps(bwd_dense<GI, GO, 8, 1, 8>, P, 8, q);
+    if (E <= 128) return launch_warps(bwd_dense<GI, GO, 16, 1, 8>, P, 16, q);
+    if (E <= 256) return launch_warps(bwd_dense<GI, GO, 32, 1, 8>, P, 32, q);
+    if (E <= 512) return launch_warps(bwd_dense<GI, GO, 32, 2, 8>, P, 32, q);
+    return launch_warps(bwd_dense<GI, GO, 32, 4, 8>, P, 32, q);
   }
-  return launch_warps(bwd_dense<GI, GO, 32, 8, 1>, P, 32, st);
+  return launch_warps(bwd_dense<GI, GO, 32, 8, 1>, P, 32, q);
 }
 
 template <int GO, int LD>
-cudaError_t sparse_dispatch(const BwdParams& P, cudaStream_t st) {
+cudaError_t sparse_dispatch(const BwdParams& P, const Queue& q) {
   constexpr int VO = 16 / static_cast<int>(sizeof(typename Ty<GO>::S));
   const bool vec = (P.E % VO == 0) && aligned16(P.gout) && aligned16(P.inter);
   const int k = P.k;
   if (vec) {
-    if (k <= 2) return launch_warps(bwd_sparse<GO, LD, 2, true>, P, 2, st);
-    if (k <= 8) return launch_warps(bwd_sparse<GO, LD, 8, true>, P, 8, st);
-    return launch_warps(bwd_sparse<GO, LD, 32, true>, P, 32, st);
+    if (k <= 2) return launch_warps(bwd_sparse<GO, LD, 2, true>, P, 2, q);
+    if (k <= 8) return launch_warps(bwd_sparse<GO, LD, 8, true>, P, 8, q);
+    return launch_warps(bwd_sparse<GO, LD, 32, true>, P, 32, q);
   }
-  if (k <= 2) return launch_warps(bwd_sparse<GO, LD, 2, false>, P, 2, st);
-  if (k <= 8) return launch_warps(bwd_sparse<GO, LD, 8, false>, P, 8, st);
-  return launch_warps(bwd_sparse<GO, LD, 32, false>, P, 32, st);
+  if (k <= 2) return launch_warps(bwd_sparse<GO, LD, 2, false>, P, 2, q);
+  if (k <= 8) return launch_warps(bwd_sparse<GO, LD, 8, false>, P, 8, q);
+  return launch_warps(bwd_sparse<GO, LD, 32, false>, P, 32, q);
 }
 
 template <int GO>
-cudaError_t aux_dispatch(const BwdParams& P, bool vec, cudaStream_t st) {
-  if (vec) return launch_warps(bwd_dense<kDtF32, GO, 32, 1, 8>, P, 32, st);
-  return launch_warps(bwd_dense<kDtF32, GO, 32, 8, 1>, P, 32, st);
+cudaError_t aux_dispatch(const BwdParams& P, bool vec, const Queue& q) {
+  if (vec) return launch_warps(bwd_dense<kDtF32, GO, 32, 1, 8>, P, 32, q);
+  return launch_warps(bwd_dense<kDtF32, GO, 32, 8, 1>, P, 32, q);
 }
 
 }  // namespace
@@ -704,8 +704,10 @@ cudaError_t aux_dispatch(const BwdParams& P, bool vec, cudaStream_t st) {
 
 using namespace detail;
 
-cudaError_t topk_backward(const TopkBackwardArgs& a, cudaStream_t stream) {
+cudaError_t topk_backward(const TopkBackwardArgs& a, const Queue& q) {
   if (a.num_tokens <= 0) return cudaSuccess;
+  const cudaError_t cur = make_current(q);
+  if (cur != cudaSuccess) return cur;
   BwdParams P;
   P.T = a.num_tokens;
   P.E = a.num_experts;
@@ -722,11 +724,11 @@ cudaError_t topk_backward(const TopkBackwardArgs& a, cudaStream_t stream) {
     P.gout = a.grad_logits;
     switch (a.logits_type) {
       case DType::F32:
-        return sparse_dispatch<kDtF32, kDtF32>(P, stream);
+        return sparse_dispatch<kDtF32, kDtF32>(P, q);
       case DType::F16:
-        return sparse_dispatch<kDtF16, kDtF16>(P, stream);
+        return sparse_dispatch<kDtF16, kDtF16>(P, q);
       case DType::BF16:
-        return sparse_dispatch<kDtBF16, kDtBF16>(P, stream);
+        return sparse_dispatch<kDtBF16, kDtBF16>(P, q);
       default:
         return cudaErrorInvalidValue;
     }
@@ -739,11 +741,11 @@ cudaError_t topk_backward(const TopkBackwardArgs& a, cudaStream_t stream) {
     P.indices = a.indices;
     switch (a.grad_type) {  // LD is unused on this path
       case DType::F32:
-        return sparse_dispatch<kDtF32, kDtF32>(P, stream);
+        return sparse_dispatch<kDtF32, kDtF32>(P, q);
       case DType::F16:
-        return sparse_dispatch<kDtF16, kDtF16>(P, stream);
+        return sparse_dispatch<kDtF16, kDtF16>(P, q);
       case DType::BF16:
-        return sparse_dispatch<kDtBF16, kDtBF16>(P, stream);
+        return sparse_dispatch<kDtBF16, kDtBF16>(P, q);
       default:
         return cudaErrorInvalidValue;
     }
@@ -753,18 +755,20 @@ cudaError_t topk_backward(const TopkBackwardArgs& a, cudaStream_t stream) {
   const bool vec = (P.E % 8 == 0) && aligned16(P.inter) && aligned16(P.gin) && aligned16(P.gout) && aligned16(P.map);
   switch (a.grad_type) {
     case DType::F32:
-      return dense_dispatch<kDtF32, kDtF32>(P, vec, stream);
+      return dense_dispatch<kDtF32, kDtF32>(P, vec, q);
     case DType::F16:
-      return dense_dispatch<kDtF16, kDtF16>(P, vec, stream);
+      return dense_dispatch<kDtF16, kDtF16>(P, vec, q);
     case DType::BF16:
-      return dense_dispatch<kDtBF16, kDtBF16>(P, vec, stream);
+      return dense_dispatch<kDtBF16, kDtBF16>(P, vec, q);
     default:
       return cudaErrorInvalidValue;
   }
 }
 
-cudaError_t aux_scores_backward(const AuxScoresBackwardArgs& a, cudaStream_t stream) {
+cudaError_t aux_scores_backward(const AuxScoresBackwardArgs& a, const Queue& q) {
   if (a.num_tokens <= 0) return cudaSuccess;
+  const cudaError_t cur = make_current(q);
+  if (cur != cudaSuccess) return cur;
   BwdParams P;
   P.T = a.num_tokens;
   P.E = a.num_experts;
@@ -778,11 +782,11 @@ cudaError_t aux_scores_backward(const AuxScoresBackwardArgs& a, cudaStream_t str
   const bool vec = (P.E % 8 == 0) && aligned16(P.inter) && aligned16(P.gin) && aligned16(P.gout);
   switch (a.grad_logits_type) {
     case DType::F32:
-      return aux_dispatch<kDtF32>(P, vec, stream);
+      return aux_dispatch<kDtF32>(P, vec, q);
     case DType::F16:
-      return aux_dispatch<kDtF16>(P, vec, stream);
+      return aux_dispatch<kDtF16>(P, vec, q);
     case DType::BF16:
-      return aux_dispatch<kDtBF16>(P, vec, stream);
+      return aux_dispatch<kDtBF16>(P, vec, q);
     default:
       return cudaErrorInvalidValue;
   }

@@ -10,6 +10,7 @@
 // Nothing here needs Kokkos. Compiled without fast-math: expf/log1pf/sqrtf are the accurate versions and every
 // '/' is an IEEE division.
 
+#include <cuda/KokkosMoE_Router_Kernels.hpp>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -226,22 +227,24 @@ __device__ __forceinline__ int seg_excl_scan(int v, int ls) {
 // ------------------------------------------------------------------------------------------------------------
 inline bool aligned16(const void* p) { return (reinterpret_cast<std::uintptr_t>(p) & 15u) == 0; }
 
-/// Multiprocessor count of the current device (cached per device; host-only query, capture-safe).
-int sm_count();
-/// Largest dynamic shared memory a block may opt into on the current device.
-int max_dyn_smem();
+/// Makes the queue's device the current one (what Kokkos does before each of its launches): the attribute calls,
+/// occupancy queries and launches below act on the current device.
+cudaError_t make_current(const Queue& q);
 
-/// Grid for a persistent (grid-stride) kernel: enough blocks to cover `work_blocks` but no more than fit on the
-/// device at once. Occupancy is computed once per (kernel, block, smem) and cached.
-int persistent_grid(const void* kernel, int block, size_t smem, long long work_blocks);
+/// Multiprocessor count of device `dev` (cached per device; host-only query, capture-safe).
+int sm_count(int dev);
 
-/// Opts a kernel into more than 48 KB of dynamic shared memory when needed.
+/// Grid for a persistent (grid-stride) kernel on device `dev`: enough blocks to cover `work_blocks` but no more
+/// than fit on the device at once. Occupancy is computed once per (device, kernel, block, smem) and cached.
+int persistent_grid(int dev, const void* kernel, int block, size_t smem, long long work_blocks);
+
+/// Opts a kernel into more than 48 KB of dynamic shared memory when needed (current device).
 cudaError_t ensure_smem(const void* kernel, size_t smem);
 
 /// Asks for the largest shared-memory carveout for a kernel (a hint that lets registers, not shared memory, bound
 /// its resident blocks), once per device and kernel: after a first eager call a captured launch makes no
-/// attribute call.
-cudaError_t prefer_max_shared(const void* kernel);
+/// attribute call. `dev` must be the current device.
+cudaError_t prefer_max_shared(int dev, const void* kernel);
 
 }  // namespace detail
 }  // namespace CudaKernels
