@@ -5,6 +5,10 @@
 
 #include <kokkos_ext/KokkosMoE_Float16.hpp>
 
+#if defined(KOKKOS_ENABLE_CUDA)
+#include <cuda_runtime.h>
+#endif
+
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -219,6 +223,46 @@ double empty_kernel_us() {
     return median(t) * 1e6;
   }();
   return us;
+}
+
+namespace {
+template <class Space>
+double device_time_on(const Space&, int, const std::function<void(std::int64_t)>&) {
+  return 0.0;  // host spaces: the fenced wall time is the measurement
+}
+#if defined(KOKKOS_ENABLE_CUDA)
+__global__ void spin_kernel(long long cycles) {
+  const long long start = clock64();
+  while (clock64() - start < cycles) {
+  }
+}
+double device_time_on(const Kokkos::Cuda& exec, int iters, const std::function<void(std::int64_t)>& op) {
+  if (iters < 1) return 0.0;
+  const cudaStream_t s = exec.cuda_stream();
+  std::vector<cudaEvent_t> ev(2 * static_cast<std::size_t>(iters));
+  for (auto& e : ev) cudaEventCreate(&e);
+  exec.fence();
+  spin_kernel<<<1, 1, 0, s>>>(20'000'000LL);  // about 10 ms at 1.98 GHz
+  for (int i = 0; i < iters; ++i) {
+    cudaEventRecord(ev[2 * i], s);
+    op(i);
+    cudaEventRecord(ev[2 * i + 1], s);
+  }
+  exec.fence();
+  std::vector<double> t;
+  for (int i = 0; i < iters; ++i) {
+    float ms = 0.0f;
+    cudaEventElapsedTime(&ms, ev[2 * i], ev[2 * i + 1]);
+    t.push_back(1e3 * ms);
+  }
+  for (auto& e : ev) cudaEventDestroy(e);
+  return median(t);
+}
+#endif
+}  // namespace
+
+double device_time_us(const ExecSpace& exec, int iters, const std::function<void(std::int64_t)>& op) {
+  return device_time_on(exec, iters, op);
 }
 
 void set_counters(benchmark::State& state, std::int64_t tokens, double bytes_per_token, double seconds) {

@@ -14,14 +14,17 @@
 ///   bytes_per_token  the formula's value
 ///   frac_copy        GB/s / the copy baseline's GB/s (read + write bytes), measured once per process
 ///   target_ratio     time / (t_floor + bytes / (0.85 * copy GB/s)), docs/router.md §17: <= 1 meets the target
-/// where t_floor is the launch floor (an empty fenced kernel) measured once per process.
+/// where t_floor is the launch floor (an empty fenced kernel) measured once per process. GPU benchmarks add the
+/// CUDA-event device time of device_time_us as `device_us`.
 
 #include <Kokkos_Core.hpp>
 
 #include <benchmark/benchmark.h>
 
 #include <cstdint>
+#include <functional>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 namespace KokkosMoE {
@@ -144,6 +147,24 @@ double timed_loop(benchmark::State& state, const ExecSpace& exec, Op&& op) {
   }
   return seconds;
 }
+
+/// Whether device_time_us measures anything: the default execution space is Kokkos::Cuda.
+constexpr bool has_device_timer() {
+#if defined(KOKKOS_ENABLE_CUDA)
+  return std::is_same<ExecSpace, Kokkos::Cuda>::value;
+#else
+  return false;
+#endif
+}
+
+/// Device time of one call, in microseconds, the protocol the CUDA-event references (TransformerEngine, PyTorch)
+/// are timed with (docs/conventions.md §7): a spin kernel (about 10 ms) is queued on the instance's stream first,
+/// so that the host enqueues the next calls while the device is still busy and its launch cost stays hidden; then
+/// `iters` times event, op(i), event on that stream; the median of the event intervals. 0 where
+/// has_device_timer() is false (host spaces: the fenced wall time is the measurement there).
+double device_time_us(const ExecSpace& exec, int iters, const std::function<void(std::int64_t)>& op);
+/// Calls per device_time_us measurement in the benchmarks.
+constexpr int kDeviceTimeIters = 20;
 
 /// Sets SetBytesProcessed / SetItemsProcessed and the explicit counters listed in the file comment for an
 /// operation over \p tokens tokens that moves \p bytes_per_token bytes each.

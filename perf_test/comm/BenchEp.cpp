@@ -48,44 +48,11 @@ constexpr int kIters = 20;
 
 std::unique_ptr<Communicator> g_comm;
 
-#if defined(KOKKOS_ENABLE_CUDA)
-__global__ void spin_kernel(long long cycles) {
-  const long long start = clock64();
-  while (clock64() - start < cycles) {
-  }
-}
-#endif
-
-/// Median device time in microseconds of `op` (CUDA events around each call on the instance's stream, a spin
-/// kernel queued first so that the host's launch cost is hidden); 0 on host spaces.
+/// Median device time in microseconds of `op` (Perf::device_time_us: CUDA events around each call on the instance's
+/// stream, a spin kernel queued first); 0 on host spaces.
 template <class Op>
 double device_us(const Exec& exec, Op&& op) {
-#if defined(KOKKOS_ENABLE_CUDA)
-  cudaStream_t s = exec.cuda_stream();
-  std::vector<cudaEvent_t> ev(2 * kIters);
-  for (auto& e : ev) cudaEventCreate(&e);
-  exec.fence();
-  spin_kernel<<<1, 1, 0, s>>>(20'000'000LL);  // about 10 ms at 1.98 GHz
-  for (int i = 0; i < kIters; ++i) {
-    cudaEventRecord(ev[2 * i], s);
-    op();
-    cudaEventRecord(ev[2 * i + 1], s);
-  }
-  exec.fence();
-  std::vector<double> t;
-  for (int i = 0; i < kIters; ++i) {
-    float ms = 0;
-    cudaEventElapsedTime(&ms, ev[2 * i], ev[2 * i + 1]);
-    t.push_back(ms * 1e3);
-  }
-  for (auto& e : ev) cudaEventDestroy(e);
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
-#else
-  (void)exec;
-  (void)op;
-  return 0.0;
-#endif
+  return Perf::device_time_us(exec, kIters, [&](std::int64_t) { op(); });
 }
 
 struct Fixture {

@@ -47,6 +47,25 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(reference_patterns_compat, DeviceType, KOKKOSMOE_D
       }
 }
 
+// Shapes the native CUDA forward kernels leave to the portable path (more than 1024 experts; a group size no lane
+// layout fits; more than 8 experts scoring a group), against the oracle on every backend: on Kokkos::Cuda, Auto
+// runs the portable kernels through the specialization's fallback (tstRouterProfilingRegions.cpp checks which
+// path ran).
+BOOST_AUTO_TEST_CASE_TEMPLATE(native_fallback_shapes, DeviceType, KOKKOSMOE_DEVICE_TYPES) {
+  struct Shape {
+    int T, E, k, G, gk;
+  };
+  const Shape shapes[] = {{37, 2048, 8, 0, 0}, {64, 96, 4, 4, 2}, {64, 256, 16, 4, 1}};
+  std::uint64_t n = 0;
+  for (const Shape& s : shapes)
+    for (const Mode& m : kModes) {
+      const Oracle::Attr a = make_attr(m.f, m.pre, s.k, s.G, s.gk, 1.2);
+      run_router_case(make_random_case<DeviceType, float>(a, s.T, s.E, m.bias, mix_seed(0xFA11, ++n)),
+                      RunFlags{true, true});
+    }
+  BOOST_TEST(n == 18u);
+}
+
 // The named presets (docs/router.md §15): the library's table against the spec's, then a routed batch of each.
 BOOST_AUTO_TEST_CASE_TEMPLATE(presets, DeviceType, KOKKOSMOE_DEVICE_TYPES) {
   struct Row {

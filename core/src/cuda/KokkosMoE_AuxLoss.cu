@@ -129,7 +129,7 @@ __global__ void __launch_bounds__(256)
 }
 
 template <int DT>
-cudaError_t aux_fwd(const AuxLossArgs& a, cudaStream_t st) {
+cudaError_t aux_fwd(const AuxLossArgs& a, const Queue& q) {
   const long long R = a.rows, C = a.cols;
   const long long nchunks = (R + kAuxLossRowChunk - 1) / kAuxLossRowChunk;
   float* prod = a.workspace + nchunks * C;
@@ -140,64 +140,68 @@ cudaError_t aux_fwd(const AuxLossArgs& a, cudaStream_t st) {
       const long long ny = nchunks - y0 < 65535 ? nchunks - y0 : 65535;
       const long long rows_here = (y0 + ny) * kAuxLossRowChunk < R ? ny * kAuxLossRowChunk : R - y0 * kAuxLossRowChunk;
       dim3 grid(static_cast<unsigned>(cblocks), static_cast<unsigned>(ny));
-      aux_colsum_chunks<DT>
-          <<<grid, kColBlock, 0, st>>>(static_cast<const typename Ty<DT>::S*>(a.probs) + y0 * kAuxLossRowChunk * C,
-                                       rows_here, C, a.workspace + y0 * C);
+      aux_colsum_chunks<DT><<<grid, kColBlock, 0, q.stream>>>(
+          static_cast<const typename Ty<DT>::S*>(a.probs) + y0 * kAuxLossRowChunk * C, rows_here, C,
+          a.workspace + y0 * C);
     }
     if (cblocks == 1) {
-      aux_final_total<DT><<<1, 1024, 0, st>>>(a.workspace, nchunks, C, a.tokens_per_expert,
-                                              static_cast<int>(a.tpe_type), R, a.num_experts, a.topk, a.coeff,
-                                              a.total_num_tokens, a.total_num_tokens_device, a.loss, a.const_buf);
+      aux_final_total<DT><<<1, 1024, 0, q.stream>>>(a.workspace, nchunks, C, a.tokens_per_expert,
+                                                    static_cast<int>(a.tpe_type), R, a.num_experts, a.topk, a.coeff,
+                                                    a.total_num_tokens, a.total_num_tokens_device, a.loss, a.const_buf);
       return cudaGetLastError();
     }
-    aux_colsum_final<<<static_cast<unsigned>(cblocks), kColBlock, 0, st>>>(a.workspace, nchunks, C, a.tokens_per_expert,
-                                                                           static_cast<int>(a.tpe_type), prod);
+    aux_colsum_final<<<static_cast<unsigned>(cblocks), kColBlock, 0, q.stream>>>(
+        a.workspace, nchunks, C, a.tokens_per_expert, static_cast<int>(a.tpe_type), prod);
   }
-  aux_loss_total<DT><<<1, 1024, 0, st>>>(prod, C, R, a.num_experts, a.topk, a.coeff, a.total_num_tokens,
-                                         a.total_num_tokens_device, a.loss, a.const_buf);
+  aux_loss_total<DT><<<1, 1024, 0, q.stream>>>(prod, C, R, a.num_experts, a.topk, a.coeff, a.total_num_tokens,
+                                               a.total_num_tokens_device, a.loss, a.const_buf);
   return cudaGetLastError();
 }
 
 template <int DT>
-cudaError_t aux_bwd(const AuxLossBackwardArgs& a, cudaStream_t st) {
+cudaError_t aux_bwd(const AuxLossBackwardArgs& a, const Queue& q) {
   const long long R = a.rows, C = a.cols;
   if (R <= 0 || C <= 0) return cudaSuccess;
   const long long cblocks = (C + 255) / 256;
-  const int sms = sm_count();
+  const int sms = sm_count(q.device);
   long long gy = (static_cast<long long>(sms) * 16 + cblocks - 1) / cblocks;
   if (gy > R) gy = R;
   if (gy > 65535) gy = 65535;
   if (gy < 1) gy = 1;
   dim3 grid(static_cast<unsigned>(cblocks < 2147483647LL ? cblocks : 2147483647LL), static_cast<unsigned>(gy));
-  aux_loss_grad<DT><<<grid, 256, 0, st>>>(R, C, a.const_buf, a.tokens_per_expert, static_cast<int>(a.tpe_type),
-                                          a.grad_loss, static_cast<int>(a.grad_loss_type), a.grad_probs);
+  aux_loss_grad<DT><<<grid, 256, 0, q.stream>>>(R, C, a.const_buf, a.tokens_per_expert, static_cast<int>(a.tpe_type),
+                                                a.grad_loss, static_cast<int>(a.grad_loss_type), a.grad_probs);
   return cudaGetLastError();
 }
 
 }  // namespace
 }  // namespace detail
 
-cudaError_t aux_loss_forward(const AuxLossArgs& a, cudaStream_t stream) {
+cudaError_t aux_loss_forward(const AuxLossArgs& a, const Queue& q) {
+  const cudaError_t cur = detail::make_current(q);
+  if (cur != cudaSuccess) return cur;
   switch (a.probs_type) {
     case DType::F32:
-      return detail::aux_fwd<detail::kDtF32>(a, stream);
+      return detail::aux_fwd<detail::kDtF32>(a, q);
     case DType::F16:
-      return detail::aux_fwd<detail::kDtF16>(a, stream);
+      return detail::aux_fwd<detail::kDtF16>(a, q);
     case DType::BF16:
-      return detail::aux_fwd<detail::kDtBF16>(a, stream);
+      return detail::aux_fwd<detail::kDtBF16>(a, q);
     default:
       return cudaErrorInvalidValue;
   }
 }
 
-cudaError_t aux_loss_backward(const AuxLossBackwardArgs& a, cudaStream_t stream) {
+cudaError_t aux_loss_backward(const AuxLossBackwardArgs& a, const Queue& q) {
+  const cudaError_t cur = detail::make_current(q);
+  if (cur != cudaSuccess) return cur;
   switch (a.grad_probs_type) {
     case DType::F32:
-      return detail::aux_bwd<detail::kDtF32>(a, stream);
+      return detail::aux_bwd<detail::kDtF32>(a, q);
     case DType::F16:
-      return detail::aux_bwd<detail::kDtF16>(a, stream);
+      return detail::aux_bwd<detail::kDtF16>(a, q);
     case DType::BF16:
-      return detail::aux_bwd<detail::kDtBF16>(a, stream);
+      return detail::aux_bwd<detail::kDtBF16>(a, q);
     default:
       return cudaErrorInvalidValue;
   }

@@ -70,9 +70,8 @@ struct BwdCoef {
 __device__ __forceinline__ float dx_sig_ssp(int fn, const BwdCoef& c, bool r, float a, float v, float g) {
   if (!r) return 0.0f;
   const float h = c.norm ? g * c.invD - c.qdd : g;
-  if (fn == kSig) return h * a * (1.0f - a);
-  const float den = 2.0f * v + kEps;
-  return a > 20.0f ? h / den : h * sigmoidf_(a) / den;
+  if (fn == kSig) return sigmoid_grad(h, a);
+  return sqrt_softplus_grad(h, a, v);
 }
 
 // ------------------------------------------------------------------------------------------------------------
@@ -189,7 +188,7 @@ __global__ void __launch_bounds__(128, NC == 1 ? 6 : 1) bwd_dense(const BwdParam
 #pragma unroll
         for (int p = 0; p < V; ++p) {
           v[p] = a[p];
-          if (fn == kSsp && (rm & (1u << p))) v[p] = sqrtsoftplusf_(a[p]);
+          if (fn == kSsp && (rm & (1u << p))) v[p] = sqrt_softplus(a[p]);
           if (rm & (1u << p)) {
             if (fn == kSmx) {
               Ps += g[p] * a[p];
@@ -213,7 +212,7 @@ __global__ void __launch_bounds__(128, NC == 1 ? 6 : 1) bwd_dense(const BwdParam
         for (int p = 0; p < V; ++p) {
           const bool r = (rm & (1u << p)) != 0;
           if (fn == kSmx)
-            dx[p] = all_a ? a[p] * ((r ? g[p] : 0.0f) - cf.P) : (r ? a[p] * (g[p] - cf.P) : 0.0f);
+            dx[p] = all_a ? softmax_grad(r ? g[p] : 0.0f, a[p], cf.P) : (r ? softmax_grad(g[p], a[p], cf.P) : 0.0f);
           else
             dx[p] = dx_sig_ssp(fn, cf, r, a[p], v[p], g[p]);
         }
@@ -284,7 +283,7 @@ __global__ void __launch_bounds__(128, NC == 1 ? 6 : 1) bwd_dense(const BwdParam
 #pragma unroll
           for (int p = 0; p < V; ++p) {
             v[p] = a[p];
-            if (fn == kSsp && (rm & (1u << p))) v[p] = sqrtsoftplusf_(a[p]);
+            if (fn == kSsp && (rm & (1u << p))) v[p] = sqrt_softplus(a[p]);
           }
         }
         if (pass == 0) {
@@ -305,7 +304,7 @@ __global__ void __launch_bounds__(128, NC == 1 ? 6 : 1) bwd_dense(const BwdParam
           for (int p = 0; p < V; ++p) {
             const bool r = (rm & (1u << p)) != 0;
             if (fn == kSmx)
-              dx[p] = all_a ? a[p] * ((r ? g[p] : 0.0f) - cf.P) : (r ? a[p] * (g[p] - cf.P) : 0.0f);
+              dx[p] = all_a ? softmax_grad(r ? g[p] : 0.0f, a[p], cf.P) : (r ? softmax_grad(g[p], a[p], cf.P) : 0.0f);
             else
               dx[p] = dx_sig_ssp(fn, cf, r, a[p], v[p], g[p]);
           }
@@ -400,13 +399,13 @@ __global__ void __launch_bounds__(128) bwd_sparse(const BwdParams P) {
       if (compact) {
         g = w0 * P.scale;
         if (fn == kSig) {
-          a = sigmoidf_(u0);
+          a = sigmoid(u0);
         } else if (fn == kSsp) {
           a = u0;
         } else {  // Softmax post: softmax over the slots, slot order (the forward's bits)
           const float x0 = __shfl_sync(kFull, u0, seg * TPT);
           const float e = expf(u0 - x0);
-          const float ez = (u0 == -INFINITY) ? 0.0f : e;
+          const float ez = softmax_term(u0, x0);
           float sum = 0.0f;
           for (int r = 0; r < k; ++r) sum += __shfl_sync(kFull, ez, seg * TPT + r);
           a = e * (1.0f / sum);
@@ -415,7 +414,7 @@ __global__ void __launch_bounds__(128) bwd_sparse(const BwdParams P) {
         a = u0;
         g = h0 * P.scale;
       }
-      v = (fn == kSsp && has) ? sqrtsoftplusf_(a) : a;
+      v = (fn == kSsp && has) ? sqrt_softplus(a) : a;
       float S = 0.0f, Q = 0.0f, Ps = 0.0f;
       const float gv = g * v, ga = g * a;
       for (int r = 0; r < k; ++r) {
@@ -455,7 +454,7 @@ __global__ void __launch_bounds__(128) bwd_sparse(const BwdParams P) {
       }
       __syncwarp();
       if (has) {
-        const float dx = (fn == kSmx) ? a * (g - cf.P) : dx_sig_ssp(fn, cf, true, a, v, g);
+        const float dx = (fn == kSmx) ? softmax_grad(g, a, cf.P) : dx_sig_ssp(fn, cf, true, a, v, g);
         static_cast<OS*>(P.gout)[rowE + i0] = TO::from_f(dx);
       }
       __syncwarp();
@@ -508,7 +507,7 @@ __global__ void __launch_bounds__(128) bwd_sparse(const BwdParams P) {
         g = load_any(P.gw, P.gw_type, rowK + r) * P.scale;
         e = 0.0f;
         if (fn == kSig) {
-          a = sigmoidf_(x);
+          a = sigmoid(x);
         } else if (fn == kSsp) {
           a = x;
         } else if (pre) {
@@ -523,7 +522,7 @@ __global__ void __launch_bounds__(128) bwd_sparse(const BwdParams P) {
         g = load_any(P.gin, GO, rowE + idx) * P.scale;
         e = 0.0f;
       }
-      v = (fn == kSsp) ? sqrtsoftplusf_(a) : a;
+      v = (fn == kSsp) ? sqrt_softplus(a) : a;
     };
 
     float S = 0.0f, Q = 0.0f, Ps = 0.0f;
@@ -628,7 +627,7 @@ __global__ void __launch_bounds__(128) bwd_sparse(const BwdParams P) {
       auto put = [&](int idx, float a, float v, float g) {
         float dx;
         if (fn == kSmx)
-          dx = a * (g - cf.P);
+          dx = softmax_grad(g, a, cf.P);
         else
           dx = dx_sig_ssp(fn, cf, true, a, v, g);
         orow[idx] = TO::from_f(dx);
@@ -654,50 +653,50 @@ __global__ void __launch_bounds__(128) bwd_sparse(const BwdParams P) {
 
 // ------------------------------------------------------------------------------------------------------------
 template <class K>
-cudaError_t launch_warps(K kern, const BwdParams& P, int tpt, cudaStream_t st) {
+cudaError_t launch_warps(K kern, const BwdParams& P, int tpt, const Queue& q) {
   const int block = 128;
   const long long tok_per_block = 4LL * (32 / tpt);
   const long long work = (P.T + tok_per_block - 1) / tok_per_block;
-  const int grid = persistent_grid(reinterpret_cast<const void*>(kern), block, 0, work);
-  kern<<<grid, block, 0, st>>>(P);
+  const int grid = persistent_grid(q.device, reinterpret_cast<const void*>(kern), block, 0, work);
+  kern<<<grid, block, 0, q.stream>>>(P);
   return cudaGetLastError();
 }
 
 template <int GI, int GO>
-cudaError_t dense_dispatch(const BwdParams& P, bool vec, cudaStream_t st) {
+cudaError_t dense_dispatch(const BwdParams& P, bool vec, const Queue& q) {
   const int E = P.E;
   if (vec) {
-    if (E <= 8) return launch_warps(bwd_dense<GI, GO, 1, 1, 8>, P, 1, st);
-    if (E <= 16) return launch_warps(bwd_dense<GI, GO, 2, 1, 8>, P, 2, st);
-    if (E <= 32) return launch_warps(bwd_dense<GI, GO, 4, 1, 8>, P, 4, st);
-    if (E <= 64) return launch_warps(bwd_dense<GI, GO, 8, 1, 8>, P, 8, st);
-    if (E <= 128) return launch_warps(bwd_dense<GI, GO, 16, 1, 8>, P, 16, st);
-    if (E <= 256) return launch_warps(bwd_dense<GI, GO, 32, 1, 8>, P, 32, st);
-    if (E <= 512) return launch_warps(bwd_dense<GI, GO, 32, 2, 8>, P, 32, st);
-    return launch_warps(bwd_dense<GI, GO, 32, 4, 8>, P, 32, st);
+    if (E <= 8) return launch_warps(bwd_dense<GI, GO, 1, 1, 8>, P, 1, q);
+    if (E <= 16) return launch_warps(bwd_dense<GI, GO, 2, 1, 8>, P, 2, q);
+    if (E <= 32) return launch_warps(bwd_dense<GI, GO, 4, 1, 8>, P, 4, q);
+    if (E <= 64) return launch_warps(bwd_dense<GI, GO, 8, 1, 8>, P, 8, q);
+    if (E <= 128) return launch_warps(bwd_dense<GI, GO, 16, 1, 8>, P, 16, q);
+    if (E <= 256) return launch_warps(bwd_dense<GI, GO, 32, 1, 8>, P, 32, q);
+    if (E <= 512) return launch_warps(bwd_dense<GI, GO, 32, 2, 8>, P, 32, q);
+    return launch_warps(bwd_dense<GI, GO, 32, 4, 8>, P, 32, q);
   }
-  return launch_warps(bwd_dense<GI, GO, 32, 8, 1>, P, 32, st);
+  return launch_warps(bwd_dense<GI, GO, 32, 8, 1>, P, 32, q);
 }
 
 template <int GO, int LD>
-cudaError_t sparse_dispatch(const BwdParams& P, cudaStream_t st) {
+cudaError_t sparse_dispatch(const BwdParams& P, const Queue& q) {
   constexpr int VO = 16 / static_cast<int>(sizeof(typename Ty<GO>::S));
   const bool vec = (P.E % VO == 0) && aligned16(P.gout) && aligned16(P.inter);
   const int k = P.k;
   if (vec) {
-    if (k <= 2) return launch_warps(bwd_sparse<GO, LD, 2, true>, P, 2, st);
-    if (k <= 8) return launch_warps(bwd_sparse<GO, LD, 8, true>, P, 8, st);
-    return launch_warps(bwd_sparse<GO, LD, 32, true>, P, 32, st);
+    if (k <= 2) return launch_warps(bwd_sparse<GO, LD, 2, true>, P, 2, q);
+    if (k <= 8) return launch_warps(bwd_sparse<GO, LD, 8, true>, P, 8, q);
+    return launch_warps(bwd_sparse<GO, LD, 32, true>, P, 32, q);
   }
-  if (k <= 2) return launch_warps(bwd_sparse<GO, LD, 2, false>, P, 2, st);
-  if (k <= 8) return launch_warps(bwd_sparse<GO, LD, 8, false>, P, 8, st);
-  return launch_warps(bwd_sparse<GO, LD, 32, false>, P, 32, st);
+  if (k <= 2) return launch_warps(bwd_sparse<GO, LD, 2, false>, P, 2, q);
+  if (k <= 8) return launch_warps(bwd_sparse<GO, LD, 8, false>, P, 8, q);
+  return launch_warps(bwd_sparse<GO, LD, 32, false>, P, 32, q);
 }
 
 template <int GO>
-cudaError_t aux_dispatch(const BwdParams& P, bool vec, cudaStream_t st) {
-  if (vec) return launch_warps(bwd_dense<kDtF32, GO, 32, 1, 8>, P, 32, st);
-  return launch_warps(bwd_dense<kDtF32, GO, 32, 8, 1>, P, 32, st);
+cudaError_t aux_dispatch(const BwdParams& P, bool vec, const Queue& q) {
+  if (vec) return launch_warps(bwd_dense<kDtF32, GO, 32, 1, 8>, P, 32, q);
+  return launch_warps(bwd_dense<kDtF32, GO, 32, 8, 1>, P, 32, q);
 }
 
 }  // namespace
@@ -705,8 +704,10 @@ cudaError_t aux_dispatch(const BwdParams& P, bool vec, cudaStream_t st) {
 
 using namespace detail;
 
-cudaError_t topk_backward(const TopkBackwardArgs& a, cudaStream_t stream) {
+cudaError_t topk_backward(const TopkBackwardArgs& a, const Queue& q) {
   if (a.num_tokens <= 0) return cudaSuccess;
+  const cudaError_t cur = make_current(q);
+  if (cur != cudaSuccess) return cur;
   BwdParams P;
   P.T = a.num_tokens;
   P.E = a.num_experts;
@@ -723,11 +724,11 @@ cudaError_t topk_backward(const TopkBackwardArgs& a, cudaStream_t stream) {
     P.gout = a.grad_logits;
     switch (a.logits_type) {
       case DType::F32:
-        return sparse_dispatch<kDtF32, kDtF32>(P, stream);
+        return sparse_dispatch<kDtF32, kDtF32>(P, q);
       case DType::F16:
-        return sparse_dispatch<kDtF16, kDtF16>(P, stream);
+        return sparse_dispatch<kDtF16, kDtF16>(P, q);
       case DType::BF16:
-        return sparse_dispatch<kDtBF16, kDtBF16>(P, stream);
+        return sparse_dispatch<kDtBF16, kDtBF16>(P, q);
       default:
         return cudaErrorInvalidValue;
     }
@@ -740,11 +741,11 @@ cudaError_t topk_backward(const TopkBackwardArgs& a, cudaStream_t stream) {
     P.indices = a.indices;
     switch (a.grad_type) {  // LD is unused on this path
       case DType::F32:
-        return sparse_dispatch<kDtF32, kDtF32>(P, stream);
+        return sparse_dispatch<kDtF32, kDtF32>(P, q);
       case DType::F16:
-        return sparse_dispatch<kDtF16, kDtF16>(P, stream);
+        return sparse_dispatch<kDtF16, kDtF16>(P, q);
       case DType::BF16:
-        return sparse_dispatch<kDtBF16, kDtBF16>(P, stream);
+        return sparse_dispatch<kDtBF16, kDtBF16>(P, q);
       default:
         return cudaErrorInvalidValue;
     }
@@ -754,18 +755,20 @@ cudaError_t topk_backward(const TopkBackwardArgs& a, cudaStream_t stream) {
   const bool vec = (P.E % 8 == 0) && aligned16(P.inter) && aligned16(P.gin) && aligned16(P.gout) && aligned16(P.map);
   switch (a.grad_type) {
     case DType::F32:
-      return dense_dispatch<kDtF32, kDtF32>(P, vec, stream);
+      return dense_dispatch<kDtF32, kDtF32>(P, vec, q);
     case DType::F16:
-      return dense_dispatch<kDtF16, kDtF16>(P, vec, stream);
+      return dense_dispatch<kDtF16, kDtF16>(P, vec, q);
     case DType::BF16:
-      return dense_dispatch<kDtBF16, kDtBF16>(P, vec, stream);
+      return dense_dispatch<kDtBF16, kDtBF16>(P, vec, q);
     default:
       return cudaErrorInvalidValue;
   }
 }
 
-cudaError_t aux_scores_backward(const AuxScoresBackwardArgs& a, cudaStream_t stream) {
+cudaError_t aux_scores_backward(const AuxScoresBackwardArgs& a, const Queue& q) {
   if (a.num_tokens <= 0) return cudaSuccess;
+  const cudaError_t cur = make_current(q);
+  if (cur != cudaSuccess) return cur;
   BwdParams P;
   P.T = a.num_tokens;
   P.E = a.num_experts;
@@ -779,11 +782,11 @@ cudaError_t aux_scores_backward(const AuxScoresBackwardArgs& a, cudaStream_t str
   const bool vec = (P.E % 8 == 0) && aligned16(P.inter) && aligned16(P.gin) && aligned16(P.gout);
   switch (a.grad_logits_type) {
     case DType::F32:
-      return aux_dispatch<kDtF32>(P, vec, stream);
+      return aux_dispatch<kDtF32>(P, vec, q);
     case DType::F16:
-      return aux_dispatch<kDtF16>(P, vec, stream);
+      return aux_dispatch<kDtF16>(P, vec, q);
     case DType::BF16:
-      return aux_dispatch<kDtBF16>(P, vec, stream);
+      return aux_dispatch<kDtBF16>(P, vec, q);
     default:
       return cudaErrorInvalidValue;
   }

@@ -5,7 +5,11 @@
 #define KOKKOSMOE_ROUTER_CUDA_HPP
 
 // Kokkos::Cuda specialization of the router: the hand-tuned native kernels of this folder, launched on the
-// instance's stream (exec.cuda_stream()). No fence, no allocation, CUDA-graph capturable.
+// instance's stream and device (exec.cuda_stream(), exec.cuda_device()). No fence, no allocation, CUDA-graph
+// capturable. Each native launch runs inside a Kokkos profiling region named "KokkosMoE::<op>[cuda]", so Kokkos
+// Tools see it. Forward shapes the native kernels do not handle (CudaKernels::handles) run the portable path,
+// whose regions say "[portable]": TopkSpec<Kokkos::Cuda> (cuda/KokkosMoE_Router_CudaSpec.hpp) decides for topk_router,
+// aux_scores_forward below for aux_scores.
 
 #include <Kokkos_Macros.hpp>
 #if defined(KOKKOS_ENABLE_CUDA)
@@ -13,9 +17,11 @@
 #include <KokkosMoE_Error.hpp>
 
 #include <Kokkos_Core.hpp>
+#include <kokkos_ext/KokkosMoE_KokkosCompat.hpp>
 
 #include <cuda/KokkosMoE_Router_Kernels.hpp>
 #include <impl/KokkosMoE_Router_Args.hpp>
+#include <impl/KokkosMoE_Router_Portable.hpp>
 
 #include <string>
 
@@ -27,26 +33,41 @@ inline void throw_on_cuda_error(cudaError_t err, const char* what) {
     throw DeviceError(std::string("KokkosMoE::") + what + ": CUDA launch failed: " + cudaGetErrorString(err));
 }
 
+/// The instance's stream and device, for the native launchers.
+inline CudaKernels::Queue cuda_queue(const Kokkos::Cuda& exec) {
+  CudaKernels::Queue q;
+  q.stream = exec.cuda_stream();
+  q.device = exec.cuda_device();
+  return q;
+}
+
 template <>
 struct RouterImpl<Kokkos::Cuda> {
   static constexpr bool is_specialized = true;
   static void topk_forward(const Kokkos::Cuda& exec, const TopkForwardArgs& a) {
-    throw_on_cuda_error(CudaKernels::topk_forward(a, exec.cuda_stream()), "topk_router");
+    ScopedRegion region("KokkosMoE::topk_router[cuda]");
+    throw_on_cuda_error(CudaKernels::topk_forward(a, cuda_queue(exec)), "topk_router");
   }
   static void topk_backward(const Kokkos::Cuda& exec, const TopkBackwardArgs& a) {
-    throw_on_cuda_error(CudaKernels::topk_backward(a, exec.cuda_stream()), "topk_router_backward");
+    ScopedRegion region("KokkosMoE::topk_router_backward[cuda]");
+    throw_on_cuda_error(CudaKernels::topk_backward(a, cuda_queue(exec)), "topk_router_backward");
   }
   static void aux_scores_forward(const Kokkos::Cuda& exec, const AuxScoresArgs& a) {
-    throw_on_cuda_error(CudaKernels::aux_scores_forward(a, exec.cuda_stream()), "aux_scores");
+    if (!CudaKernels::handles(a)) return PortableRouter<Kokkos::Cuda>::aux_scores_forward(exec, a);
+    ScopedRegion region("KokkosMoE::aux_scores[cuda]");
+    throw_on_cuda_error(CudaKernels::aux_scores_forward(a, cuda_queue(exec)), "aux_scores");
   }
   static void aux_scores_backward(const Kokkos::Cuda& exec, const AuxScoresBackwardArgs& a) {
-    throw_on_cuda_error(CudaKernels::aux_scores_backward(a, exec.cuda_stream()), "aux_scores_backward");
+    ScopedRegion region("KokkosMoE::aux_scores_backward[cuda]");
+    throw_on_cuda_error(CudaKernels::aux_scores_backward(a, cuda_queue(exec)), "aux_scores_backward");
   }
   static void aux_loss_forward(const Kokkos::Cuda& exec, const AuxLossArgs& a) {
-    throw_on_cuda_error(CudaKernels::aux_loss_forward(a, exec.cuda_stream()), "aux_loss");
+    ScopedRegion region("KokkosMoE::aux_loss[cuda]");
+    throw_on_cuda_error(CudaKernels::aux_loss_forward(a, cuda_queue(exec)), "aux_loss");
   }
   static void aux_loss_backward(const Kokkos::Cuda& exec, const AuxLossBackwardArgs& a) {
-    throw_on_cuda_error(CudaKernels::aux_loss_backward(a, exec.cuda_stream()), "aux_loss_backward");
+    ScopedRegion region("KokkosMoE::aux_loss_backward[cuda]");
+    throw_on_cuda_error(CudaKernels::aux_loss_backward(a, cuda_queue(exec)), "aux_loss_backward");
   }
 };
 

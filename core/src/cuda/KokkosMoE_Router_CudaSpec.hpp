@@ -50,6 +50,7 @@ struct TopkSpec<Kokkos::Cuda> {
     a.intermediate = o.inter.data();
     a.ids = o.ids.data();
     a.weights = o.weights.data();
+    if (!CudaKernels::handles(a)) return PortableTopk<Kokkos::Cuda>::forward(exec, o);
     RouterImpl<Kokkos::Cuda>::topk_forward(exec, a);
   }
 

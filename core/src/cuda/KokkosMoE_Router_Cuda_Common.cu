@@ -1,8 +1,10 @@
 /*
  * KokkosMoE: Mixture-of-Experts routing for Kokkos. SPDX-License-Identifier: Apache-2.0
  */
-// Host helpers of the native CUDA router kernels: cached device properties and occupancy-based persistent grids.
-// All of them are host-only queries (no stream work, no allocation), so they are legal during graph capture.
+// Host helpers of the native CUDA router kernels: cached device properties and occupancy-based persistent grids,
+// per device (the execution space instance's, passed down in a Queue). All of them are host-only queries (no stream
+// work, no allocation), so they are legal during graph capture. Function attributes and occupancy queries apply to
+// the current device, so the launchers call make_current(queue) first.
 
 #include <algorithm>
 #include <cuda/KokkosMoE_Router_Cuda_Common.cuh>
@@ -18,7 +20,6 @@ namespace detail {
 namespace {
 struct DeviceInfo {
   int sms = 0;
-  int max_smem = 0;
 };
 std::mutex g_mutex;
 std::vector<DeviceInfo> g_devices;
@@ -41,33 +42,20 @@ const DeviceInfo& device_info(int dev) {
     int v = 0;
     cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev);
     d.sms = v > 0 ? v : 1;
-    v = 0;
-    cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
-    d.max_smem = v > 0 ? v : 48 * 1024;
   }
   return d;
 }
-int current_device() {
-  int dev = 0;
-  cudaGetDevice(&dev);
-  return dev;
-}
 }  // namespace
 
-int sm_count() {
-  const int dev = current_device();
+cudaError_t make_current(const Queue& q) { return cudaSetDevice(q.device); }
+
+int sm_count(int dev) {
   std::lock_guard<std::mutex> lock(g_mutex);
   return device_info(dev).sms;
 }
 
-int max_dyn_smem() {
-  const int dev = current_device();
-  std::lock_guard<std::mutex> lock(g_mutex);
-  return device_info(dev).max_smem;
-}
-
-cudaError_t prefer_max_shared(const void* kernel) {
-  const std::pair<int, const void*> key(current_device(), kernel);
+cudaError_t prefer_max_shared(int dev, const void* kernel) {
+  const std::pair<int, const void*> key(dev, kernel);
   std::lock_guard<std::mutex> lock(g_mutex);
   if (std::find(g_carveout.begin(), g_carveout.end(), key) != g_carveout.end()) return cudaSuccess;
   const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
@@ -81,9 +69,8 @@ cudaError_t ensure_smem(const void* kernel, size_t smem) {
   return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
 }
 
-int persistent_grid(const void* kernel, int block, size_t smem, long long work_blocks) {
+int persistent_grid(int dev, const void* kernel, int block, size_t smem, long long work_blocks) {
   if (work_blocks <= 0) return 1;
-  const int dev = current_device();
   int per_sm = 0, sms = 1;
   {
     std::lock_guard<std::mutex> lock(g_mutex);

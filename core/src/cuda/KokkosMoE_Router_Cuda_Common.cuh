@@ -5,13 +5,16 @@
 #define KOKKOSMOE_ROUTER_CUDA_COMMON_CUH
 
 // Private helpers of the native CUDA router kernels (docs/router.md §5-§12): dtype traits and 16-byte chunk
-// loads/stores, the order-preserving selection key of §7, segmented warp reductions, launch-geometry caches.
+// loads/stores, segmented warp reductions, launch-geometry caches. The math (score functions and derivatives,
+// selection keys, constants, group-score rule) is impl/KokkosMoE_RouterMath.hpp's, shared with the portable path.
 // Nothing here needs Kokkos. Compiled without fast-math: expf/log1pf/sqrtf are the accurate versions and every
 // '/' is an IEEE division.
 
+#include <cuda/KokkosMoE_Router_Kernels.hpp>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
+#include <impl/KokkosMoE_RouterMath.hpp>
 #include <impl/KokkosMoE_Router_Args.hpp>
 
 #include <cstdint>
@@ -164,36 +167,6 @@ __device__ __forceinline__ void store_bytes(unsigned char* p, const unsigned cha
   VV::stcs(p, VV::from_array(s));
 }
 
-// ------------------------------------------------------------------------------------------------------------
-// Selection keys (docs/router.md §6, §7)
-// ------------------------------------------------------------------------------------------------------------
-/// Order-preserving unsigned key of an FP32 score: -0.0 == +0.0, -inf < finite < +inf, NaN (any sign or payload)
-/// maps to 1, below -inf (whose key is 0x007fffff). Key 0 is reserved for "not a candidate" (padding, ineligible
-/// experts, removed entries), so every real score outranks it.
-__device__ __forceinline__ unsigned okey(float s) {
-  unsigned u = __float_as_uint(s);
-  u = (u == 0x80000000u) ? 0u : u;
-  const unsigned k = (u & 0x80000000u) ? ~u : (u | 0x80000000u);
-  return (s != s) ? 1u : k;
-}
-/// Inverse of okey for real scores; keys 0 and 1 decode to NaN.
-__device__ __forceinline__ float okey_decode(unsigned k) {
-  return __uint_as_float((k & 0x80000000u) ? (k & 0x7fffffffu) : ~k);
-}
-/// Selection order as one integer: larger is better; equal keys resolve to the lower index.
-__device__ __forceinline__ unsigned long long comp_key(unsigned key, unsigned idx) {
-  return (static_cast<unsigned long long>(key) << 32) | static_cast<unsigned long long>(0xffffffffu - idx);
-}
-__device__ __forceinline__ unsigned comp_idx(unsigned long long c) {
-  return 0xffffffffu - static_cast<unsigned>(c & 0xffffffffull);
-}
-
-// ------------------------------------------------------------------------------------------------------------
-// Score functions (docs/router.md §5.1), FP32, accurate math
-// ------------------------------------------------------------------------------------------------------------
-__device__ __forceinline__ float sigmoidf_(float x) { return 1.0f / (1.0f + expf(-x)); }
-__device__ __forceinline__ float sqrtsoftplusf_(float x) { return sqrtf(x > 20.0f ? x : log1pf(expf(x))); }
-
 /// Merge of two softmax partials (max, sum). A partial whose max is -inf contributes its sum unscaled: 0 when it
 /// holds no data or only -inf, NaN when it holds a NaN (fmaxf skips NaN, so the max of such a partial stays -inf
 /// while its sum is NaN, and the NaN must reach the row, §7.4). Symmetric in its arguments, so butterfly reductions
@@ -254,22 +227,24 @@ __device__ __forceinline__ int seg_excl_scan(int v, int ls) {
 // ------------------------------------------------------------------------------------------------------------
 inline bool aligned16(const void* p) { return (reinterpret_cast<std::uintptr_t>(p) & 15u) == 0; }
 
-/// Multiprocessor count of the current device (cached per device; host-only query, capture-safe).
-int sm_count();
-/// Largest dynamic shared memory a block may opt into on the current device.
-int max_dyn_smem();
+/// Makes the queue's device the current one (what Kokkos does before each of its launches): the attribute calls,
+/// occupancy queries and launches below act on the current device.
+cudaError_t make_current(const Queue& q);
 
-/// Grid for a persistent (grid-stride) kernel: enough blocks to cover `work_blocks` but no more than fit on the
-/// device at once. Occupancy is computed once per (kernel, block, smem) and cached.
-int persistent_grid(const void* kernel, int block, size_t smem, long long work_blocks);
+/// Multiprocessor count of device `dev` (cached per device; host-only query, capture-safe).
+int sm_count(int dev);
 
-/// Opts a kernel into more than 48 KB of dynamic shared memory when needed.
+/// Grid for a persistent (grid-stride) kernel on device `dev`: enough blocks to cover `work_blocks` but no more
+/// than fit on the device at once. Occupancy is computed once per (device, kernel, block, smem) and cached.
+int persistent_grid(int dev, const void* kernel, int block, size_t smem, long long work_blocks);
+
+/// Opts a kernel into more than 48 KB of dynamic shared memory when needed (current device).
 cudaError_t ensure_smem(const void* kernel, size_t smem);
 
 /// Asks for the largest shared-memory carveout for a kernel (a hint that lets registers, not shared memory, bound
 /// its resident blocks), once per device and kernel: after a first eager call a captured launch makes no
-/// attribute call.
-cudaError_t prefer_max_shared(const void* kernel);
+/// attribute call. `dev` must be the current device.
+cudaError_t prefer_max_shared(int dev, const void* kernel);
 
 }  // namespace detail
 }  // namespace CudaKernels

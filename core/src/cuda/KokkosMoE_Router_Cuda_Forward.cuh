@@ -17,9 +17,9 @@
 //        under (key desc, index asc): rank = slot. No float atomics, no data-dependent order.
 //   Weights are computed per slot (one division per slot, sums in slot order), then scattered through a
 //   per-token shared row so that every output row is written once with coalesced vector stores.
-// topk_fwd_generic<DT>: any E (block per token). Keys cached in shared memory when they fit, recomputed from
-//   the logits otherwise; group and expert selection by a block-wide bitwise threshold search with an index-order
-//   tie cut; the k selected are sorted (rank count or bitonic) in shared memory.
+// topk_fwd_rounds<DT, TPT, NC, W>: the same mapping for k <= TPT, selecting by k rounds of a segment arg-max.
+// topk_fwd_lane (KokkosMoE_Router_Cuda_ForwardLane.cuh) is preferred where it applies. Shapes none of them handles
+// (E > 1024, groupings no lane layout fits) run the portable path (CudaKernels::handles).
 
 #include <cuda/KokkosMoE_Router_Cuda_Common.cuh>
 
@@ -66,11 +66,6 @@ struct FwdParams {
   int off_ybuf = 0;
   int off_fbuf = 0;
   int fbuf_bytes = 0;
-  // generic path
-  int cache_keys = 0;  // keys/activations cached in shared memory
-  int cache_groups = 0;
-  int list_mode = 0;  // 0: rank count (k <= 64), 1: bitonic (pow2 >= k entries), 2: no list (k too large)
-  int list_n = 0;     // entries of the list buffer
 };
 
 __device__ __forceinline__ void store_index(void* p, int dt, long long i, int v) {
@@ -137,10 +132,10 @@ __device__ __forceinline__ void token_front(const FwdParams& P, const float (&x)
     }
   } else if (fn == kFnSigmoid) {
 #pragma unroll
-    for (int p = 0; p < V; ++p) y[p] = sigmoidf_(x[p]);
+    for (int p = 0; p < V; ++p) y[p] = sigmoid(x[p]);
   } else {
 #pragma unroll
-    for (int p = 0; p < V; ++p) y[p] = sqrtsoftplusf_(x[p]);
+    for (int p = 0; p < V; ++p) y[p] = sqrt_softplus(x[p]);
   }
 
   if (aux && fn != kFnSoftmax) {
@@ -158,7 +153,7 @@ __device__ __forceinline__ void token_front(const FwdParams& P, const float (&x)
     for (int c = 0; c < NC; ++c) {
       if (valid && cvalid[c]) store_chunk<kDtF32, W>(P.scores + rowE + (c * TPT + ls) * W, sc + c * W);
 #pragma unroll
-      for (int w = 0; w < W; ++w) key[c * W + w] = cvalid[c] ? okey(sc[c * W + w]) : 0u;
+      for (int w = 0; w < W; ++w) key[c * W + w] = cvalid[c] ? order_key(sc[c * W + w]) : 0u;
     }
   } else {
     if (aux) {  // softmax aux: scores = probabilities
@@ -172,7 +167,7 @@ __device__ __forceinline__ void token_front(const FwdParams& P, const float (&x)
       for (int w = 0; w < W; ++w) {
         const int p = c * W + w;
         const float sc = has_bias ? y[p] + bias[p] : y[p];
-        key[p] = cvalid[c] ? okey(sc) : 0u;
+        key[p] = cvalid[c] ? order_key(sc) : 0u;
       }
   }
   // intermediate (all modes but compact; Softmax post is written after selection)
@@ -227,8 +222,8 @@ __device__ __forceinline__ void token_front(const FwdParams& P, const float (&x)
           a1 = max(a1, b1);
           a2 = n2;
         }
-        gsum += okey_decode(a1);
-        if (kg == 2) gsum += okey_decode(a2);
+        gsum = group_score_add(gsum, 0, order_key_decode(a1));
+        if (kg == 2) gsum = group_score_add(gsum, 1, order_key_decode(a2));
       } else {
         unsigned L[8];
 #pragma unroll
@@ -244,9 +239,9 @@ __device__ __forceinline__ void token_front(const FwdParams& P, const float (&x)
         }
 #pragma unroll
         for (int j = 0; j < 8; ++j)
-          if (j < kg) gsum += okey_decode(L[j]);
+          if (j < kg) gsum = group_score_add(gsum, j, order_key_decode(L[j]));
       }
-      gkey[c] = okey(gsum);
+      gkey[c] = order_key(gsum);
     }
     int rank[NC];
 #pragma unroll
@@ -365,7 +360,7 @@ __global__ void __launch_bounds__(128) topk_fwd_reg(const FwdParams P) {
     {
       unsigned tau = 0;
       if constexpr (ECAP <= kCandLimit) {
-        tau = 1;
+        tau = 1;  // every real key (>= kNaNKey) is a candidate
       } else {
         if (k <= TPT) {
           unsigned lm = 0;
@@ -437,7 +432,7 @@ __global__ void __launch_bounds__(128) topk_fwd_reg(const FwdParams P) {
 #pragma unroll
         for (int w = 0; w < W; ++w) {
           const int p = c * W + w;
-          if (cmask & (1u << p)) cand[off++] = comp_key(key[p], static_cast<unsigned>((c * TPT + ls) * W + w));
+          if (cmask & (1u << p)) cand[off++] = pack_key(key[p], (c * TPT + ls) * W + w);
         }
     }
     __syncwarp();
@@ -454,7 +449,7 @@ __global__ void __launch_bounds__(128) topk_fwd_reg(const FwdParams P) {
       }
       for (; i < C; ++i) rank += (cand[i] > me) ? 1 : 0;
       if (rank < k) {
-        const int idx = static_cast<int>(comp_idx(me));
+        const int idx = key_index(me);
         if (aux) {
           fbuf[idx] = 1;
         } else {
@@ -577,7 +572,7 @@ __device__ __forceinline__ float slot_weight(const FwdParams& P, int k, bool sof
   if (softmax_post) {
     const float x0 = __shfl_sync(kFull, yr, sbase);
     const float er = expf(yr - x0);
-    const float ez = (yr == -INFINITY) ? 0.0f : er;
+    const float ez = softmax_term(yr, x0);
     float sum = 0.0f;
 #pragma unroll
     for (int r = 0; r < k; ++r) sum += __shfl_sync(kFull, ez, sbase + r);
@@ -825,460 +820,19 @@ __global__ void __launch_bounds__(128) topk_fwd_rounds(const FwdParams P) {
   }
 }
 
-// =============================================================================================================
-// Generic path: one block (kGenBlock threads) per token, any E
-// =============================================================================================================
-constexpr int kGenBlock = 256;
-constexpr int kGenWarps = kGenBlock / 32;
-
-struct GenScratch {
-  unsigned long long red[2][kGenWarps];  // double-buffered block reductions (one barrier per reduction)
-  float fred[2][kGenWarps][2];
-  int misc[8];
-};
-
-__device__ __forceinline__ int block_add_i32(int v, GenScratch& sc, int& phase) {
-  v = __reduce_add_sync(kFull, v);
-  const int w = threadIdx.x >> 5;
-  if ((threadIdx.x & 31) == 0) sc.red[phase][w] = static_cast<unsigned long long>(static_cast<unsigned>(v));
-  __syncthreads();
-  int s = 0;
-#pragma unroll
-  for (int i = 0; i < kGenWarps; ++i) s += static_cast<int>(sc.red[phase][i]);
-  phase ^= 1;
-  return s;
-}
-__device__ __forceinline__ unsigned long long block_max_u64(unsigned long long v, GenScratch& sc, int& phase) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) {
-    const unsigned long long u = __shfl_xor_sync(kFull, v, o);
-    v = u > v ? u : v;
-  }
-  const int w = threadIdx.x >> 5;
-  if ((threadIdx.x & 31) == 0) sc.red[phase][w] = v;
-  __syncthreads();
-  unsigned long long m = 0;
-#pragma unroll
-  for (int i = 0; i < kGenWarps; ++i) m = sc.red[phase][i] > m ? sc.red[phase][i] : m;
-  phase ^= 1;
-  return m;
-}
-/// Fixed-order block float sum (lane partials -> butterfly -> warps in order).
-__device__ __forceinline__ float block_add_f32(float v, GenScratch& sc, int& phase) {
-  v = seg_add_f32<32>(v);
-  const int w = threadIdx.x >> 5;
-  if ((threadIdx.x & 31) == 0) sc.fred[phase][w][0] = v;
-  __syncthreads();
-  float s = 0.0f;
-#pragma unroll
-  for (int i = 0; i < kGenWarps; ++i) s += sc.fred[phase][i][0];
-  phase ^= 1;
-  return s;
-}
-__device__ __forceinline__ void block_softmax_stats(float& m, float& s, GenScratch& sc, int& phase) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) {
-    const float mo = __shfl_xor_sync(kFull, m, o);
-    const float so = __shfl_xor_sync(kFull, s, o);
-    softmax_merge(m, s, mo, so);
-  }
-  const int w = threadIdx.x >> 5;
-  if ((threadIdx.x & 31) == 0) {
-    sc.fred[phase][w][0] = m;
-    sc.fred[phase][w][1] = s;
-  }
-  __syncthreads();
-  float M = sc.fred[phase][0][0], Ssum = sc.fred[phase][0][1];
-#pragma unroll
-  for (int i = 1; i < kGenWarps; ++i) softmax_merge(M, Ssum, sc.fred[phase][i][0], sc.fred[phase][i][1]);
-  m = M;
-  s = Ssum;
-  phase ^= 1;
-}
-/// Exclusive block scan of per-thread counts (thread order), returns the prefix; total in *tot.
-__device__ __forceinline__ int block_excl_scan(int v, GenScratch& sc, int& phase, int* tot) {
-  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
-  const int ex = seg_excl_scan<32>(v, lane);
-  if (lane == 31) sc.red[phase][w] = static_cast<unsigned long long>(static_cast<unsigned>(ex + v));
-  __syncthreads();
-  int before = 0, all = 0;
-#pragma unroll
-  for (int i = 0; i < kGenWarps; ++i) {
-    const int c = static_cast<int>(sc.red[phase][i]);
-    before += (i < w) ? c : 0;
-    all += c;
-  }
-  phase ^= 1;
-  *tot = all;
-  return before + ex;
-}
-
-/// Top-n of keyfn(0..count) under (key desc, index asc): returns the n-th key T and the index `cut` of the
-/// last selected element equal to T; selected(i) = key > T || (key == T && i <= cut).
-template <class KeyFn>
-__device__ void block_select(int n, int count, KeyFn keyfn, GenScratch& sc, int& phase, unsigned* Tout, int* cutout) {
-  unsigned T = 0;
-  for (int b = 31; b >= 0; --b) {
-    const unsigned cd = T | (1u << b);
-    int c = 0;
-    for (int i = threadIdx.x; i < count; i += kGenBlock) c += (keyfn(i) >= cd) ? 1 : 0;
-    c = block_add_i32(c, sc, phase);
-    if (c >= n) T = cd;
-  }
-  int gt = 0;
-  for (int i = threadIdx.x; i < count; i += kGenBlock) gt += (keyfn(i) > T) ? 1 : 0;
-  const int need = n - block_add_i32(gt, sc, phase);
-  // index-order tie cut: thread owns a contiguous range
-  const int per = (count + kGenBlock - 1) / kGenBlock;
-  const int lo = min(count, static_cast<int>(threadIdx.x) * per), hi = min(count, lo + per);
-  int tc = 0;
-  for (int i = lo; i < hi; ++i) tc += (keyfn(i) == T) ? 1 : 0;
-  int tot = 0;
-  const int ex = block_excl_scan(tc, sc, phase, &tot);
-  if (ex < need && ex + tc >= need) {
-    int r = ex;
-    for (int i = lo; i < hi; ++i) {
-      if (keyfn(i) == T) {
-        if (++r == need) {
-          sc.misc[0] = i;
-          break;
-        }
-      }
-    }
-  }
-  __syncthreads();
-  *Tout = T;
-  *cutout = sc.misc[0];
-  __syncthreads();
-}
-
-template <int DT>
-__global__ void __launch_bounds__(kGenBlock) topk_fwd_generic(const FwdParams P) {
-  using TT = Ty<DT>;
-  using S = typename TT::S;
-  extern __shared__ __align__(16) unsigned char smem[];
-  __shared__ GenScratch sc;
-  int phase = 0;
-
-  const int E = P.E, k = P.k, fn = P.fn;
-  const bool aux = P.aux != 0;
-  const bool compact = P.out == kOutCompact;
-  const bool softmax_rowstats = fn == kFnSoftmax && (P.pre || aux);
-  const bool softmax_post = fn == kFnSoftmax && !P.pre && !aux;
-  const bool grouped = P.gk > 0;
-  const int G = P.G, gs = P.gs;
-
-  // shared layout: [list][keys E][ys E][gkeys G]
-  unsigned long long* list = reinterpret_cast<unsigned long long*>(smem);
-  unsigned* skeys = reinterpret_cast<unsigned*>(list + P.list_n);
-  float* sys = reinterpret_cast<float*>(skeys + (P.cache_keys ? E : 0));
-  unsigned* sgkeys = reinterpret_cast<unsigned*>(sys + (P.cache_keys ? E : 0));
-
-  for (long long t = blockIdx.x; t < P.T; t += gridDim.x) {
-    const S* row = static_cast<const S*>(P.logits) + t * static_cast<long long>(E);
-    const long long rowE = t * static_cast<long long>(E);
-    auto xat = [&](int e) { return TT::to_f(row[e]); };
-
-    // row statistics
-    float M = 0.0f, inv = 0.0f, rsum = 0.0f;
-    if (softmax_rowstats) {
-      float m = -INFINITY;
-      for (int e = threadIdx.x; e < E; e += kGenBlock) m = fmaxf(m, xat(e));
-      float s = 0.0f;
-      for (int e = threadIdx.x; e < E; e += kGenBlock) {
-        const float xe = xat(e);
-        if (xe != -INFINITY) s += expf(xe - m);
-      }
-      block_softmax_stats(m, s, sc, phase);
-      M = m;
-      inv = 1.0f / s;
-    }
-    auto act = [&](int e) -> float {  // activation y (Softmax post: the logit)
-      const float xe = xat(e);
-      if (fn == kFnSoftmax) return softmax_rowstats ? expf(xe - M) * inv : xe;
-      if (fn == kFnSigmoid) return sigmoidf_(xe);
-      return sqrtsoftplusf_(xe);
-    };
-    if (aux && fn != kFnSoftmax) {
-      float s = 0.0f;
-      for (int e = threadIdx.x; e < E; e += kGenBlock) s += act(e);
-      rsum = block_add_f32(s, sc, phase) + kEps;
-    }
-    auto score = [&](int e, float ye) -> float {
-      if (aux) return fn == kFnSoftmax ? ye : ye / rsum;
-      if (fn != kFnSoftmax && P.bias) return ye + load_any(P.bias, P.bias_type, e);
-      return ye;
-    };
-    auto rawkey = [&](int e) -> unsigned {
-      if (P.cache_keys) return skeys[e];
-      return okey(score(e, act(e)));
-    };
-    auto yat = [&](int e) -> float {
-      if (P.cache_keys) return sys[e];
-      return act(e);
-    };
-    // pass: keys (cached), intermediate, aux scores
-    for (int e = threadIdx.x; e < E; e += kGenBlock) {
-      const float ye = act(e);
-      const float se = score(e, ye);
-      if (P.cache_keys) {
-        skeys[e] = okey(se);
-        sys[e] = ye;
-      }
-      if (aux) P.scores[rowE + e] = se;
-      if (!compact && !softmax_post) P.inter[rowE + e] = (fn == kFnSqrtSoftplus) ? xat(e) : ye;
-    }
-    __syncthreads();
-
-    // groups
-    unsigned gT = 0;
-    int gcut = -1;
-    auto gscore_key = [&](int g) -> unsigned {
-      // sum of the kg largest scores of group g, in selection order (descending), FP32 sequential
-      const int kg = P.kg;
-      float sum = 0.0f;
-      if (kg <= 8) {
-        unsigned L[8];
-#pragma unroll
-        for (int j = 0; j < 8; ++j) L[j] = 0;
-        for (int i = 0; i < gs; ++i) list_insert<8>(L, rawkey(g * gs + i));
-#pragma unroll
-        for (int j = 0; j < 8; ++j)
-          if (j < kg) sum += okey_decode(L[j]);
-      } else {
-        unsigned long long prev = 0x100000000ull;  // above every key
-        int rem = kg;
-        while (rem > 0) {
-          unsigned cur = 0;
-          int cnt = 0;
-          for (int i = 0; i < gs; ++i) {
-            const unsigned kk = rawkey(g * gs + i);
-            if (kk < prev) {
-              if (kk > cur) {
-                cur = kk;
-                cnt = 1;
-              } else if (kk == cur) {
-                ++cnt;
-              }
-            }
-          }
-          const int take = min(cnt, rem);
-          const float v = okey_decode(cur);
-          for (int j = 0; j < take; ++j) sum += v;
-          rem -= take;
-          prev = cur;
-        }
-      }
-      return okey(sum);
-    };
-    auto gkey_at = [&](int g) -> unsigned { return P.cache_groups ? sgkeys[g] : gscore_key(g); };
-    if (grouped) {
-      if (P.cache_groups) {
-        for (int g = threadIdx.x; g < G; g += kGenBlock) sgkeys[g] = gscore_key(g);
-        __syncthreads();
-      }
-      block_select(P.gk, G, gkey_at, sc, phase, &gT, &gcut);
-    }
-    auto elig = [&](int e) -> bool {
-      if (!grouped) return true;
-      const int g = e / gs;
-      const unsigned gk = gkey_at(g);
-      return gk > gT || (gk == gT && g <= gcut);
-    };
-    if (grouped && P.cache_keys) {  // mask ineligible experts in place
-      for (int e = threadIdx.x; e < E; e += kGenBlock)
-        if (!elig(e)) skeys[e] = 0;
-      __syncthreads();
-    }
-    auto keyf = [&](int e) -> unsigned {
-      if (P.cache_keys) return skeys[e];
-      return elig(e) ? rawkey(e) : 0u;
-    };
-    unsigned T = 0;
-    int cut = -1;
-    block_select(k, E, keyf, sc, phase, &T, &cut);
-    auto selected = [&](int e, unsigned ke) -> bool { return ke > T || (ke == T && e <= cut); };
-
-    // ordered list of the k selected (slot order)
-    if (P.list_mode != 2) {
-      // deterministic placement in index order
-      const int per = (E + kGenBlock - 1) / kGenBlock;
-      const int lo = min(E, static_cast<int>(threadIdx.x) * per), hi = min(E, lo + per);
-      int cnt = 0;
-      for (int e = lo; e < hi; ++e) cnt += selected(e, keyf(e)) ? 1 : 0;
-      int tot = 0;
-      int pos = block_excl_scan(cnt, sc, phase, &tot);
-      unsigned long long* src = (P.list_mode == 0) ? list + P.list_n / 2 : list;
-      for (int e = lo; e < hi; ++e) {
-        const unsigned ke = keyf(e);
-        if (selected(e, ke)) src[pos++] = comp_key(ke, static_cast<unsigned>(e));
-      }
-      if (P.list_mode == 1)
-        for (int i = k + threadIdx.x; i < P.list_n; i += kGenBlock) list[i] = 0ull;
-      __syncthreads();
-      if (P.list_mode == 0) {
-        unsigned long long mine[1];
-        int myrank = -1;
-        for (int j = threadIdx.x; j < k; j += kGenBlock) {  // k <= 64 < block: one entry per thread
-          mine[0] = src[j];
-          int r = 0;
-          for (int i = 0; i < k; ++i) r += (src[i] > mine[0]) ? 1 : 0;
-          myrank = r;
-        }
-        __syncthreads();
-        if (myrank >= 0) list[myrank] = mine[0];
-        __syncthreads();
-      } else {
-        const int n = P.list_n;  // bitonic sort, descending
-        for (int size = 2; size <= n; size <<= 1) {
-          for (int stride = size >> 1; stride > 0; stride >>= 1) {
-            for (int i = threadIdx.x; i < n; i += kGenBlock) {
-              const int j = i ^ stride;
-              if (j > i) {
-                const bool desc = (i & size) == 0;
-                const unsigned long long a = list[i], b = list[j];
-                if (desc ? (a < b) : (a > b)) {
-                  list[i] = b;
-                  list[j] = a;
-                }
-              }
-            }
-            __syncthreads();
-          }
-        }
-      }
-    }
-
-    // slot values and weight normalizers
-    float x0 = 0.0f, sinv = 0.0f, D = 0.0f;
-    if (!aux) {
-      if (P.list_mode != 2) {
-        if (threadIdx.x == 0) {
-          if (softmax_post) {
-            const float xf = yat(static_cast<int>(comp_idx(list[0])));
-            float sum = 0.0f;
-            for (int r = 0; r < k; ++r) {
-              const float xr = yat(static_cast<int>(comp_idx(list[r])));
-              sum += (xr == -INFINITY) ? 0.0f : expf(xr - xf);
-            }
-            sc.fred[0][0][0] = xf;
-            sc.fred[0][0][1] = 1.0f / sum;
-          } else if (fn != kFnSoftmax && k > 1) {
-            float sum = 0.0f;
-            for (int r = 0; r < k; ++r) sum += yat(static_cast<int>(comp_idx(list[r])));
-            sc.fred[0][0][0] = sum + kEps;
-          }
-        }
-        __syncthreads();
-        x0 = sc.fred[0][0][0];
-        sinv = sc.fred[0][0][1];
-        D = sc.fred[0][0][0];
-        __syncthreads();
-      } else {
-        // k too large for a shared list: index-order block sums (deterministic; within tolerance of slot order)
-        if (softmax_post) {
-          unsigned long long best = 0;
-          for (int e = threadIdx.x; e < E; e += kGenBlock) {
-            const unsigned ke = keyf(e);
-            if (selected(e, ke)) {
-              const unsigned long long c = comp_key(ke, e);
-              best = c > best ? c : best;
-            }
-          }
-          best = block_max_u64(best, sc, phase);
-          x0 = yat(static_cast<int>(comp_idx(best)));
-          float s = 0.0f;
-          for (int e = threadIdx.x; e < E; e += kGenBlock) {
-            const unsigned ke = keyf(e);
-            const float xe = yat(e);
-            if (selected(e, ke) && xe != -INFINITY) s += expf(xe - x0);
-          }
-          sinv = 1.0f / block_add_f32(s, sc, phase);
-        } else if (fn != kFnSoftmax && k > 1) {
-          float s = 0.0f;
-          for (int e = threadIdx.x; e < E; e += kGenBlock)
-            if (selected(e, keyf(e))) s += yat(e);
-          D = block_add_f32(s, sc, phase) + kEps;
-        }
-      }
-    }
-    auto weight = [&](int e) -> float {
-      const float ye = yat(e);
-      if (fn == kFnSoftmax) return P.pre ? ye : expf(ye - x0) * sinv;
-      return (k > 1) ? ye / D : ye;
-    };
-
-    // outputs
-    if (compact || P.out == kOutIndices) {
-      if (P.list_mode != 2) {
-        for (int r = threadIdx.x; r < k; r += kGenBlock) {
-          const int e = static_cast<int>(comp_idx(list[r]));
-          const long long o = t * static_cast<long long>(k) + r;
-          if (compact) {
-            P.ids[o] = e;
-            P.weights[o] = P.scale * weight(e);
-          } else {
-            store_index(P.indices, P.idx_type, o, e);
-          }
-        }
-      } else {
-        for (int e = threadIdx.x; e < E; e += kGenBlock) {
-          const unsigned ke = keyf(e);
-          if (!selected(e, ke)) continue;
-          const unsigned long long me = comp_key(ke, e);
-          int r = 0;
-          for (int i = 0; i < E; ++i) {
-            const unsigned ki = keyf(i);
-            if (selected(i, ki) && comp_key(ki, i) > me) ++r;
-          }
-          const long long o = t * static_cast<long long>(k) + r;
-          if (compact) {
-            P.ids[o] = e;
-            P.weights[o] = P.scale * weight(e);
-          } else {
-            store_index(P.indices, P.idx_type, o, e);
-          }
-        }
-      }
-    }
-    if (!compact) {
-      for (int e = threadIdx.x; e < E; e += kGenBlock) {
-        const bool sel = selected(e, keyf(e));
-        if (!aux) {
-          const float v = sel ? weight(e) : 0.0f;
-          static_cast<S*>(P.probs)[rowE + e] = TT::from_f(sel ? P.scale * v : 0.0f);
-          if (softmax_post) P.inter[rowE + e] = sel ? v : -INFINITY;
-        }
-        if (P.out == kOutBytemap) P.map[rowE + e] = sel ? 1 : 0;
-      }
-      if (P.out == kOutBitmap) {
-        const int nb = (E + 7) >> 3;
-        for (int b = threadIdx.x; b < nb; b += kGenBlock) {
-          unsigned bits = 0;
-          for (int j = 0; j < 8; ++j) {
-            const int e = 8 * b + j;
-            if (e < E && selected(e, keyf(e))) bits |= 1u << j;
-          }
-          P.map[t * static_cast<long long>(nb) + b] = static_cast<unsigned char>(bits);
-        }
-      }
-    }
-    __syncthreads();
-  }
-}
-
 /// The kernel parameters of a topk_router forward (defined in KokkosMoE_Router_Forward.cu). Internal; the kernel
 /// harness perf_test/core/selfcheck times single kernels on this lowering, so that it measures the library's.
 FwdParams lower_forward(const TopkForwardArgs& a);
 
-// per-dtype launch entry points (defined in KokkosMoE_Router_Forward_<dtype>.cu)
-cudaError_t fwd_launch_f32(FwdParams& P, cudaStream_t st);
-cudaError_t fwd_launch_f16(FwdParams& P, cudaStream_t st);
-cudaError_t fwd_launch_bf16(FwdParams& P, cudaStream_t st);
+// per-dtype launch entry points (defined in KokkosMoE_Router_Forward_<dtype>.cu): fwd_launch<DT> of
+// KokkosMoE_Router_Cuda_ForwardLaunch.cuh (q == nullptr: only whether a native kernel applies)
+bool fwd_launch_f32(FwdParams& P, const Queue* q, cudaError_t* err);
+bool fwd_launch_f16(FwdParams& P, const Queue* q, cudaError_t* err);
+bool fwd_launch_bf16(FwdParams& P, const Queue* q, cudaError_t* err);
 
 /// Shared launch logic, instantiated once per dtype.
 template <int DT>
-cudaError_t fwd_launch(FwdParams& P, cudaStream_t st);
+bool fwd_launch(FwdParams& P, const Queue* q, cudaError_t* err);
 
 }  // namespace detail
 }  // namespace CudaKernels

@@ -41,16 +41,6 @@ namespace Impl {
 namespace CudaKernels {
 namespace detail {
 
-/// okey() for scores that are never -0.0 (s = y + b with y >= +0 or NaN, or y + 0.0f), with NaN mapped to
-/// kLaneNaNKey instead of 1: still below -inf (0x007fffff) and above "no candidate" (0), but with a nonzero coarse
-/// part, so that a NaN score keeps a nonzero packed key (below).
-constexpr unsigned kLaneNaNKey = 0x1000u;
-__device__ __forceinline__ unsigned okey_lane(float s) {
-  const unsigned u = __float_as_uint(s);
-  const unsigned k = u ^ (static_cast<unsigned>(static_cast<int>(u) >> 31) | 0x80000000u);
-  return (s != s) ? kLaneNaNKey : k;
-}
-
 /// IEEE reciprocal of d in [1, 2^126): the fast path that nvcc emits for 1.0f / d in that range (approximate
 /// reciprocal, one correction with a flush-to-zero negation), so the result is bit-identical to 1.0f / d.
 __device__ __forceinline__ float rcp_rn_1_2p126(float d) {
@@ -61,7 +51,7 @@ __device__ __forceinline__ float rcp_rn_1_2p126(float d) {
   return fmaf(r, e, r);
 }
 
-/// y[w] = sigmoidf_(x[w]) for a lane's W values, bit-identical to the scalar version. 1 + expf(-x) is >= 1 (or
+/// y[w] = Impl::sigmoid(x[w]) for a lane's W values, bit-identical to it. 1 + expf(-x) is >= 1 (or
 /// NaN); when every denominator of the lane is below 2^126 (logits above about -87.3) one range check covers all W
 /// reciprocals instead of a check and branch each.
 template <int W>
@@ -209,6 +199,7 @@ __global__ void __launch_bounds__(128, NC == 1 ? 8 : (NC == 4 && DT != kDtF32 ? 
   constexpr int IB = ROW <= 2 ? 1 : 32 - __builtin_clz(ROW - 1);  // index bits of a packed key
   constexpr unsigned IMASK = (1u << IB) - 1u;
   static_assert(V <= 32 && IB <= 10, "selection masks are 32-bit; packed keys keep at least 22 key bits");
+  static_assert((kNaNKey & ~IMASK) != 0u, "a NaN score keeps a nonzero packed key (its coarse part is kNaNKey's)");
   extern __shared__ __align__(16) unsigned char smem[];
 
   const int lane = threadIdx.x & 31;
@@ -312,7 +303,7 @@ __global__ void __launch_bounds__(128, NC == 1 ? 8 : (NC == 4 && DT != kDtF32 ? 
         sigmoid_lane<W>(x, y);
       } else if (fn == kFnSqrtSoftplus) {
 #pragma unroll
-        for (int w = 0; w < W; ++w) y[w] = sqrtsoftplusf_(x[w]);
+        for (int w = 0; w < W; ++w) y[w] = sqrt_softplus(x[w]);
       } else if (softmax_pre) {
 #pragma unroll
         for (int w = 0; w < W; ++w) y[w] = expf(x[w] - m) * inv;
@@ -332,7 +323,7 @@ __global__ void __launch_bounds__(128, NC == 1 ? 8 : (NC == 4 && DT != kDtF32 ? 
       unsigned key[W];
 #pragma unroll
       for (int w = 0; w < W; ++w) {
-        key[w] = okey_lane(y[w] + b[w]);
+        key[w] = order_key_no_negative_zero(y[w] + b[w]);
         pk[c * W + w] = (key[w] & ~IMASK) | (IMASK - static_cast<unsigned>(e0 + w));
       }
       if (NC == 1 && P.gk > 0) {
@@ -373,9 +364,9 @@ __global__ void __launch_bounds__(128, NC == 1 ? 8 : (NC == 4 && DT != kDtF32 ? 
         g1 = max(g1, b1);
         g2 = n2;
       }
-      float gsum = okey_decode(g1);
-      if (P.kg == 2) gsum += okey_decode(g2);
-      unsigned gkey = lvalid ? okey(gsum) : 0u;
+      float gsum = group_score_add(0.0f, 0, order_key_decode(g1));
+      if (P.kg == 2) gsum = group_score_add(gsum, 1, order_key_decode(g2));
+      unsigned gkey = lvalid ? order_key(gsum) : 0u;
       elig = false;
       if (P.G <= 8) {
         // few groups: the rank of the lane's group among all G (score descending, lower group first), from G

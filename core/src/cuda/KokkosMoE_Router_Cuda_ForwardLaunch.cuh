@@ -5,7 +5,9 @@
 #define KOKKOSMOE_ROUTER_CUDA_FORWARDLAUNCH_CUH
 
 // Launch geometry and kernel choice of the forward kernels; included by one .cu per logits dtype so that the
-// instantiations compile in parallel.
+// instantiations compile in parallel. Every launcher takes the queue by pointer: a null queue asks only whether a
+// native kernel applies (the same decisions, nothing launched, no attribute call), which is what handles() uses,
+// so the predicate and the dispatch cannot disagree.
 
 #include <impl/KokkosMoE_TestSeam.hpp>
 
@@ -19,6 +21,11 @@ namespace CudaKernels {
 namespace detail {
 
 inline int round16(int b) { return (b + 15) & ~15; }
+/// Records a launcher's status for fwd_launch's "a native kernel handled it" answer.
+inline bool launched(cudaError_t* err, cudaError_t status) {
+  *err = status;
+  return true;
+}
 inline bool is_pow2(int v) { return v > 0 && (v & (v - 1)) == 0; }
 
 /// Grouping is supported by the register kernel when every chunk of W experts lies in one group and a group
@@ -32,18 +39,19 @@ inline bool reg_group_ok(const FwdParams& P, int W, int TPT) {
 
 /// Launches a persistent token kernel: `warps` warps per block, `tpw` tokens per warp, `smem` dynamic bytes.
 template <class Kern>
-cudaError_t launch_persistent(Kern kern, const FwdParams& P, int warps, int tpw, size_t smem, cudaStream_t st) {
+cudaError_t launch_persistent(Kern kern, const FwdParams& P, int warps, int tpw, size_t smem, const Queue* q) {
+  if (q == nullptr) return cudaSuccess;
   cudaError_t err = ensure_smem(reinterpret_cast<const void*>(kern), smem);
   if (err != cudaSuccess) return err;
   const long long tok_per_block = static_cast<long long>(warps) * tpw;
   const long long work = (P.T + tok_per_block - 1) / tok_per_block;
-  const int grid = persistent_grid(reinterpret_cast<const void*>(kern), warps * 32, smem, work);
-  kern<<<grid, warps * 32, smem, st>>>(P);
+  const int grid = persistent_grid(q->device, reinterpret_cast<const void*>(kern), warps * 32, smem, work);
+  kern<<<grid, warps * 32, smem, q->stream>>>(P);
   return cudaGetLastError();
 }
 
 template <int DT, int TPT, int NC, int W>
-cudaError_t launch_reg(FwdParams& P, cudaStream_t st) {
+cudaError_t launch_reg(FwdParams& P, const Queue* q) {
   constexpr int ECAP = TPT * NC * W;
   constexpr int TPW = 32 / TPT;
   P.cap = std::max(P.k, std::min(kCandLimit, ECAP));
@@ -55,11 +63,11 @@ cudaError_t launch_reg(FwdParams& P, cudaStream_t st) {
   const size_t per_warp = static_cast<size_t>(TPW) * P.tok_smem;
   int warps = static_cast<int>(std::max<size_t>(1, std::min<size_t>(4, (48 * 1024) / per_warp)));
   const size_t smem = per_warp * warps;
-  return launch_persistent(topk_fwd_reg<DT, TPT, NC, W>, P, warps, TPW, smem, st);
+  return launch_persistent(topk_fwd_reg<DT, TPT, NC, W>, P, warps, TPW, smem, q);
 }
 
 template <int DT, int TPT, int NC, int W>
-cudaError_t launch_rounds(FwdParams& P, cudaStream_t st) {
+cudaError_t launch_rounds(FwdParams& P, const Queue* q) {
   constexpr int ECAP = TPT * NC * W;
   constexpr int TPW = 32 / TPT;
   P.off_fbuf = round16(ECAP * 4);
@@ -67,7 +75,7 @@ cudaError_t launch_rounds(FwdParams& P, cudaStream_t st) {
   P.tok_smem = P.off_fbuf + P.fbuf_bytes;
   const int warps = 4;
   const size_t smem = static_cast<size_t>(TPW) * P.tok_smem * warps;
-  return launch_persistent(topk_fwd_rounds<DT, TPT, NC, W>, P, warps, TPW, smem, st);
+  return launch_persistent(topk_fwd_rounds<DT, TPT, NC, W>, P, warps, TPW, smem, q);
 }
 
 /// Kernel choice between the two register kernels, which give bit-identical outputs: the rounds kernel needs
@@ -77,50 +85,52 @@ cudaError_t launch_rounds(FwdParams& P, cudaStream_t st) {
 /// perf_test/results/h200/selfcheck/RESULTS.md). The small-E 4-wide path in fwd_launch always uses the rounds
 /// kernel. TestSeam::cuda_forward_kernel.threshold_kernel_only makes tests run the candidate kernel instead.
 template <int DT, int TPT, int NC, int W>
-cudaError_t launch_best(FwdParams& P, cudaStream_t st) {
+cudaError_t launch_best(FwdParams& P, const Queue* q) {
   if (P.k <= TPT && NC * W >= 16 && !TestSeam::cuda_forward_kernel.threshold_kernel_only)
-    return launch_rounds<DT, TPT, NC, W>(P, st);
-  return launch_reg<DT, TPT, NC, W>(P, st);
+    return launch_rounds<DT, TPT, NC, W>(P, q);
+  return launch_reg<DT, TPT, NC, W>(P, q);
 }
 
 template <int DT, int TPT, int NC, int W, int K = 0>
-cudaError_t launch_lane(FwdParams& P, cudaStream_t st) {
+cudaError_t launch_lane(FwdParams& P, const Queue* q) {
   constexpr int TPW = 32 / TPT;
   const int warps = 4;
   // per token: the activation row and the key row
   const size_t smem = static_cast<size_t>(warps) * TPW * 2 * TPT * NC * W * sizeof(float);
   if constexpr (NC > 1) {  // 16-32 KB per block
-    const cudaError_t err = prefer_max_shared(reinterpret_cast<const void*>(topk_fwd_lane<DT, TPT, NC, W, K>));
+    if (q == nullptr) return cudaSuccess;
+    const cudaError_t err =
+        prefer_max_shared(q->device, reinterpret_cast<const void*>(topk_fwd_lane<DT, TPT, NC, W, K>));
     if (err != cudaSuccess) return err;
   }
-  return launch_persistent(topk_fwd_lane<DT, TPT, NC, W, K>, P, warps, TPW, smem, st);
+  return launch_persistent(topk_fwd_lane<DT, TPT, NC, W, K>, P, warps, TPW, smem, q);
 }
 
 /// Launches topk_fwd_lane with one chunk of W experts per lane for a run-time lanes-per-token count (2..32); k == 8
 /// gets the compile-time-k variant when KEIGHT (16 and 32 lanes, the common MoE shapes).
 template <int DT, int W, bool KEIGHT>
-bool launch_lane_tpt(FwdParams& P, int tpt, cudaStream_t st, cudaError_t* err) {
+bool launch_lane_tpt(FwdParams& P, int tpt, const Queue* q, cudaError_t* err) {
   if constexpr (KEIGHT) {
     if (P.k == 8 && (tpt == 16 || tpt == 32)) {
-      *err = tpt == 16 ? launch_lane<DT, 16, 1, W, 8>(P, st) : launch_lane<DT, 32, 1, W, 8>(P, st);
+      *err = tpt == 16 ? launch_lane<DT, 16, 1, W, 8>(P, q) : launch_lane<DT, 32, 1, W, 8>(P, q);
       return true;
     }
   }
   switch (tpt) {
     case 2:
-      *err = launch_lane<DT, 2, 1, W>(P, st);
+      *err = launch_lane<DT, 2, 1, W>(P, q);
       break;
     case 4:
-      *err = launch_lane<DT, 4, 1, W>(P, st);
+      *err = launch_lane<DT, 4, 1, W>(P, q);
       break;
     case 8:
-      *err = launch_lane<DT, 8, 1, W>(P, st);
+      *err = launch_lane<DT, 8, 1, W>(P, q);
       break;
     case 16:
-      *err = launch_lane<DT, 16, 1, W>(P, st);
+      *err = launch_lane<DT, 16, 1, W>(P, q);
       break;
     case 32:
-      *err = launch_lane<DT, 32, 1, W>(P, st);
+      *err = launch_lane<DT, 32, 1, W>(P, q);
       break;
     default:
       return false;
@@ -150,7 +160,7 @@ inline bool lane_shape(const FwdParams& P, int W, int& tpt, int& nc) {
 /// every cross-lane step) is not instantiated: it needs about 117 registers, which halves the resident warps and
 /// costs more than the shared steps save (docs/design.md).
 template <int DT>
-bool try_launch_lane(FwdParams& P, cudaStream_t st, cudaError_t* err) {
+bool try_launch_lane(FwdParams& P, const Queue* q, cudaError_t* err) {
   const TestSeam::CudaForwardKernel& seam = TestSeam::cuda_forward_kernel;
   if (P.aux || seam.threshold_kernel_only) return false;
   for (int pass = 0; pass < 2; ++pass) {
@@ -160,13 +170,13 @@ bool try_launch_lane(FwdParams& P, cudaStream_t st, cudaError_t* err) {
       if (!lane_shape(P, W, tpt, nc)) continue;
       if (pass == 0 && tpt * nc * W >= 2 * P.E) continue;
       if (nc == 1) {
-        if (W == 8 && launch_lane_tpt<DT, 8, true>(P, tpt, st, err)) return true;
-        if (W == 4 && launch_lane_tpt<DT, 4, false>(P, tpt, st, err)) return true;
+        if (W == 8 && launch_lane_tpt<DT, 8, true>(P, tpt, q, err)) return true;
+        if (W == 4 && launch_lane_tpt<DT, 4, false>(P, tpt, q, err)) return true;
       } else if (W == 8 && nc == 2) {
-        *err = launch_lane<DT, 32, 2, 8>(P, st);
+        *err = launch_lane<DT, 32, 2, 8>(P, q);
         return true;
       } else if (W == 8 && nc == 4) {  // (k = 32 at compile time for the E = 1024, k = 32 shape)
-        *err = P.k == 32 ? launch_lane<DT, 32, 4, 8, 32>(P, st) : launch_lane<DT, 32, 4, 8>(P, st);
+        *err = P.k == 32 ? launch_lane<DT, 32, 4, 8, 32>(P, q) : launch_lane<DT, 32, 4, 8>(P, q);
         return true;
       }
     }
@@ -174,94 +184,58 @@ bool try_launch_lane(FwdParams& P, cudaStream_t st, cudaError_t* err) {
   return false;
 }
 
+/// Picks the native forward kernel for P and launches it on *q (q == nullptr: picks only). False when no native
+/// kernel handles the shape (E > 1024, or a grouping no register kernel's lane layout fits): the caller then runs
+/// the portable path, and nothing was launched.
 template <int DT>
-cudaError_t launch_generic(FwdParams& P, cudaStream_t st) {
-  const int budget = max_dyn_smem() - static_cast<int>(sizeof(GenScratch)) - 1024;
-  const int k = P.k;
-  if (k <= 64) {
-    P.list_mode = 0;
-    P.list_n = 128;
-  } else {
-    int n = 1;
-    while (n < k) n <<= 1;
-    P.list_mode = 1;
-    P.list_n = n;
-    if (static_cast<long long>(n) * 8 > budget) {
-      P.list_mode = 2;
-      P.list_n = 0;
-    }
-  }
-  long long used = static_cast<long long>(P.list_n) * 8;
-  const long long gbytes = P.gk > 0 ? static_cast<long long>(P.G) * 4 : 0;
-  P.cache_keys = 0;
-  P.cache_groups = 0;
-  if (used + static_cast<long long>(P.E) * 8 + gbytes <= budget) {
-    P.cache_keys = 1;
-    P.cache_groups = P.gk > 0 ? 1 : 0;
-    used += static_cast<long long>(P.E) * 8 + gbytes;
-  } else if (P.gk > 0 && used + gbytes <= budget) {
-    P.cache_groups = 1;
-    used += gbytes;
-  }
-  const size_t smem = static_cast<size_t>(used);
-  auto kern = topk_fwd_generic<DT>;
-  cudaError_t err = ensure_smem(reinterpret_cast<const void*>(kern), smem);
-  if (err != cudaSuccess) return err;
-  const int grid = persistent_grid(reinterpret_cast<const void*>(kern), kGenBlock, smem, P.T);
-  kern<<<grid, kGenBlock, smem, st>>>(P);
-  return cudaGetLastError();
-}
-
-template <int DT>
-cudaError_t fwd_launch(FwdParams& P, cudaStream_t st) {
+bool fwd_launch(FwdParams& P, const Queue* q, cudaError_t* err) {
   constexpr int VW = Ty<DT>::VW;
   const int E = P.E;
   const bool vec = (E % VW == 0) && aligned16(P.logits) && aligned16(P.probs) && aligned16(P.inter) &&
                    aligned16(P.scores) && aligned16(P.map);
   if (E <= 1024) {
-    cudaError_t err = cudaSuccess;
-    if (vec && try_launch_lane<DT>(P, st, &err)) return err;
+    if (vec && try_launch_lane<DT>(P, q, err)) return true;
     // small E with k above the default lanes per token: 4-wide chunks, more lanes, so the rounds kernel applies
     if (vec && E % 4 == 0 && E <= 32 && !TestSeam::cuda_forward_kernel.threshold_kernel_only) {
       const int tpt_default = E <= 8 ? 1 : (E <= 16 ? 2 : 4);
       if (P.k > tpt_default) {
-        if (E <= 8 && P.k <= 2 && reg_group_ok(P, 4, 2)) return launch_rounds<DT, 2, 1, 4>(P, st);
-        if (E <= 16 && P.k <= 4 && reg_group_ok(P, 4, 4)) return launch_rounds<DT, 4, 1, 4>(P, st);
-        if (P.k <= 8 && reg_group_ok(P, 4, 8)) return launch_rounds<DT, 8, 1, 4>(P, st);
+        if (E <= 8 && P.k <= 2 && reg_group_ok(P, 4, 2)) return launched(err, launch_rounds<DT, 2, 1, 4>(P, q));
+        if (E <= 16 && P.k <= 4 && reg_group_ok(P, 4, 4)) return launched(err, launch_rounds<DT, 4, 1, 4>(P, q));
+        if (P.k <= 8 && reg_group_ok(P, 4, 8)) return launched(err, launch_rounds<DT, 8, 1, 4>(P, q));
       }
     }
     if (vec) {
       if constexpr (VW == 8) {
-        if (E <= 8 && reg_group_ok(P, 8, 1)) return launch_best<DT, 1, 1, 8>(P, st);
-        if (E <= 16 && reg_group_ok(P, 8, 2)) return launch_best<DT, 2, 1, 8>(P, st);
-        if (E <= 32 && reg_group_ok(P, 8, 4)) return launch_best<DT, 4, 1, 8>(P, st);
-        if (E <= 64 && reg_group_ok(P, 8, 8)) return launch_best<DT, 8, 1, 8>(P, st);
-        if (E <= 128 && reg_group_ok(P, 8, 16)) return launch_best<DT, 16, 1, 8>(P, st);
-        if (E <= 256 && reg_group_ok(P, 8, 32)) return launch_best<DT, 32, 1, 8>(P, st);
-        if (E <= 512 && E > 256 && reg_group_ok(P, 8, 32)) return launch_best<DT, 32, 2, 8>(P, st);
-        if (E > 512 && reg_group_ok(P, 8, 32)) return launch_best<DT, 32, 4, 8>(P, st);
+        if (E <= 8 && reg_group_ok(P, 8, 1)) return launched(err, launch_best<DT, 1, 1, 8>(P, q));
+        if (E <= 16 && reg_group_ok(P, 8, 2)) return launched(err, launch_best<DT, 2, 1, 8>(P, q));
+        if (E <= 32 && reg_group_ok(P, 8, 4)) return launched(err, launch_best<DT, 4, 1, 8>(P, q));
+        if (E <= 64 && reg_group_ok(P, 8, 8)) return launched(err, launch_best<DT, 8, 1, 8>(P, q));
+        if (E <= 128 && reg_group_ok(P, 8, 16)) return launched(err, launch_best<DT, 16, 1, 8>(P, q));
+        if (E <= 256 && reg_group_ok(P, 8, 32)) return launched(err, launch_best<DT, 32, 1, 8>(P, q));
+        if (E <= 512 && E > 256 && reg_group_ok(P, 8, 32)) return launched(err, launch_best<DT, 32, 2, 8>(P, q));
+        if (E > 512 && reg_group_ok(P, 8, 32)) return launched(err, launch_best<DT, 32, 4, 8>(P, q));
       } else {
-        if (E <= 4 && reg_group_ok(P, 4, 1)) return launch_best<DT, 1, 1, 4>(P, st);
-        if (E <= 8 && reg_group_ok(P, 4, 1)) return launch_best<DT, 1, 2, 4>(P, st);
-        if (E <= 16 && reg_group_ok(P, 4, 2)) return launch_best<DT, 2, 2, 4>(P, st);
-        if (E <= 32 && reg_group_ok(P, 4, 4)) return launch_best<DT, 4, 2, 4>(P, st);
-        if (E <= 64 && reg_group_ok(P, 4, 8)) return launch_best<DT, 8, 2, 4>(P, st);
-        if (E <= 128 && reg_group_ok(P, 4, 16)) return launch_best<DT, 16, 2, 4>(P, st);
-        if (E <= 256 && reg_group_ok(P, 4, 32)) return launch_best<DT, 32, 2, 4>(P, st);
-        if (E <= 512 && E > 256 && reg_group_ok(P, 4, 32)) return launch_best<DT, 32, 4, 4>(P, st);
-        if (E > 512 && reg_group_ok(P, 4, 32)) return launch_best<DT, 32, 8, 4>(P, st);
+        if (E <= 4 && reg_group_ok(P, 4, 1)) return launched(err, launch_best<DT, 1, 1, 4>(P, q));
+        if (E <= 8 && reg_group_ok(P, 4, 1)) return launched(err, launch_best<DT, 1, 2, 4>(P, q));
+        if (E <= 16 && reg_group_ok(P, 4, 2)) return launched(err, launch_best<DT, 2, 2, 4>(P, q));
+        if (E <= 32 && reg_group_ok(P, 4, 4)) return launched(err, launch_best<DT, 4, 2, 4>(P, q));
+        if (E <= 64 && reg_group_ok(P, 4, 8)) return launched(err, launch_best<DT, 8, 2, 4>(P, q));
+        if (E <= 128 && reg_group_ok(P, 4, 16)) return launched(err, launch_best<DT, 16, 2, 4>(P, q));
+        if (E <= 256 && reg_group_ok(P, 4, 32)) return launched(err, launch_best<DT, 32, 2, 4>(P, q));
+        if (E <= 512 && E > 256 && reg_group_ok(P, 4, 32)) return launched(err, launch_best<DT, 32, 4, 4>(P, q));
+        if (E > 512 && reg_group_ok(P, 4, 32)) return launched(err, launch_best<DT, 32, 8, 4>(P, q));
       }
     }
     // scalar (coalesced 2/4-byte accesses): any E <= 1024, any alignment
     if (reg_group_ok(P, 1, 32)) {
-      if (E <= 32) return launch_best<DT, 32, 1, 1>(P, st);
-      if (E <= 128) return launch_best<DT, 32, 4, 1>(P, st);
-      if (E <= 256) return launch_best<DT, 32, 8, 1>(P, st);
-      if (E <= 512) return launch_best<DT, 32, 16, 1>(P, st);
-      return launch_best<DT, 32, 32, 1>(P, st);
+      if (E <= 32) return launched(err, launch_best<DT, 32, 1, 1>(P, q));
+      if (E <= 128) return launched(err, launch_best<DT, 32, 4, 1>(P, q));
+      if (E <= 256) return launched(err, launch_best<DT, 32, 8, 1>(P, q));
+      if (E <= 512) return launched(err, launch_best<DT, 32, 16, 1>(P, q));
+      return launched(err, launch_best<DT, 32, 32, 1>(P, q));
     }
   }
-  return launch_generic<DT>(P, st);
+  return false;
 }
 
 }  // namespace detail

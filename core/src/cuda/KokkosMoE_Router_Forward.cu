@@ -12,17 +12,42 @@ namespace Impl {
 namespace CudaKernels {
 
 namespace {
-cudaError_t dispatch(detail::FwdParams& P, DType dt, cudaStream_t st) {
+/// fwd_launch for the logits dtype; q == nullptr only asks whether a native kernel applies.
+bool dispatch(detail::FwdParams& P, DType dt, const Queue* q, cudaError_t* err) {
   switch (dt) {
     case DType::F32:
-      return detail::fwd_launch_f32(P, st);
+      return detail::fwd_launch_f32(P, q, err);
     case DType::F16:
-      return detail::fwd_launch_f16(P, st);
+      return detail::fwd_launch_f16(P, q, err);
     case DType::BF16:
-      return detail::fwd_launch_bf16(P, st);
+      return detail::fwd_launch_bf16(P, q, err);
     default:
-      return cudaErrorInvalidValue;
+      return false;
   }
+}
+
+detail::FwdParams lower_aux(const AuxScoresArgs& a) {
+  detail::FwdParams P;
+  P.T = a.num_tokens;
+  P.E = a.num_experts;
+  P.k = a.topk;
+  P.fn = static_cast<int>(a.score_function);
+  P.pre = 0;
+  P.aux = 1;
+  P.out = static_cast<int>(a.output);
+  P.logits = a.logits;
+  P.scores = a.scores;
+  P.map = a.routing_map;
+  P.inter = a.intermediate;
+  return P;
+}
+
+/// Launches P on q; a shape without a native kernel is a caller error (handles() said so first).
+cudaError_t launch(detail::FwdParams& P, DType dt, const Queue& q) {
+  cudaError_t err = detail::make_current(q);
+  if (err != cudaSuccess) return err;
+  if (!dispatch(P, dt, &q, &err)) return cudaErrorInvalidValue;
+  return err;
 }
 }  // namespace
 
@@ -62,27 +87,28 @@ FwdParams lower_forward(const TopkForwardArgs& a) {
 }
 }  // namespace detail
 
-cudaError_t topk_forward(const TopkForwardArgs& a, cudaStream_t stream) {
-  if (a.num_tokens <= 0) return cudaSuccess;  // nothing per-token is launched (docs/router.md §4.3)
+bool handles(const TopkForwardArgs& a) {
   detail::FwdParams P = detail::lower_forward(a);
-  return dispatch(P, a.logits_type, stream);
+  cudaError_t unused = cudaSuccess;
+  return dispatch(P, a.logits_type, nullptr, &unused);
 }
 
-cudaError_t aux_scores_forward(const AuxScoresArgs& a, cudaStream_t stream) {
+bool handles(const AuxScoresArgs& a) {
+  detail::FwdParams P = lower_aux(a);
+  cudaError_t unused = cudaSuccess;
+  return dispatch(P, a.logits_type, nullptr, &unused);
+}
+
+cudaError_t topk_forward(const TopkForwardArgs& a, const Queue& q) {
+  if (a.num_tokens <= 0) return cudaSuccess;  // nothing per-token is launched (docs/router.md §4.3)
+  detail::FwdParams P = detail::lower_forward(a);
+  return launch(P, a.logits_type, q);
+}
+
+cudaError_t aux_scores_forward(const AuxScoresArgs& a, const Queue& q) {
   if (a.num_tokens <= 0) return cudaSuccess;
-  detail::FwdParams P;
-  P.T = a.num_tokens;
-  P.E = a.num_experts;
-  P.k = a.topk;
-  P.fn = static_cast<int>(a.score_function);
-  P.pre = 0;
-  P.aux = 1;
-  P.out = static_cast<int>(a.output);
-  P.logits = a.logits;
-  P.scores = a.scores;
-  P.map = a.routing_map;
-  P.inter = a.intermediate;
-  return dispatch(P, a.logits_type, stream);
+  detail::FwdParams P = lower_aux(a);
+  return launch(P, a.logits_type, q);
 }
 
 }  // namespace CudaKernels

@@ -10,7 +10,7 @@ namespace Impl {
 namespace CudaKernels {
 namespace detail {
 
-cudaError_t fwd_launch_f16(FwdParams& P, cudaStream_t st) { return fwd_launch<kDtF16>(P, st); }
+bool fwd_launch_f16(FwdParams& P, const Queue* q, cudaError_t* err) { return fwd_launch<kDtF16>(P, q, err); }
 
 }  // namespace detail
 }  // namespace CudaKernels

@@ -10,7 +10,7 @@ namespace Impl {
 namespace CudaKernels {
 namespace detail {
 
-cudaError_t fwd_launch_f32(FwdParams& P, cudaStream_t st) { return fwd_launch<kDtF32>(P, st); }
+bool fwd_launch_f32(FwdParams& P, const Queue* q, cudaError_t* err) { return fwd_launch<kDtF32>(P, q, err); }
 
 }  // namespace detail
 }  // namespace CudaKernels

@@ -487,7 +487,7 @@ struct PortableTopk {
 
   template <class Ops>
   static void compact_backward(const ExecSpace& exec, const Ops& o) {
-    ScopedRegion region("KokkosMoE::topk_router_compact_backward[portable]");
+    ScopedRegion region("KokkosMoE::topk_router_backward[portable]");
     using Kernel = CompactBackwardKernel<ExecSpace, Ops>;
     const Geometry geo = Geometry::of(o.params.num_experts);
     int level = 0;

@@ -14,7 +14,10 @@ namespace KokkosMoE {
 namespace Impl {
 namespace TestSeam {
 
-/// Kernel choice of the native CUDA topk_router forward (cuda/KokkosMoE_Router_Cuda_ForwardLaunch.cuh).
+/// Kernel choice of the native CUDA topk_router forward (cuda/KokkosMoE_Router_Cuda_ForwardLaunch.cuh). The choice
+/// and CudaKernels::handles() read it alike: a setting under which no native kernel applies to a shape sends that
+/// call to the portable path, like any shape the native kernels do not handle. (Implementation::Portable forces the
+/// portable path for any shape; no setting forces a native kernel onto a shape it does not handle.)
 struct CudaForwardKernel {
   /// Run the candidate/threshold register kernel wherever it applies, instead of the lane kernel or the rounds
   /// kernel the library would pick (both must give bit-identical outputs, which is what tests compare).

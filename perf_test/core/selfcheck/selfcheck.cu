@@ -631,7 +631,7 @@ static std::string check_fwd(const FwdCfg& c, RoutingOutput out, const std::vect
 }
 
 static void run_fwd(const TopkForwardArgs& a) {
-  CUCHECK(CK::topk_forward(a, 0));
+  CUCHECK(CK::topk_forward(a, CK::Queue{}));
   CUCHECK(cudaDeviceSynchronize());
 }
 
@@ -643,7 +643,7 @@ static void run_fwd_general(const TopkForwardArgs& a) {
   Seam::CudaForwardKernel only_threshold;
   only_threshold.threshold_kernel_only = true;
   const Seam::ScopedCudaForwardKernel guard(only_threshold);
-  CUCHECK(CK::topk_forward(a, 0));
+  CUCHECK(CK::topk_forward(a, CK::Queue{}));
   CUCHECK(cudaDeviceSynchronize());
 }
 
@@ -960,7 +960,7 @@ static void test_backward(const BwdCfg& c, DType gt, std::uint64_t seed) {
     a.grad_probs = gp.d;
     a.grad_logits = gl.d;
     gl.poison();
-    CUCHECK(CK::topk_backward(a, 0));
+    CUCHECK(CK::topk_backward(a, CK::Queue{}));
     CUCHECK(cudaDeviceSynchronize());
     gl.down();
   };
@@ -1042,7 +1042,7 @@ static void test_compact_backward(const FwdCfg& c, DType dt, std::uint64_t seed)
   a.grad_weights = gw.d;
   a.grad_logits = gl.d;
   gl.poison();
-  CUCHECK(CK::topk_backward(a, 0));
+  CUCHECK(CK::topk_backward(a, CK::Queue{}));
   CUCHECK(cudaDeviceSynchronize());
   gl.down();
   TopkBackwardArgs b;
@@ -1056,7 +1056,7 @@ static void test_compact_backward(const FwdCfg& c, DType dt, std::uint64_t seed)
   b.grad_probs = gdense.d;
   b.grad_logits = gld.d;
   gld.poison();
-  CUCHECK(CK::topk_backward(b, 0));
+  CUCHECK(CK::topk_backward(b, CK::Queue{}));
   CUCHECK(cudaDeviceSynchronize());
   gld.down();
   // reference from the logits
@@ -1155,7 +1155,7 @@ static void test_aux_scores(int E, int k, ScoreFunction fn, DType dt, long long 
     a.scores = static_cast<float*>(sc.d);
     a.routing_map = static_cast<std::uint8_t*>(mp.d);
     a.intermediate = static_cast<float*>(in.d);
-    CUCHECK(CK::aux_scores_forward(a, 0));
+    CUCHECK(CK::aux_scores_forward(a, CK::Queue{}));
     CUCHECK(cudaDeviceSynchronize());
     sc.down();
     in.down();
@@ -1221,7 +1221,7 @@ static void test_aux_scores(int E, int k, ScoreFunction fn, DType dt, long long 
   b.grad_scores = static_cast<const float*>(gs.d);
   b.grad_logits_type = dt;
   b.grad_logits = gl.d;
-  CUCHECK(CK::aux_scores_backward(b, 0));
+  CUCHECK(CK::aux_scores_backward(b, CK::Queue{}));
   CUCHECK(cudaDeviceSynchronize());
   gl.down();
   std::string err;
@@ -1280,7 +1280,7 @@ static void test_aux_loss(long long R, int E, int m, int k, DType pt, DType tt, 
   a.workspace = static_cast<float*>(ws.d);
   loss.poison();
   cbuf.poison();
-  CUCHECK(CK::aux_loss_forward(a, 0));
+  CUCHECK(CK::aux_loss_forward(a, CK::Queue{}));
   CUCHECK(cudaDeviceSynchronize());
   loss.down();
   cbuf.down();
@@ -1306,7 +1306,7 @@ static void test_aux_loss(long long R, int E, int m, int k, DType pt, DType tt, 
   Buf loss2(pt, 1), cbuf2(DType::F32, 2);
   a.loss = loss2.d;
   a.const_buf = static_cast<float*>(cbuf2.d);
-  CUCHECK(CK::aux_loss_forward(a, 0));
+  CUCHECK(CK::aux_loss_forward(a, CK::Queue{}));
   CUCHECK(cudaDeviceSynchronize());
   loss2.down();
   cbuf2.down();
@@ -1327,7 +1327,7 @@ static void test_aux_loss(long long R, int E, int m, int k, DType pt, DType tt, 
     b.grad_loss = gl.d;
     b.grad_probs_type = pt;
     b.grad_probs = gp.d;
-    CUCHECK(CK::aux_loss_backward(b, 0));
+    CUCHECK(CK::aux_loss_backward(b, CK::Queue{}));
     CUCHECK(cudaDeviceSynchronize());
     gp.down();
     std::string e2;
@@ -1402,9 +1402,9 @@ static void test_graph() {
   la.const_buf = static_cast<float*>(cbuf.d);
   la.workspace = static_cast<float*>(ws.d);
   auto enqueue = [&](cudaStream_t s) {
-    CUCHECK(CK::topk_forward(fa, s));
-    CUCHECK(CK::topk_backward(ba, s));
-    CUCHECK(CK::aux_loss_forward(la, s));
+    CUCHECK(CK::topk_forward(fa, CK::Queue{s, 0}));
+    CUCHECK(CK::topk_backward(ba, CK::Queue{s, 0}));
+    CUCHECK(CK::aux_loss_forward(la, CK::Queue{s, 0}));
   };
   cudaStream_t s;
   CUCHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
@@ -1519,7 +1519,7 @@ static void launch_variant(CKD::FwdParams P, int warps) {
   auto kern = ROUNDS ? CKD::topk_fwd_rounds<DT, TPT, NC, W> : CKD::topk_fwd_reg<DT, TPT, NC, W>;
   const long long tpb = static_cast<long long>(warps) * TPW;
   const long long work = (P.T + tpb - 1) / tpb;
-  const int grid = CKD::persistent_grid(reinterpret_cast<const void*>(kern), warps * 32, smem, work);
+  const int grid = CKD::persistent_grid(0, reinterpret_cast<const void*>(kern), warps * 32, smem, work);
   kern<<<grid, warps * 32, smem>>>(P);
   CUCHECK(cudaGetLastError());
 }
@@ -1529,7 +1529,8 @@ static void launch_lane_w(CKD::FwdParams P, int w) {
   width.lane_width = w;
   const Seam::ScopedCudaForwardKernel guard(width);
   cudaError_t err = cudaSuccess;
-  if (!CKD::try_launch_lane<CKD::kDtBF16>(P, 0, &err)) {
+  const CK::Queue q0{};  // the legacy default stream of device 0
+  if (!CKD::try_launch_lane<CKD::kDtBF16>(P, &q0, &err)) {
     std::printf("lane kernel does not apply at W=%d\n", w);
     return;
   }
@@ -1700,10 +1701,13 @@ static void perf() {
           double us, bytes;
         };
         Row rows[4] = {
-            {"fwd-dense", median_us([&] { CUCHECK(CK::topk_forward(fa, 0)); }), T * (E * es + E * es + E + 4 * E)},
-            {"bwd-dense", median_us([&] { CUCHECK(CK::topk_backward(ba, 0)); }), T * (E + 4 * E + E * es + E * es)},
-            {"fwd-compact", median_us([&] { CUCHECK(CK::topk_forward(fc, 0)); }), T * (E * es + 8 * k)},
-            {"bwd-compact", median_us([&] { CUCHECK(CK::topk_backward(bc, 0)); }), T * (E * es + k * (es + 4 + 4))},
+            {"fwd-dense", median_us([&] { CUCHECK(CK::topk_forward(fa, CK::Queue{})); }),
+             T * (E * es + E * es + E + 4 * E)},
+            {"bwd-dense", median_us([&] { CUCHECK(CK::topk_backward(ba, CK::Queue{})); }),
+             T * (E + 4 * E + E * es + E * es)},
+            {"fwd-compact", median_us([&] { CUCHECK(CK::topk_forward(fc, CK::Queue{})); }), T * (E * es + 8 * k)},
+            {"bwd-compact", median_us([&] { CUCHECK(CK::topk_backward(bc, CK::Queue{})); }),
+             T * (E * es + k * (es + 4 + 4))},
         };
         for (const Row& r : rows) {
           const double gbs = r.bytes / (r.us * 1e-6) / 1e9;
