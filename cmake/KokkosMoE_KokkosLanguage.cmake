@@ -29,11 +29,11 @@ if("CUDA" IN_LIST Kokkos_DEVICES)
     set(KokkosMoE_KOKKOS_LANGUAGE CUDA) # a Kokkos older than 3.6 that has the option but does not export the language
   endif()
   if(NOT KokkosMoE_KOKKOS_LANGUAGE MATCHES "^(CUDA|CXX)$")
-    set(KokkosMoE_KOKKOS_LANGUAGE_ERROR
+    string(CONCAT KokkosMoE_KOKKOS_LANGUAGE_ERROR
         "the Kokkos found (${Kokkos_DIR}) compiles its sources as ${KokkosMoE_KOKKOS_LANGUAGE}; only CUDA and CXX "
         "are supported.")
   elseif(KokkosMoE_KOKKOS_LANGUAGE STREQUAL "CXX" AND NOT Kokkos_CXX_COMPILER_ID STREQUAL "NVIDIA")
-    set(KokkosMoE_KOKKOS_LANGUAGE_ERROR
+    string(CONCAT KokkosMoE_KOKKOS_LANGUAGE_ERROR
         "the Kokkos found (${Kokkos_DIR}) compiles CUDA as C++ with ${Kokkos_CXX_COMPILER_ID} "
         "(${Kokkos_CXX_COMPILER}); the supported CUDA Kokkos installs are built with nvcc_wrapper as the C++ "
         "compiler or with -DKokkos_ENABLE_COMPILE_AS_CMAKE_LANGUAGE=ON.")
@@ -48,7 +48,7 @@ if("CUDA" IN_LIST Kokkos_DEVICES)
       if(NOT EXISTS "${_kokkosmoe_wrapper}")
         set(_kokkosmoe_wrapper "${Kokkos_CXX_COMPILER}")
       endif()
-      set(KokkosMoE_KOKKOS_LANGUAGE_ERROR
+      string(CONCAT KokkosMoE_KOKKOS_LANGUAGE_ERROR
           "the Kokkos found (${Kokkos_DIR}) is a CUDA Kokkos built with nvcc_wrapper as its C++ compiler "
           "(Kokkos_COMPILE_LANGUAGE=CXX), so the C++ compiler must be nvcc_wrapper too, but CMAKE_CXX_COMPILER is "
           "${CMAKE_CXX_COMPILER}. Configure a fresh build folder with -DCMAKE_CXX_COMPILER=${_kokkosmoe_wrapper} "
