@@ -1,12 +1,7 @@
 # Helpers shared by the component CMakeLists.
 
-# Sources that include Kokkos headers are compiled as CUDA when the Kokkos found was built for CUDA in CMake
-# language mode (Kokkos_ENABLE_COMPILE_AS_CMAKE_LANGUAGE); nothing changes in host-only builds.
-function(kokkosmoe_kokkos_sources)
-  if(KokkosMoE_ENABLE_CUDA)
-    set_source_files_properties(${ARGN} DIRECTORY ${CMAKE_CURRENT_SOURCE_DIR} PROPERTIES LANGUAGE CUDA)
-  endif()
-endfunction()
+# kokkosmoe_kokkos_sources(<source>...), which marks the sources that include Kokkos headers, comes from
+# KokkosMoE_KokkosLanguage.cmake (the one place that decides their language).
 
 # A component library: kokkosmoe_<name>, alias KokkosMoE::<name>, public headers from src/ (and src/impl,
 # src/kokkos_ext, src/cuda through their relative include paths).

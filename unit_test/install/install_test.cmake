@@ -24,13 +24,18 @@ foreach(_header KokkosMoE_Config.hpp KokkosMoE_Version.hpp)
     message(FATAL_ERROR "install test: ${_header} was not installed")
   endif()
 endforeach()
-set(_arch)
-if(CUDA_ARCHITECTURES)
-  set(_arch -DCMAKE_CUDA_ARCHITECTURES=${CUDA_ARCHITECTURES})
+set(_cuda)
+if(CUDA_COMPILER)
+  list(APPEND _cuda -DCMAKE_CUDA_COMPILER=${CUDA_COMPILER})
 endif()
-# The consumer is compiled and linked with the project's own flags: a sanitizer build installs instrumented
-# libraries, which link only into instrumented programs (.ci/sanitize).
+if(CUDA_ARCHITECTURES)
+  list(APPEND _cuda -DCMAKE_CUDA_ARCHITECTURES=${CUDA_ARCHITECTURES})
+endif()
+# The consumer is compiled and linked with the project's own compilers and flags: a Kokkos built with nvcc_wrapper
+# needs nvcc_wrapper as the consumer's C++ compiler too, and a sanitizer build installs instrumented libraries, which
+# link only into instrumented programs (.ci/sanitize).
 run(${CMAKE_COMMAND} -S ${CONSUMER_DIR} -B ${WORK_DIR}/build -G ${GENERATOR} -DCMAKE_PREFIX_PATH=${WORK_DIR}/prefix
-    ${_arch} "-DCMAKE_CXX_FLAGS=${CXX_FLAGS}" "-DCMAKE_EXE_LINKER_FLAGS=${EXE_LINKER_FLAGS}")
+    -DCMAKE_CXX_COMPILER=${CXX_COMPILER} ${_cuda} "-DCMAKE_CXX_FLAGS=${CXX_FLAGS}"
+    "-DCMAKE_EXE_LINKER_FLAGS=${EXE_LINKER_FLAGS}")
 run(${CMAKE_COMMAND} --build ${WORK_DIR}/build)
 run(${WORK_DIR}/build/consumer)
