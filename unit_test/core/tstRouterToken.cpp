@@ -4,7 +4,8 @@
 // The public per-token routing functions (KokkosMoE_RouterToken.hpp, docs/router.md §18) called from a user kernel:
 // each variant (Serial, Team, TeamVector, ThreadVector) on every backend against the double-precision oracle
 // (selected experts exact, weights within the §16.1 tolerance), and the four variants agreeing bit for bit with one
-// another. Workspaces come from team scratch, thread scratch and plain device Views.
+// another (on a device, Softmax pre weights only within tolerance: their row sum is a reduction in the variant's
+// order). Workspaces come from team scratch, thread scratch and plain device Views.
 
 #include <KokkosMoE_EnableDeviceTypes.hpp>
 #include <KokkosMoE_RouterToken.hpp>
@@ -126,7 +127,11 @@ void check_case(const Oracle::Attr& a, int T, int E, bool with_bias, std::uint64
         first_weights = got_w;
       } else {
         BOOST_TEST(bytes_equal(got_ids, first_ids), "ids differ from the Serial variant's");
-        BOOST_TEST(bytes_equal(got_w, first_weights), "weights differ from the Serial variant's");
+        // Softmax pre normalizes by a sum over all E experts, a reduction whose order is the variant's (sequential,
+        // or a tree over threads or lanes) on a device: equal within the tolerance above, not bit for bit. Every
+        // other weight is a function of the selected activations in slot order, the same on every variant.
+        if (!(a.f == Score::Softmax && a.pre) || host)
+          BOOST_TEST(bytes_equal(got_w, first_weights), "weights differ from the Serial variant's");
       }
     }
   }

@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# One device call of the router-design work (issue 13) on the GPU machine: the old and the new binaries side by side.
+#   gpu_router_session.sh OLD_DIR NEW_DIR OUT_DIR tests|bench|fulltier
+# Each DIR holds KokkosMoE_CoreTests, KokkosMoE_RouterBenchmarks and libbenchmark.so.1debian of one commit (CUDA
+# build). tests: the new core suites on Serial + Cuda, per-output determinism digests of both binaries on every
+# backend (compared bitwise), memcheck and racecheck of the new per-token and portable paths. bench: the router
+# benchmarks of both binaries, alternating, T >= 16384, specialization and portable path, fenced and event time.
+# fulltier: docs/router.md §16.3 full tier on Cuda with the new binary. Logs go to OUT_DIR.
+set -u
+old=$(cd "$1" && pwd)
+new=$(cd "$2" && pwd)
+out=$3
+phase=$4
+mkdir -p "$out"
+export NCCL_NVLS_ENABLE=0 OMP_PROC_BIND=false
+step() { echo "=== $(date -u +%H:%M:%S) $*" | tee -a "$out/session-log.txt"; }
+with() { local d=$1; shift; LD_LIBRARY_PATH="$d${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" "$@"; }
+
+step "device"; nvidia-smi -L | tee -a "$out/session-log.txt"
+
+if [ "$phase" = tests ]; then
+  step "new core tests (Serial + Cuda)"
+  with "$new" timeout 300 "$new/KokkosMoE_CoreTests" --report_level=short --log_level=warning >"$out/core-tests.log" 2>&1
+  echo "exit $?" | tee -a "$out/core-tests.log"; tail -6 "$out/core-tests.log"
+  step "determinism digests, old and new"
+  for b in old new; do
+    d=$old; [ $b = new ] && d=$new
+    KOKKOSMOE_DETERMINISM_DUMP="$out/digest_$b" with "$d" timeout 200 "$d/KokkosMoE_CoreTests" \
+      --run_test='router_determinism/thread_dump*' --report_level=short >"$out/digest_$b.log" 2>&1
+    echo "$b exit $?"
+  done
+  for s in Serial Cuda; do
+    n=$(diff "$out/digest_old.$s.txt" "$out/digest_new.$s.txt" | grep -c '^<')
+    echo "$s: $(wc -l <"$out/digest_new.$s.txt") outputs, $n differ" | tee -a "$out/session-log.txt"
+    diff "$out/digest_old.$s.txt" "$out/digest_new.$s.txt" >"$out/digest_diff.$s.txt"
+  done
+  step "memcheck / racecheck (per-token functions, portable fallback, ties, non-finite)"
+  with "$new" timeout 200 compute-sanitizer --tool memcheck --error-exitcode 9 "$new/KokkosMoE_CoreTests" \
+    --run_test='router_token,router_ties,router_nonfinite,router_edges,router_cuda_streams' --report_level=short >"$out/memcheck.log" 2>&1
+  echo "memcheck exit $?"; grep -E "ERROR SUMMARY|test cases" "$out/memcheck.log"
+  with "$new" timeout 150 compute-sanitizer --tool racecheck --error-exitcode 9 "$new/KokkosMoE_CoreTests" \
+    --run_test='router_token,router_ties' --report_level=short >"$out/racecheck.log" 2>&1
+  echo "racecheck exit $?"; grep -E "RACECHECK SUMMARY|ERROR SUMMARY|test cases" "$out/racecheck.log"
+fi
+
+if [ "$phase" = bench ]; then
+  f='router/(fwd_dense|fwd_compact|bwd_dense|bwd_compact)/'
+  for b in old new; do
+    d=$old; [ $b = new ] && d=$new
+    step "benchmarks ($b)"
+    (cd "$d" && with "$d" timeout 260 ./KokkosMoE_RouterBenchmarks --benchmark_filter="$f" \
+      --kokkosmoe_tokens=16384,65536,262144 --kokkosmoe_cold=0 --kokkosmoe_min_time=0.05 \
+      --benchmark_out="$out/bench_$b.json" --benchmark_out_format=json) >"$out/bench_$b.log" 2>&1
+    echo "$b exit $?"; tail -2 "$out/bench_$b.log"
+  done
+fi
+
+if [ "$phase" = fulltier ]; then
+  step "full tier on Cuda (new binary)"
+  KOKKOSMOE_TEST_TIER=full with "$new" timeout 560 "$new/KokkosMoE_CoreTests" --run_test='router_full_tier/*Cuda*' \
+    --report_level=short --log_level=message >"$out/full-tier.log" 2>&1
+  echo "full tier exit $?"; grep -E "full-tier cases|test cases|assertions|error" "$out/full-tier.log" | head -20
+fi
