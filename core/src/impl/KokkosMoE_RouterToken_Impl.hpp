@@ -318,6 +318,7 @@ KOKKOS_INLINE_FUNCTION std::uint64_t select_topk(const Loops& L, int n, int k, c
   std::uint64_t best = 0;
   for (int i = 0; i < k; ++i) {
     best = L.max_key(slots, [&](const int j) { return keys(k + j * kSlotKeys); });
+    L.barrier();  // every thread has read the list heads before one of them changes
     L.single([&]() {
       keys(i) = best;
       const int j = key_index(best) % slots, base = k + j * kSlotKeys;

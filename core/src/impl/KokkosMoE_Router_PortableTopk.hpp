@@ -179,32 +179,36 @@ struct TopkForwardKernel {
       }
       return;
     }
-    // the non-selected values everywhere, then the k selected entries
+    // the non-selected values everywhere, then the k selected entries; rows as locals, so that the stores cannot be
+    // taken to alias the operands and the fill loops vectorize
+    const auto probs = Kokkos::subview(o.probs, t, Kokkos::ALL);
+    const auto inter = Kokkos::subview(o.inter, t, Kokkos::ALL);
+    const auto map = Kokkos::subview(o.map, t, Kokkos::ALL);
     const Scalar zero = from_float<Scalar>(0.0f);
-    for (int e = 0; e < E; ++e) o.probs(t, e) = zero;
+    for (int e = 0; e < E; ++e) probs(e) = zero;
     if (p.score_function == ScoreFunction::SqrtSoftplus) {
-      for (int e = 0; e < E; ++e) o.inter(t, e) = to_float(x(e));
+      for (int e = 0; e < E; ++e) inter(e) = to_float(x(e));
     } else if (p.softmax_post()) {
       const float ninf = neg_inf();
-      for (int e = 0; e < E; ++e) o.inter(t, e) = ninf;
+      for (int e = 0; e < E; ++e) inter(e) = ninf;
     } else {
-      for (int e = 0; e < E; ++e) o.inter(t, e) = w.act(e);
+      for (int e = 0; e < E; ++e) inter(e) = w.act(e);
     }
     if (o.output == RoutingOutput::Bytemap) {
-      for (int e = 0; e < E; ++e) o.map(t, e) = 0;
+      for (int e = 0; e < E; ++e) map(e) = 0;
     } else if (o.output == RoutingOutput::BitmapU8) {
       const int nb = static_cast<int>(bitmap_row_bytes(E));
-      for (int b = 0; b < nb; ++b) o.map(t, b) = 0;
+      for (int b = 0; b < nb; ++b) map(b) = 0;
     }
     for (int i = 0; i < k; ++i) {
       const int e = key_index(w.keys(i));
       const float we = c.weight(w.act(e));
-      o.probs(t, e) = from_float<Scalar>(scale * we);
-      if (c.mode == TokenChoice::Post) o.inter(t, e) = we;
+      probs(e) = from_float<Scalar>(scale * we);
+      if (c.mode == TokenChoice::Post) inter(e) = we;
       if (o.output == RoutingOutput::Bytemap) {
-        o.map(t, e) = 1;
+        map(e) = 1;
       } else if (o.output == RoutingOutput::BitmapU8) {
-        o.map(t, e / 8) = static_cast<std::uint8_t>(o.map(t, e / 8) | (1u << (e % 8)));
+        map(e / 8) = static_cast<std::uint8_t>(map(e / 8) | (1u << (e % 8)));
       } else {
         o.indices(t, i) = static_cast<Index>(e);
       }
@@ -335,10 +339,11 @@ struct TopkBackwardKernel {
     }
     for_each_routed(t, [&](const int e) { g.accumulate(sums, o.inter(t, e), grad_in(t, e)); });
     g.finish(sums);
+    // rows as locals: stores through them cannot be taken to alias the operands, so the fill vectorizes
+    const auto gl = Kokkos::subview(o.grad_logits, t, Kokkos::ALL);
     const G zero = from_float<G>(0.0f);
-    for (int e = 0; e < E; ++e) o.grad_logits(t, e) = zero;
-    for_each_routed(t,
-                    [&](const int e) { o.grad_logits(t, e) = from_float<G>(g.routed(o.inter(t, e), grad_in(t, e))); });
+    for (int e = 0; e < E; ++e) gl(e) = zero;
+    for_each_routed(t, [&](const int e) { gl(e) = from_float<G>(g.routed(o.inter(t, e), grad_in(t, e))); });
   }
 
   // Device: the lanes read the map; only lanes of routed experts (all lanes for Softmax pre) read the dense rows.
