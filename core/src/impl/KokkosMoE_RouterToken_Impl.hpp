@@ -207,50 +207,16 @@ struct TeamVectorLoops : TeamLoopsBase<Member, TeamVectorLoops<Member>> {
   KOKKOS_INLINE_FUNCTION static auto range(const Member& m, int n) { return Kokkos::TeamVectorRange(m, n); }
 };
 
-/// One team thread's vector lanes. Kokkos ends ThreadVectorRange loops and single(PerThread) with a lane
-/// synchronization, so a value written in single() is visible to the lanes afterwards: barrier() has nothing to do.
+/// One team thread's vector lanes: the team-level reductions over ThreadVectorRange, with single(PerThread). Kokkos
+/// ends ThreadVectorRange loops and single(PerThread) with a lane synchronization, so a value written in single()
+/// is visible to the lanes afterwards: barrier() has nothing to do.
 template <class Member>
-struct ThreadVectorLoops {
-  const Member& m;
+struct ThreadVectorLoops : TeamLoopsBase<Member, ThreadVectorLoops<Member>> {
   KOKKOS_INLINE_FUNCTION bool sequential() const { return false; }
-  template <class F>
-  KOKKOS_INLINE_FUNCTION void for_each(int n, const F& f) const {
-    Kokkos::parallel_for(Kokkos::ThreadVectorRange(m, n), f);
-  }
-  template <class F>
-  KOKKOS_INLINE_FUNCTION float max_float(int n, const F& f) const {
-    float r = 0.0f;
-    Kokkos::parallel_reduce(
-        Kokkos::ThreadVectorRange(m, n),
-        [&](const int i, float& acc) {
-          const float x = f(i);
-          if (x > acc) acc = x;
-        },
-        Kokkos::Max<float>(r));
-    return r;
-  }
-  template <class F>
-  KOKKOS_INLINE_FUNCTION float sum_float(int n, const F& f) const {
-    float r = 0.0f;
-    Kokkos::parallel_reduce(
-        Kokkos::ThreadVectorRange(m, n), [&](const int i, float& acc) { acc += f(i); }, r);
-    return r;
-  }
-  template <class F>
-  KOKKOS_INLINE_FUNCTION std::uint64_t max_key(int n, const F& f) const {
-    std::uint64_t r = 0;
-    Kokkos::parallel_reduce(
-        Kokkos::ThreadVectorRange(m, n),
-        [&](const int i, std::uint64_t& acc) {
-          const std::uint64_t k = f(i);
-          if (k > acc) acc = k;
-        },
-        Kokkos::Max<std::uint64_t>(r));
-    return r;
-  }
+  KOKKOS_INLINE_FUNCTION static auto range(const Member& m, int n) { return Kokkos::ThreadVectorRange(m, n); }
   template <class F>
   KOKKOS_INLINE_FUNCTION void single(const F& f) const {
-    Kokkos::single(Kokkos::PerThread(m), f);
+    Kokkos::single(Kokkos::PerThread(this->m), f);
   }
   KOKKOS_INLINE_FUNCTION void barrier() const {}
 };
