@@ -108,8 +108,8 @@ Blobs battery() {
     router_battery<D, bf16_t>(blobs, i + " mixtral", make_attr(Score::Softmax, false, 2), 1000, 8, false, 10);
     router_battery<D, bf16_t>(blobs, i + " large", make_attr(Score::Softmax, false, 32), 300, 1024, false, 11);
     router_battery<D, float>(blobs, i + " llama4", make_attr(Score::Sigmoid, false, 1), 1000, 16, false, 12);
-    router_battery<D, fp16_t>(blobs, i + " grouped-pre", make_attr(Score::Softmax, true, 6, 4, 2, 1.5), 500, 96,
-                              false, 13);
+    router_battery<D, fp16_t>(blobs, i + " grouped-pre", make_attr(Score::Softmax, true, 6, 4, 2, 1.5), 500, 96, false,
+                              13);
   }
   Exec exec{};
   for (const auto impl : kImpls) {

@@ -14,8 +14,9 @@
 
 #include <KokkosMoE_RouterConfig.hpp>
 
-#include <impl/KokkosMoE_RouterMath.hpp>
 #include <kokkos_ext/KokkosMoE_Float16.hpp>  // KOKKOSMOE_HOST_DEVICE
+
+#include <impl/KokkosMoE_RouterMath.hpp>
 
 #include <cstddef>
 #include <cstdint>

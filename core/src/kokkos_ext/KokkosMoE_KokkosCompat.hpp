@@ -4,8 +4,8 @@
 #ifndef KOKKOSMOE_KOKKOSCOMPAT_HPP
 #define KOKKOSMOE_KOKKOSCOMPAT_HPP
 
-// The one place where Kokkos 3.4 and 4.x differences are bridged (docs/conventions.md §1): there is no ScopedRegion in 3.4,
-// and no bit_cast.
+// The one place where Kokkos 3.4 and 4.x differences are bridged (docs/conventions.md §1): there is no ScopedRegion
+// in 3.4, and no bit_cast.
 
 #include <Kokkos_Core.hpp>
 
