@@ -31,6 +31,17 @@ struct TopkSpec<Kokkos::Cuda> {
     return c;
   }
 
+  /// The fields every backward form shares: sizes, config and the gradient output.
+  template <class Ops>
+  static TopkBackwardArgs backward_args(const RouterConfig& config, const Ops& o) {
+    TopkBackwardArgs a;
+    a.num_tokens = o.num_tokens;
+    a.num_experts = o.params.num_experts;
+    a.config = lowered_config(config);
+    a.grad_logits = o.grad_logits.data();
+    return a;
+  }
+
   template <class Ops>
   static void forward(const Kokkos::Cuda& exec, const RouterConfig& config, const Ops& o) {
     using Scalar = typename Ops::scalar_type;
@@ -56,10 +67,7 @@ struct TopkSpec<Kokkos::Cuda> {
 
   template <class Ops>
   static void backward(const Kokkos::Cuda& exec, const RouterConfig& config, const Ops& o) {
-    TopkBackwardArgs a;
-    a.num_tokens = o.num_tokens;
-    a.num_experts = o.params.num_experts;
-    a.config = lowered_config(config);
+    TopkBackwardArgs a = backward_args(config, o);
     a.output = o.output;
     a.routing_map = o.map.data();
     a.indices_type = dtype_of<typename Ops::index_type>();
@@ -67,16 +75,12 @@ struct TopkSpec<Kokkos::Cuda> {
     a.intermediate = o.inter.data();
     a.grad_type = dtype_of<typename Ops::grad_type>();
     a.grad_probs = o.grad_probs.data();
-    a.grad_logits = o.grad_logits.data();
     RouterImpl<Kokkos::Cuda>::topk_backward(exec, a);
   }
 
   template <class Ops>
   static void compact_backward(const Kokkos::Cuda& exec, const RouterConfig& config, const Ops& o) {
-    TopkBackwardArgs a;
-    a.num_tokens = o.num_tokens;
-    a.num_experts = o.params.num_experts;
-    a.config = lowered_config(config);
+    TopkBackwardArgs a = backward_args(config, o);
     a.output = RoutingOutput::Compact;
     a.logits_type = dtype_of<typename Ops::scalar_type>();
     a.logits = o.logits.data();
@@ -84,7 +88,6 @@ struct TopkSpec<Kokkos::Cuda> {
     a.grad_weights_type = dtype_of<typename Ops::grad_weights_type>();
     a.grad_weights = o.grad_weights.data();
     a.grad_type = a.logits_type;
-    a.grad_logits = o.grad_logits.data();
     RouterImpl<Kokkos::Cuda>::topk_backward(exec, a);
   }
 };
