@@ -33,6 +33,8 @@ function(kokkosmoe_add_boost_test)
   add_executable(${ARG_NAME} ${ARG_SOURCES})
   kokkosmoe_kokkos_sources(${ARG_SOURCES})
   target_link_libraries(${ARG_NAME} PRIVATE ${ARG_LIBS} kokkosmoe_test_support)
+  # line tables (no change to the code) so that compute-sanitizer names the source line of a device-side report
+  target_compile_options(${ARG_NAME} PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:-lineinfo>)
   if(NOT ARG_TIMEOUT)
     set(ARG_TIMEOUT 600)
   endif()

@@ -16,6 +16,7 @@
 //   routed entries are overwritten after a warp barrier.
 
 #include <cuda/KokkosMoE_Router_Kernels.hpp>
+#include <impl/KokkosMoE_TestSeam.hpp>
 
 #include <algorithm>
 #include <cuda/KokkosMoE_Router_Cuda_Common.cuh>
@@ -74,6 +75,58 @@ __device__ __forceinline__ float dx_sig_ssp(int fn, const BwdCoef& c, bool r, fl
   return sqrt_softplus_grad(h, a, v);
 }
 
+/// The coefficients from one lane's partial sums, reduced over the token's TPT lanes (fixed butterfly order).
+template <int TPT>
+__device__ __forceinline__ BwdCoef reduce_coef(int fn, bool norm, float S, float Q, float Ps) {
+  BwdCoef cf{0.0f, 0.0f, 0.0f, 0.0f, false};
+  if (fn == kSmx) {
+    cf.P = seg_add_f32<TPT>(Ps);
+  } else {
+    cf.norm = norm;
+    cf.set_sums(seg_add_f32<TPT>(S), seg_add_f32<TPT>(Q));
+  }
+  return cf;
+}
+
+/// One lane's map chunk of W experts (e0 .. e0 + W - 1) of token t, loaded raw (Bytemap: the W bytes; BitmapU8:
+/// the byte holding them; zeros where `in` is false) and decoded to W flag bits later, so that the load can run
+/// ahead of its use.
+template <int W>
+struct MapChunk {
+  using MB = Vec<unsigned char, W>;
+  typename MB::R bytes;
+  unsigned char bits;
+  __device__ __forceinline__ void load(const BwdParams& P, long long t, int e0, int nb, bool in) {
+    memset(&bytes, 0, sizeof(bytes));
+    bits = 0;
+    if (!in) return;
+    if (P.map_kind == 0)
+      bytes = MB::ldg(P.map + t * static_cast<long long>(P.E) + e0);
+    else
+      bits = __ldg(P.map + t * static_cast<long long>(nb) + (e0 >> 3));
+  }
+  /// Bit w: expert e0 + w is routed.
+  __device__ __forceinline__ unsigned flags(const BwdParams& P, int e0) const {
+    if (P.map_kind == 0) {
+      unsigned char b[W];
+      MB::to_array(bytes, b);
+      unsigned f = 0;
+#pragma unroll
+      for (int w = 0; w < W; ++w) f |= (b[w] ? 1u : 0u) << w;
+      return f;
+    }
+    return (W == 8) ? bits : ((bits >> (e0 & 7)) & 1u);
+  }
+};
+
+/// The W routed flags of the chunk at e0 of token t, read now.
+template <int W>
+__device__ __forceinline__ unsigned map_chunk_flags(const BwdParams& P, long long t, int e0, int nb) {
+  MapChunk<W> m;
+  m.load(P, t, e0, nb, true);
+  return m.flags(P, e0);
+}
+
 // ------------------------------------------------------------------------------------------------------------
 // (one chunk per lane: at least 6 blocks per SM, so that ptxas keeps everything in <= 80 registers; left to
 // itself it picked 72 and spilled; several chunks per lane need the registers)
@@ -103,48 +156,31 @@ __global__ void __launch_bounds__(128, NC == 1 ? 6 : 1) bwd_dense(const BwdParam
     if (single) {
       // Software pipeline over this warp's tokens: the map is loaded two tokens ahead, the routed intermediate /
       // gradient chunks one token ahead, so a token costs one memory latency overlapped with the previous ones.
-      using MB = Vec<unsigned char, W>;
+      using MC = MapChunk<W>;
       using AR = typename Vec<float, W>::R;
       using GR = typename Vec<typename TI::S, W>::R;
       const long long stride = nwarps * TPW;
-      auto map_load = [&](long long tb, typename MB::R(&mb)[NC], unsigned char(&bb)[NC]) {
+      auto map_load = [&](long long tb, MC(&mc)[NC]) {
         const long long t = tb + seg;
 #pragma unroll
         for (int c = 0; c < NC; ++c) {
           const int e0 = (c * TPT + ls) * W;
-          memset(&mb[c], 0, sizeof(mb[c]));
-          bb[c] = 0;
-          if (t < P.T && e0 < E && !aux) {
-            if (P.map_kind == 0)
-              mb[c] = MB::ldg(P.map + t * static_cast<long long>(E) + e0);
-            else
-              bb[c] = __ldg(P.map + t * static_cast<long long>(nb) + (e0 >> 3));
-          }
+          mc[c].load(P, t, e0, nb, t < P.T && e0 < E && !aux);
         }
       };
-      auto flags = [&](long long tb, const typename MB::R(&mb)[NC], const unsigned char(&bb)[NC], int c) -> unsigned {
+      auto flags = [&](long long tb, const MC(&mc)[NC], int c) -> unsigned {
         const long long t = tb + seg;
         const int e0 = (c * TPT + ls) * W;
         if (!(t < P.T && e0 < E)) return 0u;
         if (aux) return (W == 32) ? 0xffffffffu : ((1u << W) - 1u);
-        unsigned f = 0;
-        if (P.map_kind == 0) {
-          unsigned char b[W];
-          MB::to_array(mb[c], b);
-#pragma unroll
-          for (int w = 0; w < W; ++w) f |= (b[w] ? 1u : 0u) << w;
-        } else {
-          f = (W == 8) ? bb[c] : ((bb[c] >> (e0 & 7)) & 1u);
-        }
-        return f;
+        return mc[c].flags(P, e0);
       };
-      auto ag_load = [&](long long tb, const typename MB::R(&mb)[NC], const unsigned char(&bb)[NC], AR(&ar)[NC],
-                         GR(&gr)[NC]) {
+      auto ag_load = [&](long long tb, const MC(&mc)[NC], AR(&ar)[NC], GR(&gr)[NC]) {
         const long long t = tb + seg;
 #pragma unroll
         for (int c = 0; c < NC; ++c) {
           const int e0 = (c * TPT + ls) * W;
-          const unsigned f = flags(tb, mb, bb, c);
+          const unsigned f = flags(tb, mc, c);
           memset(&ar[c], 0, sizeof(AR));
           memset(&gr[c], 0, sizeof(GR));
           if (f != 0 || (all_a && t < P.T && e0 < E))
@@ -154,17 +190,16 @@ __global__ void __launch_bounds__(128, NC == 1 ? 6 : 1) bwd_dense(const BwdParam
                                                 t * static_cast<long long>(E) + e0);
         }
       };
-      typename MB::R m0[NC], m1[NC], m2[NC];
-      unsigned char b0[NC], b1[NC], b2[NC];
+      MC m0[NC], m1[NC], m2[NC];
       AR a0[NC], a1[NC];
       GR g0[NC], g1[NC];
       long long tb = gwarp * TPW;
-      map_load(tb, m0, b0);
-      map_load(tb + stride, m1, b1);
-      ag_load(tb, m0, b0, a0, g0);
+      map_load(tb, m0);
+      map_load(tb + stride, m1);
+      ag_load(tb, m0, a0, g0);
       for (; tb < P.T; tb += stride) {
-        map_load(tb + 2 * stride, m2, b2);
-        ag_load(tb + stride, m1, b1, a1, g1);
+        map_load(tb + 2 * stride, m2);
+        ag_load(tb + stride, m1, a1, g1);
         // ---- token tb: widen, sums, gradients
         const long long t = tb + seg;
         const bool valid = t < P.T;
@@ -173,7 +208,7 @@ __global__ void __launch_bounds__(128, NC == 1 ? 6 : 1) bwd_dense(const BwdParam
         unsigned rm = 0;
 #pragma unroll
         for (int c = 0; c < NC; ++c) {
-          rm |= flags(tb, m0, b0, c) << (c * W);
+          rm |= flags(tb, m0, c) << (c * W);
           float av[W];
           typename TI::S gs[W];
           memcpy(av, &a0[c], sizeof(av));
@@ -198,15 +233,7 @@ __global__ void __launch_bounds__(128, NC == 1 ? 6 : 1) bwd_dense(const BwdParam
             }
           }
         }
-        BwdCoef cf{0.0f, 0.0f, 0.0f, 0.0f, false};
-        if (fn == kSmx) {
-          cf.P = seg_add_f32<TPT>(Ps);
-        } else {
-          S = seg_add_f32<TPT>(S);
-          Q = seg_add_f32<TPT>(Q);
-          cf.norm = aux || P.k > 1;
-          cf.set_sums(S, Q);
-        }
+        const BwdCoef cf = reduce_coef<TPT>(fn, aux || P.k > 1, S, Q, Ps);
         float dx[V];
 #pragma unroll
         for (int p = 0; p < V; ++p) {
@@ -226,8 +253,6 @@ __global__ void __launch_bounds__(128, NC == 1 ? 6 : 1) bwd_dense(const BwdParam
         for (int c = 0; c < NC; ++c) {
           m0[c] = m1[c];
           m1[c] = m2[c];
-          b0[c] = b1[c];
-          b1[c] = b2[c];
           a0[c] = a1[c];
           g0[c] = g1[c];
         }
@@ -251,19 +276,8 @@ __global__ void __launch_bounds__(128, NC == 1 ? 6 : 1) bwd_dense(const BwdParam
           for (int c = 0; c < NC; ++c) {
             const int e0 = base + (c * TPT + ls) * W;
             unsigned f = 0;  // W flag bits
-            if (valid && e0 < E) {
-              if (aux) {
-                f = (W == 32) ? 0xffffffffu : ((1u << W) - 1u);
-              } else if (P.map_kind == 0) {
-                unsigned char b[W];
-                Vec<unsigned char, W>::to_array(Vec<unsigned char, W>::ldg(P.map + rowE + e0), b);
-#pragma unroll
-                for (int w = 0; w < W; ++w) f |= (b[w] ? 1u : 0u) << w;
-              } else {
-                const unsigned byte = __ldg(P.map + t * static_cast<long long>(nb) + (e0 >> 3));
-                f = (W == 8) ? byte : ((byte >> (e0 & 7)) & 1u);
-              }
-            }
+            if (valid && e0 < E)
+              f = aux ? ((W == 32) ? 0xffffffffu : ((1u << W) - 1u)) : map_chunk_flags<W>(P, t, e0, nb);
             rm |= f << (c * W);
             if (valid && e0 < E && (f != 0 || all_a)) {
               load_chunk<kDtF32, W>(P.inter + rowE + e0, a + c * W);
@@ -315,16 +329,118 @@ __global__ void __launch_bounds__(128, NC == 1 ? 6 : 1) bwd_dense(const BwdParam
           }
         }
       }
-      if (pass == 0) {
-        if (fn == kSmx) {
-          cf.P = seg_add_f32<TPT>(Ps);
-        } else {
-          S = seg_add_f32<TPT>(S);
-          Q = seg_add_f32<TPT>(Q);
-          cf.norm = aux || P.k > 1;
-          cf.set_sums(S, Q);
-        }
-      }
+      if (pass == 0) cf = reduce_coef<TPT>(fn, aux || P.k > 1, S, Q, Ps);
+    }
+  }
+}
+
+// ------------------------------------------------------------------------------------------------------------
+// bwd_map_sparse<GI, GO, TPT, NC, W>: the map path where only routed entries are needed (Sigmoid, SqrtSoftplus,
+// Softmax post; one register tile: E <= TPT * NC * W). The same lane layout and per-lane index order as bwd_dense,
+// so the sums and gradients are bit-identical to it; but a lane keeps only its flag mask and the values of its
+// first kHeld routed experts in registers: the map is loaded one token ahead, the routed intermediate / gradient
+// elements are gathered (their loads overlap), the output chunks are written as zeros and the routed gradients
+// stored over them. A lane with more routed experts gathers the rest one by one, twice. Few registers, so many
+// tokens are in flight per SM.
+template <int GI, int GO, int TPT, int NC, int W>
+__global__ void __launch_bounds__(128) bwd_map_sparse(const BwdParams P) {
+  using TI = Ty<GI>;
+  using TO = Ty<GO>;
+  using GS = typename TI::S;
+  using OS = typename TO::S;
+  constexpr int TPW = 32 / TPT;
+  constexpr int kHeld = 4;
+  static_assert(NC * W <= 32, "flag masks are 32-bit");
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int seg = lane / TPT, ls = lane % TPT;
+  const int E = P.E, fn = P.fn;
+  const int nb = (E + 7) >> 3;
+  const GS* gin = static_cast<const GS*>(P.gin);
+  const long long stride = static_cast<long long>(gridDim.x) * (blockDim.x >> 5) * TPW;
+  const long long gwarp = static_cast<long long>(blockIdx.x) * (blockDim.x >> 5) + warp;
+  // expert of flag bit p of this lane
+  auto expert = [&](int p) { return ((p / W) * TPT + ls) * W + p % W; };
+  auto map_load = [&](long long t, MapChunk<W>(&mc)[NC]) {
+#pragma unroll
+    for (int c = 0; c < NC; ++c) {
+      const int e0 = (c * TPT + ls) * W;
+      mc[c].load(P, t, e0, nb, t < P.T && e0 < E);
+    }
+  };
+  // the terms of one routed expert: a (intermediate), g (scaled gradient)
+  auto gather = [&](long long rowE, int p, float& a, float& g) {
+    a = __ldg(P.inter + rowE + expert(p));
+    g = TI::to_f(__ldg(gin + rowE + expert(p))) * P.scale;
+  };
+  float S = 0.0f, Q = 0.0f, Ps = 0.0f;
+  auto accumulate = [&](float a, float g) {
+    if (fn == kSmx) {
+      Ps += g * a;
+    } else {
+      const float v = (fn == kSsp) ? sqrt_softplus(a) : a;
+      S += v;
+      Q += g * v;
+    }
+  };
+
+  MapChunk<W> mc[NC];
+  long long t = gwarp * TPW + seg;
+  map_load(t, mc);
+  for (; t - seg < P.T; t += stride) {
+    const bool valid = t < P.T;
+    const long long rowE = t * static_cast<long long>(E);
+    unsigned rm = 0;
+#pragma unroll
+    for (int c = 0; c < NC; ++c)
+      if ((c * TPT + ls) * W < E) rm |= mc[c].flags(P, (c * TPT + ls) * W) << (c * W);
+    map_load(t + stride, mc);
+    // the first kHeld routed experts, in bit (= index) order, kept; the rest after them
+    int p[kHeld];
+    bool h[kHeld];
+    float a[kHeld], g[kHeld];
+    unsigned rest = rm;
+#pragma unroll
+    for (int j = 0; j < kHeld; ++j) {
+      h[j] = rest != 0;
+      p[j] = h[j] ? __ffs(rest) - 1 : 0;
+      rest &= rest - 1;
+    }
+#pragma unroll
+    for (int j = 0; j < kHeld; ++j) {
+      a[j] = 0.0f;
+      g[j] = 0.0f;
+      if (h[j]) gather(rowE, p[j], a[j], g[j]);
+    }
+    S = Q = Ps = 0.0f;
+#pragma unroll
+    for (int j = 0; j < kHeld; ++j)
+      if (h[j]) accumulate(a[j], g[j]);
+    for (unsigned m = rest; m != 0; m &= m - 1) {
+      float ar, gr;
+      gather(rowE, __ffs(m) - 1, ar, gr);
+      accumulate(ar, gr);
+    }
+    const BwdCoef cf = reduce_coef<TPT>(fn, P.k > 1, S, Q, Ps);
+    if (!valid) continue;
+    auto dx = [&](float av, float gv) {
+      if (fn == kSmx) return softmax_grad(gv, av, cf.P);
+      return dx_sig_ssp(fn, cf, true, av, (fn == kSsp) ? sqrt_softplus(av) : av, gv);
+    };
+    OS* orow = static_cast<OS*>(P.gout) + rowE;
+    const float zero[W] = {};
+#pragma unroll
+    for (int c = 0; c < NC; ++c) {
+      const int e0 = (c * TPT + ls) * W;
+      if (e0 < E) store_chunk<GO, W>(orow + e0, zero);
+    }
+    // the same thread stores the routed gradients over its zeros (program order on the same address)
+#pragma unroll
+    for (int j = 0; j < kHeld; ++j)
+      if (h[j]) orow[expert(p[j])] = TO::from_f(dx(a[j], g[j]));
+    for (unsigned m = rest; m != 0; m &= m - 1) {
+      float ar, gr;
+      gather(rowE, __ffs(m) - 1, ar, gr);
+      orow[expert(__ffs(m) - 1)] = TO::from_f(dx(ar, gr));
     }
   }
 }
@@ -662,19 +778,39 @@ cudaError_t launch_warps(K kern, const BwdParams& P, int tpt, const Queue& q) {
   return cudaGetLastError();
 }
 
+/// Lane layout of a row in vector chunks of 8 experts: TPT lanes per token, NC chunks per lane.
+template <int TPT_, int NC_>
+struct RowLayout {
+  static constexpr int TPT = TPT_, NC = NC_;
+};
+/// Calls launch(RowLayout) with the smallest layout that holds E experts in one register tile (E <= 1024).
+template <class Launch>
+cudaError_t by_row_layout(int E, const Launch& launch) {
+  if (E <= 8) return launch(RowLayout<1, 1>{});
+  if (E <= 16) return launch(RowLayout<2, 1>{});
+  if (E <= 32) return launch(RowLayout<4, 1>{});
+  if (E <= 64) return launch(RowLayout<8, 1>{});
+  if (E <= 128) return launch(RowLayout<16, 1>{});
+  if (E <= 256) return launch(RowLayout<32, 1>{});
+  if (E <= 512) return launch(RowLayout<32, 2>{});
+  return launch(RowLayout<32, 4>{});
+}
+
+/// The map path. Sigmoid, SqrtSoftplus and Softmax post with vector accesses and E <= 1024 run the sparse kernel,
+/// unless the test seam asks for the streaming one (both give the same bits); the rest streams the rows.
 template <int GI, int GO>
 cudaError_t dense_dispatch(const BwdParams& P, bool vec, const Queue& q) {
-  const int E = P.E;
-  if (vec) {
-    if (E <= 8) return launch_warps(bwd_dense<GI, GO, 1, 1, 8>, P, 1, q);
-    if (E <= 16) return launch_warps(bwd_dense<GI, GO, 2, 1, 8>, P, 2, q);
-    if (E <= 32) return launch_warps(bwd_dense<GI, GO, 4, 1, 8>, P, 4, q);
-    if (E <= 64) return launch_warps(bwd_dense<GI, GO, 8, 1, 8>, P, 8, q);
-    if (E <= 128) return launch_warps(bwd_dense<GI, GO, 16, 1, 8>, P, 16, q);
-    if (E <= 256) return launch_warps(bwd_dense<GI, GO, 32, 1, 8>, P, 32, q);
-    if (E <= 512) return launch_warps(bwd_dense<GI, GO, 32, 2, 8>, P, 32, q);
-    return launch_warps(bwd_dense<GI, GO, 32, 4, 8>, P, 32, q);
-  }
+  const bool sparse = !P.aux && !(P.fn == kSmx && P.pre) && P.E <= 1024;
+  if (vec && sparse && !TestSeam::cuda_backward_kernel.streaming_only)
+    return by_row_layout(P.E, [&](auto L) {
+      using Lay = decltype(L);
+      return launch_warps(bwd_map_sparse<GI, GO, Lay::TPT, Lay::NC, 8>, P, Lay::TPT, q);
+    });
+  if (vec)
+    return by_row_layout(P.E, [&](auto L) {
+      using Lay = decltype(L);
+      return launch_warps(bwd_dense<GI, GO, Lay::TPT, Lay::NC, 8>, P, Lay::TPT, q);
+    });
   return launch_warps(bwd_dense<GI, GO, 32, 8, 1>, P, 32, q);
 }
 

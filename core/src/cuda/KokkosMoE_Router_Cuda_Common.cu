@@ -47,7 +47,12 @@ const DeviceInfo& device_info(int dev) {
 }
 }  // namespace
 
-cudaError_t make_current(const Queue& q) { return cudaSetDevice(q.device); }
+cudaError_t make_current(const Queue& q) {
+  // cudaGetDevice reads the calling thread's current device; the set is needed only when another one is current
+  int current = -1;
+  if (cudaGetDevice(&current) == cudaSuccess && current == q.device) return cudaSuccess;
+  return cudaSetDevice(q.device);
+}
 
 int sm_count(int dev) {
   std::lock_guard<std::mutex> lock(g_mutex);

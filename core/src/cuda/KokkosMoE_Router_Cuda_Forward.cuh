@@ -88,6 +88,52 @@ __device__ __forceinline__ void list_insert(unsigned (&L)[N], unsigned v) {
   }
 }
 
+/// The prologue of the register kernels (topk_fwd_reg, topk_fwd_rounds), per lane: which of its NC chunks of W
+/// experts ((c * TPT + ls) * W) lie inside the row, and its expert-bias values (+0.0f without a bias, so that
+/// s = y + b also turns -0.0 into +0.0).
+template <int TPT, int NC, int W>
+__device__ __forceinline__ void lane_prologue(const FwdParams& P, int ls, bool (&cvalid)[NC], float (&bias)[NC * W]) {
+  const bool has_bias = P.bias != nullptr;
+#pragma unroll
+  for (int c = 0; c < NC; ++c) cvalid[c] = (c * TPT + ls) * W < P.E;
+#pragma unroll
+  for (int c = 0; c < NC; ++c)
+#pragma unroll
+    for (int w = 0; w < W; ++w) {
+      const int e = (c * TPT + ls) * W + w;
+      bias[c * W + w] = (has_bias && cvalid[c]) ? load_any(P.bias, P.bias_type, e) : 0.0f;
+    }
+}
+
+/// The lane's chunks of the logits row of token t as raw vectors (zeros past the row or for t >= T): loaded one
+/// token ahead by the register kernels, then widened.
+template <int DT, int TPT, int NC, int W>
+struct LaneRow {
+  using S = typename Ty<DT>::S;
+  using VV = Vec<S, W>;
+  using Raw = typename VV::R;
+  __device__ __forceinline__ static void load(const FwdParams& P, long long t, int ls, const bool (&cvalid)[NC],
+                                              Raw (&r)[NC]) {
+    const S* row = static_cast<const S*>(P.logits) + t * static_cast<long long>(P.E);
+#pragma unroll
+    for (int c = 0; c < NC; ++c) {
+      if (t < P.T && cvalid[c])
+        r[c] = VV::ldg(row + (c * TPT + ls) * W);
+      else
+        memset(&r[c], 0, sizeof(Raw));
+    }
+  }
+  __device__ __forceinline__ static void widen(const Raw (&r)[NC], float (&x)[NC * W]) {
+#pragma unroll
+    for (int c = 0; c < NC; ++c) {
+      S s[W];
+      VV::to_array(r[c], s);
+#pragma unroll
+      for (int w = 0; w < W; ++w) x[c * W + w] = Ty<DT>::to_f(s[w]);
+    }
+  }
+};
+
 /// Front part of the per-token work shared by both register kernels: activations (§5.1), selection keys (§7),
 /// early outputs (intermediate, aux scores), the activation row in shared memory, group-limited eligibility (§5.3).
 template <int DT, int TPT, int NC, int W>
@@ -289,7 +335,6 @@ __global__ void __launch_bounds__(128) topk_fwd_reg(const FwdParams P) {
   const bool aux = P.aux != 0;
   const bool compact = P.out == kOutCompact;
   const bool softmax_post = fn == kFnSoftmax && !P.pre && !aux;
-  const bool has_bias = P.bias != nullptr;
 
   unsigned char* tok = smem + static_cast<size_t>(warp * TPW + seg) * P.tok_smem;
   unsigned long long* cand = reinterpret_cast<unsigned long long*>(tok);
@@ -300,52 +345,25 @@ __global__ void __launch_bounds__(128) topk_fwd_reg(const FwdParams P) {
   unsigned char* fbuf = tok + P.off_fbuf;                    // selected flags
 
   bool cvalid[NC];
-#pragma unroll
-  for (int c = 0; c < NC; ++c) cvalid[c] = (c * TPT + ls) * W < E;
-
   float bias[V];
-#pragma unroll
-  for (int c = 0; c < NC; ++c)
-#pragma unroll
-    for (int w = 0; w < W; ++w) {
-      const int e = (c * TPT + ls) * W + w;
-      bias[c * W + w] = (has_bias && cvalid[c]) ? load_any(P.bias, P.bias_type, e) : 0.0f;
-    }
+  lane_prologue<TPT, NC, W>(P, ls, cvalid, bias);
 
-  using VV = Vec<S, W>;
-  using Raw = typename VV::R;
+  using Row = LaneRow<DT, TPT, NC, W>;
   const long long nwarps = static_cast<long long>(gridDim.x) * (blockDim.x >> 5);
   const long long gwarp = static_cast<long long>(blockIdx.x) * (blockDim.x >> 5) + warp;
   const long long stride = nwarps * TPW;
 
   // software prefetch: the raw chunks of the next token are loaded while this one is processed
-  Raw raw[NC];
-  auto issue_loads = [&](long long tb, Raw(&r)[NC]) {
-    const long long t = tb + seg;
-    const S* row = static_cast<const S*>(P.logits) + t * static_cast<long long>(E);
-#pragma unroll
-    for (int c = 0; c < NC; ++c) {
-      if (t < P.T && cvalid[c])
-        r[c] = VV::ldg(row + (c * TPT + ls) * W);
-      else
-        memset(&r[c], 0, sizeof(Raw));
-    }
-  };
+  typename Row::Raw raw[NC];
   long long tb = gwarp * TPW;
-  if (tb < P.T) issue_loads(tb, raw);
+  if (tb < P.T) Row::load(P, tb + seg, ls, cvalid, raw);
 
   for (; tb < P.T; tb += stride) {
     const long long t = tb + seg;
     const bool valid = t < P.T;
     float x[V];
-#pragma unroll
-    for (int c = 0; c < NC; ++c) {
-      S s[W];
-      VV::to_array(raw[c], s);
-#pragma unroll
-      for (int w = 0; w < W; ++w) x[c * W + w] = TT::to_f(s[w]);
-    }
-    if (tb + stride < P.T) issue_loads(tb + stride, raw);
+    Row::widen(raw, x);
+    if (tb + stride < P.T) Row::load(P, tb + stride + seg, ls, cvalid, raw);
 
     const long long rowE = t * static_cast<long long>(E);
     float y[V];
@@ -638,58 +656,30 @@ __global__ void __launch_bounds__(128) topk_fwd_rounds(const FwdParams P) {
   const bool aux = P.aux != 0;
   const bool compact = P.out == kOutCompact;
   const bool softmax_post = fn == kFnSoftmax && !P.pre && !aux;
-  const bool has_bias = P.bias != nullptr;
 
   unsigned char* tok = smem + static_cast<size_t>(warp * TPW + seg) * P.tok_smem;
   float* ybuf = reinterpret_cast<float*>(tok);  // activations
   unsigned char* sl = tok + P.off_fbuf;         // slot of each selected expert
 
   bool cvalid[NC];
-#pragma unroll
-  for (int c = 0; c < NC; ++c) cvalid[c] = (c * TPT + ls) * W < E;
-
   float bias[V];
-#pragma unroll
-  for (int c = 0; c < NC; ++c)
-#pragma unroll
-    for (int w = 0; w < W; ++w) {
-      const int e = (c * TPT + ls) * W + w;
-      bias[c * W + w] = (has_bias && cvalid[c]) ? load_any(P.bias, P.bias_type, e) : 0.0f;
-    }
+  lane_prologue<TPT, NC, W>(P, ls, cvalid, bias);
 
-  using VV = Vec<S, W>;
-  using Raw = typename VV::R;
+  using Row = LaneRow<DT, TPT, NC, W>;
   const long long nwarps = static_cast<long long>(gridDim.x) * (blockDim.x >> 5);
   const long long gwarp = static_cast<long long>(blockIdx.x) * (blockDim.x >> 5) + warp;
   const long long stride = nwarps * TPW;
 
-  Raw raw[NC];
-  auto issue_loads = [&](long long tb, Raw(&r)[NC]) {
-    const long long t = tb + seg;
-    const S* row = static_cast<const S*>(P.logits) + t * static_cast<long long>(E);
-#pragma unroll
-    for (int c = 0; c < NC; ++c) {
-      if (t < P.T && cvalid[c])
-        r[c] = VV::ldg(row + (c * TPT + ls) * W);
-      else
-        memset(&r[c], 0, sizeof(Raw));
-    }
-  };
+  typename Row::Raw raw[NC];
   long long tb = gwarp * TPW;
-  if (tb < P.T) issue_loads(tb, raw);
+  if (tb < P.T) Row::load(P, tb + seg, ls, cvalid, raw);
 
   for (; tb < P.T; tb += stride) {
     const long long t = tb + seg;
     const bool valid = t < P.T;
     float x[V];
-#pragma unroll
-    for (int c = 0; c < NC; ++c) {
-      S s[W];
-      VV::to_array(raw[c], s);
-#pragma unroll
-      for (int w = 0; w < W; ++w) x[c * W + w] = TT::to_f(s[w]);
-    }
-    if (tb + stride < P.T) issue_loads(tb + stride, raw);
+    Row::widen(raw, x);
+    if (tb + stride < P.T) Row::load(P, tb + stride + seg, ls, cvalid, raw);
     const long long rowE = t * static_cast<long long>(E);
     float y[V];
     unsigned key[V];

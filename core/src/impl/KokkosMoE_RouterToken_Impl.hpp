@@ -208,8 +208,8 @@ struct TeamVectorLoops : TeamLoopsBase<Member, TeamVectorLoops<Member>> {
 };
 
 /// One team thread's vector lanes: the team-level reductions over ThreadVectorRange, with single(PerThread). Kokkos
-/// ends ThreadVectorRange loops and single(PerThread) with a lane synchronization, so a value written in single()
-/// is visible to the lanes afterwards: barrier() has nothing to do.
+/// ends single(PerThread) with a lane synchronization, so a value written in single() is visible to the lanes
+/// afterwards; a ThreadVectorRange reduction ends with shuffles only, so barrier() synchronizes the lanes.
 template <class Member>
 struct ThreadVectorLoops : TeamLoopsBase<Member, ThreadVectorLoops<Member>> {
   KOKKOS_INLINE_FUNCTION bool sequential() const { return false; }
@@ -218,7 +218,13 @@ struct ThreadVectorLoops : TeamLoopsBase<Member, ThreadVectorLoops<Member>> {
   KOKKOS_INLINE_FUNCTION void single(const F& f) const {
     Kokkos::single(Kokkos::PerThread(this->m), f);
   }
-  KOKKOS_INLINE_FUNCTION void barrier() const {}
+  /// An empty single(PerThread): on a device it synchronizes the thread's vector lanes (__syncwarp over them on
+  /// Cuda), so a lane's read of scratch before the barrier is ordered before another lane's write after it (without
+  /// it only the reduction's shuffles ordered them, which compute-sanitizer's racecheck reports as warp-synchronous
+  /// hazards).
+  KOKKOS_INLINE_FUNCTION void barrier() const {
+    Kokkos::single(Kokkos::PerThread(this->m), []() {});
+  }
 };
 
 // ---------------------------------------------------------------------------------------------------------------

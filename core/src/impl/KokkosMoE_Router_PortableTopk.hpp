@@ -25,6 +25,7 @@
 #include <impl/KokkosMoE_Router_Operands.hpp>
 
 #include <cstdint>
+#include <cstring>
 
 namespace KokkosMoE {
 namespace Impl {
@@ -303,47 +304,76 @@ struct TopkBackwardKernel {
   /// the map costs one test). Both map formats become the same 8-bit masks first, so f is expanded once: the two
   /// formats then give bit-identical gradients, NaN signs included (which operand order the compiler picks for a
   /// product of two NaNs decides the sign of the result).
-  template <class F>
-  KOKKOS_INLINE_FUNCTION void for_each_routed(std::int64_t t, const F& f) const {
-    const int E = o.params.num_experts;
-    const int nb = static_cast<int>(bitmap_row_bytes(E));
-    const bool bytemap = o.output == RoutingOutput::Bytemap;
-    for (int b = 0; b < nb; ++b) {
-      const int e0 = b * 8, n = E - e0 < 8 ? E - e0 : 8;
-      unsigned mask = 0;
-      if (bytemap) {
-        for (int j = 0; j < n; ++j) mask |= (o.map(t, e0 + j) != 0 ? 1u : 0u) << j;
-      } else {
-        mask = o.map(t, b) & ((1u << n) - 1u);
-      }
-      if (mask == 0) continue;
-      for (int j = 0; j < n; ++j)
-        if ((mask >> j) & 1u) f(e0 + j);
-    }
+  template <class MapRow, class F>
+  KOKKOS_INLINE_FUNCTION void for_each_routed(const MapRow& map, const F& f) const {
+    const int nb = static_cast<int>(bitmap_row_bytes(o.params.num_experts));
+    for (int b = 0; b < nb; ++b)
+      for (unsigned mask = block_mask(map, b); mask != 0; mask &= mask - 1u) f(b * 8 + lowest_bit(mask));
+  }
+  /// The routed flags of experts 8b .. 8b + 7 of a map row (bit j: expert 8b + j; none past the row).
+  template <class MapRow>
+  KOKKOS_INLINE_FUNCTION unsigned block_mask(const MapRow& map, int b) const {
+    const int E = o.params.num_experts, e0 = b * 8, n = E - e0 < 8 ? E - e0 : 8;
+    if (o.output != RoutingOutput::Bytemap) return map(b) & ((1u << n) - 1u);
+    if (n == 8) return nonzero_byte_mask(&map(e0));
+    unsigned mask = 0;
+    for (int j = 0; j < n; ++j) mask |= (map(e0 + j) != 0 ? 1u : 0u) << j;
+    return mask;
   }
 
-  // Host: sums over the routed experts in expert order; all but Softmax pre read only the routed entries.
+  /// Bit j set where byte j of the eight at p is not zero.
+  KOKKOS_INLINE_FUNCTION static unsigned nonzero_byte_mask(const std::uint8_t* p) {
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+    std::uint64_t w;
+    std::memcpy(&w, p, sizeof(w));
+    constexpr std::uint64_t kLow7 = 0x7f7f7f7f7f7f7f7full, kHigh = 0x8080808080808080ull;
+    const std::uint64_t nz = (((w & kLow7) + kLow7) | w) & kHigh;             // the high bit of every non-zero byte
+    return static_cast<unsigned>(((nz >> 7) * 0x0102040810204080ull) >> 56);  // gathered into one byte
+#else
+    unsigned mask = 0;
+    for (int j = 0; j < 8; ++j) mask |= (p[j] != 0 ? 1u : 0u) << j;
+    return mask;
+#endif
+  }
+  /// Index of the lowest set bit of a non-zero 8-bit mask.
+  KOKKOS_INLINE_FUNCTION static int lowest_bit(unsigned mask) {
+    const unsigned b = mask & (0u - mask);
+    return ((b & 0xaau) != 0 ? 1 : 0) | ((b & 0xccu) != 0 ? 2 : 0) | ((b & 0xf0u) != 0 ? 4 : 0);
+  }
+
+  // Host: sums over the routed experts in expert order; all but Softmax pre read only the routed entries. The rows
+  // are locals: stores through them cannot be taken to alias the operands, so nothing is reloaded and the fill
+  // vectorizes.
   KOKKOS_INLINE_FUNCTION void map_host(std::int64_t t) const {
     const int E = o.params.num_experts;
+    const float scale = o.params.scaling_factor;
+    const auto map = Kokkos::subview(o.map, t, Kokkos::ALL);
+    const auto inter = Kokkos::subview(o.inter, t, Kokkos::ALL);
+    const auto gp = Kokkos::subview(o.grad_probs, t, Kokkos::ALL);
+    const auto gl = Kokkos::subview(o.grad_logits, t, Kokkos::ALL);
+    const auto gin = [&](const int e) { return to_float(gp(e)) * scale; };
     GradTerms g = GradTerms::of(o.params);
     Sum2 sums;
     if (o.params.softmax_pre()) {
-      for (int e = 0; e < E; ++e)
-        if (routed_in_map(t, e)) g.accumulate(sums, o.inter(t, e), grad_in(t, e));
+      // every expert's gradient; the flags come from the same 8-bit masks for both formats
+      const int nb = static_cast<int>(bitmap_row_bytes(E));
+      for_each_routed(map, [&](const int e) { g.accumulate(sums, inter(e), gin(e)); });
       g.finish(sums);
-      for (int e = 0; e < E; ++e) {
-        const float ae = o.inter(t, e);
-        o.grad_logits(t, e) = from_float<G>(routed_in_map(t, e) ? g.routed(ae, grad_in(t, e)) : g.unrouted(ae));
+      for (int b = 0; b < nb; ++b) {
+        const unsigned mask = block_mask(map, b);
+        const int e0 = b * 8, n = E - e0 < 8 ? E - e0 : 8;
+        for (int j = 0; j < n; ++j) {
+          const float ae = inter(e0 + j);
+          gl(e0 + j) = from_float<G>(((mask >> j) & 1u) ? g.routed(ae, gin(e0 + j)) : g.unrouted(ae));
+        }
       }
       return;
     }
-    for_each_routed(t, [&](const int e) { g.accumulate(sums, o.inter(t, e), grad_in(t, e)); });
+    for_each_routed(map, [&](const int e) { g.accumulate(sums, inter(e), gin(e)); });
     g.finish(sums);
-    // rows as locals: stores through them cannot be taken to alias the operands, so the fill vectorizes
-    const auto gl = Kokkos::subview(o.grad_logits, t, Kokkos::ALL);
     const G zero = from_float<G>(0.0f);
     for (int e = 0; e < E; ++e) gl(e) = zero;
-    for_each_routed(t, [&](const int e) { gl(e) = from_float<G>(g.routed(o.inter(t, e), grad_in(t, e))); });
+    for_each_routed(map, [&](const int e) { gl(e) = from_float<G>(g.routed(inter(e), gin(e))); });
   }
 
   // Device: the lanes read the map; only lanes of routed experts (all lanes for Softmax pre) read the dense rows.
@@ -447,9 +477,12 @@ struct CompactBackwardKernel {
         float M = act(0);
         for (int i = 1; i < k; ++i) M = act(i) > M ? act(i) : M;
         float sum = 0;
-        for (int i = 0; i < k; ++i) sum += softmax_term(act(i), M);
+        for (int i = 0; i < k; ++i) {
+          act(i) = softmax_term(act(i), M);
+          sum += act(i);
+        }
         const float inv = 1.0f / sum;
-        for (int i = 0; i < k; ++i) act(i) = softmax_term(act(i), M) * inv;
+        for (int i = 0; i < k; ++i) act(i) *= inv;
       }
     });
     L.barrier();

@@ -30,18 +30,28 @@ struct CudaForwardKernel {
 /// The current setting (default: the library's own choice).
 inline CudaForwardKernel cuda_forward_kernel{};
 
-/// Sets cuda_forward_kernel for the lifetime of the guard and restores the previous setting.
-class ScopedCudaForwardKernel {
+/// Kernel choice of the native CUDA map backward (cuda/KokkosMoE_Router_Backward.cu).
+struct CudaBackwardKernel {
+  /// Run the streaming kernel (every chunk of the row loaded) where the library would run the sparse one (map read
+  /// first, then only the routed entries gathered). Both must give bit-identical gradients, which tests compare.
+  bool streaming_only = false;
+};
+
+/// The current setting (default: the library's own choice).
+inline CudaBackwardKernel cuda_backward_kernel{};
+
+/// Sets one of the settings above for the lifetime of the guard and restores the previous value.
+template <class Setting>
+class Scoped {
  public:
-  explicit ScopedCudaForwardKernel(const CudaForwardKernel& setting) : m_saved(cuda_forward_kernel) {
-    cuda_forward_kernel = setting;
-  }
-  ~ScopedCudaForwardKernel() { cuda_forward_kernel = m_saved; }
-  ScopedCudaForwardKernel(const ScopedCudaForwardKernel&) = delete;
-  ScopedCudaForwardKernel& operator=(const ScopedCudaForwardKernel&) = delete;
+  Scoped(Setting& slot, const Setting& value) : m_slot(slot), m_saved(slot) { m_slot = value; }
+  ~Scoped() { m_slot = m_saved; }
+  Scoped(const Scoped&) = delete;
+  Scoped& operator=(const Scoped&) = delete;
 
  private:
-  CudaForwardKernel m_saved;
+  Setting& m_slot;
+  Setting m_saved;
 };
 
 }  // namespace TestSeam

@@ -642,7 +642,7 @@ namespace Seam = KokkosMoE::Impl::TestSeam;
 static void run_fwd_general(const TopkForwardArgs& a) {
   Seam::CudaForwardKernel only_threshold;
   only_threshold.threshold_kernel_only = true;
-  const Seam::ScopedCudaForwardKernel guard(only_threshold);
+  const Seam::Scoped<Seam::CudaForwardKernel> guard(Seam::cuda_forward_kernel, only_threshold);
   CUCHECK(CK::topk_forward(a, CK::Queue{}));
   CUCHECK(cudaDeviceSynchronize());
 }
@@ -1527,7 +1527,7 @@ static void launch_variant(CKD::FwdParams P, int warps) {
 static void launch_lane_w(CKD::FwdParams P, int w) {
   Seam::CudaForwardKernel width;
   width.lane_width = w;
-  const Seam::ScopedCudaForwardKernel guard(width);
+  const Seam::Scoped<Seam::CudaForwardKernel> guard(Seam::cuda_forward_kernel, width);
   cudaError_t err = cudaSuccess;
   const CK::Queue q0{};  // the legacy default stream of device 0
   if (!CKD::try_launch_lane<CKD::kDtBF16>(P, &q0, &err)) {
