@@ -26,6 +26,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 namespace KokkosMoE {
 namespace Impl {
@@ -371,8 +372,10 @@ struct TopkBackwardKernel {
     }
     for_each_routed(map, [&](const int e) { g.accumulate(sums, inter(e), gin(e)); });
     g.finish(sums);
-    const G zero = from_float<G>(0.0f);
-    for (int e = 0; e < E; ++e) gl(e) = zero;
+    // +0.0 is the all-zero bit pattern of every gradient type: the row is cleared as bytes (a plain loop over a
+    // 16-bit struct type does not vectorize)
+    static_assert(std::is_trivially_copyable_v<G>, "gradient types are plain bit patterns");
+    std::memset(gl.data(), 0, static_cast<std::size_t>(E) * sizeof(G));
     for_each_routed(map, [&](const int e) { gl(e) = from_float<G>(g.routed(inter(e), gin(e))); });
   }
 
