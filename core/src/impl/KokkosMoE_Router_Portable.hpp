@@ -249,7 +249,8 @@ int scratch_level_for(std::size_t bytes) {
   return bytes <= 32 * 1024 ? 0 : 1;
 }
 
-/// The portable aux-loss operations on any execution space (the generic AuxSpec, and Implementation::Portable).
+/// The portable aux-loss operations on any execution space (the generic AuxSpec, and Implementation::Portable);
+/// explicitly instantiated with KOKKOSMOE_ENABLE_ETI (impl/KokkosMoE_Router_ETI.hpp).
 template <class ExecSpace>
 struct PortableAux {
   using policy_type = Kokkos::TeamPolicy<ExecSpace>;
@@ -262,45 +263,59 @@ struct PortableAux {
   }
 
   template <class Ops>
-  static void aux_scores_forward(const ExecSpace& exec, const Ops& o) {
-    ScopedRegion region("KokkosMoE::aux_scores[portable]");
-    using Functor = AuxScoresFunctor<ExecSpace, Ops>;
-    int level = 0;
-    const auto policy = token_policy(exec, o.num_tokens, Functor::scratch_bytes(o.num_experts, o.topk), level);
-    Kokkos::parallel_for("KokkosMoE::aux_scores", policy, Functor{o, level});
-  }
-
+  static void aux_scores_forward(const ExecSpace& exec, const Ops& o);
   template <class Ops>
-  static void aux_scores_backward(const ExecSpace& exec, const Ops& o) {
-    ScopedRegion region("KokkosMoE::aux_scores_backward[portable]");
-    int level = 0;
-    const auto policy = token_policy(exec, o.num_tokens, 0, level);
-    Kokkos::parallel_for("KokkosMoE::aux_scores_backward", policy, AuxScoresBackwardFunctor<ExecSpace, Ops>{o});
-  }
-
+  static void aux_scores_backward(const ExecSpace& exec, const Ops& o);
   template <class Ops>
-  static void aux_loss_forward(const ExecSpace& exec, const Ops& o) {
-    ScopedRegion region("KokkosMoE::aux_loss[portable]");
-    using Range = Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>;
-    const std::int64_t chunks = (o.rows + kAuxLossRowChunk - 1) / kAuxLossRowChunk;
-    Kokkos::parallel_for("KokkosMoE::aux_loss_partial", Range(exec, 0, chunks * o.cols), AuxLossPartialFunctor<Ops>{o});
-    Kokkos::parallel_for("KokkosMoE::aux_loss_columns", Range(exec, 0, o.cols), AuxLossColumnFunctor<Ops>{o});
-    Kokkos::parallel_for("KokkosMoE::aux_loss_final", Kokkos::RangePolicy<ExecSpace>(exec, 0, 1),
-                         AuxLossFinalFunctor<Ops>{o});
-  }
-
+  static void aux_loss_forward(const ExecSpace& exec, const Ops& o);
   template <class Ops>
-  static void aux_loss_backward(const ExecSpace& exec, const Ops& o) {
-    ScopedRegion region("KokkosMoE::aux_loss_backward[portable]");
-    if (o.rows == 0 || o.cols == 0) return;
-    // about 4096 elements per team (at least one row), so nr * cols fits an int
-    const int rows_per_team = o.cols >= 4096 ? 1 : static_cast<int>(4096 / o.cols);
-    const std::int64_t league = (o.rows + rows_per_team - 1) / rows_per_team;
-    Kokkos::parallel_for("KokkosMoE::aux_loss_backward",
-                         Kokkos::TeamPolicy<ExecSpace>(exec, static_cast<int>(league), Kokkos::AUTO),
-                         AuxLossBackwardFunctor<Ops>{o, rows_per_team});
-  }
+  static void aux_loss_backward(const ExecSpace& exec, const Ops& o);
 };
+
+// Defined below the class, so not inline (see PortableTopk).
+template <class ExecSpace>
+template <class Ops>
+void PortableAux<ExecSpace>::aux_scores_forward(const ExecSpace& exec, const Ops& o) {
+  ScopedRegion region("KokkosMoE::aux_scores[portable]");
+  using Functor = AuxScoresFunctor<ExecSpace, Ops>;
+  int level = 0;
+  const auto policy = token_policy(exec, o.num_tokens, Functor::scratch_bytes(o.num_experts, o.topk), level);
+  Kokkos::parallel_for("KokkosMoE::aux_scores", policy, Functor{o, level});
+}
+
+template <class ExecSpace>
+template <class Ops>
+void PortableAux<ExecSpace>::aux_scores_backward(const ExecSpace& exec, const Ops& o) {
+  ScopedRegion region("KokkosMoE::aux_scores_backward[portable]");
+  int level = 0;
+  const auto policy = token_policy(exec, o.num_tokens, 0, level);
+  Kokkos::parallel_for("KokkosMoE::aux_scores_backward", policy, AuxScoresBackwardFunctor<ExecSpace, Ops>{o});
+}
+
+template <class ExecSpace>
+template <class Ops>
+void PortableAux<ExecSpace>::aux_loss_forward(const ExecSpace& exec, const Ops& o) {
+  ScopedRegion region("KokkosMoE::aux_loss[portable]");
+  using Range = Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>;
+  const std::int64_t chunks = (o.rows + kAuxLossRowChunk - 1) / kAuxLossRowChunk;
+  Kokkos::parallel_for("KokkosMoE::aux_loss_partial", Range(exec, 0, chunks * o.cols), AuxLossPartialFunctor<Ops>{o});
+  Kokkos::parallel_for("KokkosMoE::aux_loss_columns", Range(exec, 0, o.cols), AuxLossColumnFunctor<Ops>{o});
+  Kokkos::parallel_for("KokkosMoE::aux_loss_final", Kokkos::RangePolicy<ExecSpace>(exec, 0, 1),
+                       AuxLossFinalFunctor<Ops>{o});
+}
+
+template <class ExecSpace>
+template <class Ops>
+void PortableAux<ExecSpace>::aux_loss_backward(const ExecSpace& exec, const Ops& o) {
+  ScopedRegion region("KokkosMoE::aux_loss_backward[portable]");
+  if (o.rows == 0 || o.cols == 0) return;
+  // about 4096 elements per team (at least one row), so nr * cols fits an int
+  const int rows_per_team = o.cols >= 4096 ? 1 : static_cast<int>(4096 / o.cols);
+  const std::int64_t league = (o.rows + rows_per_team - 1) / rows_per_team;
+  Kokkos::parallel_for("KokkosMoE::aux_loss_backward",
+                       Kokkos::TeamPolicy<ExecSpace>(exec, static_cast<int>(league), Kokkos::AUTO),
+                       AuxLossBackwardFunctor<Ops>{o, rows_per_team});
+}
 
 /// The check_finite helpers (RouterConfig::check_finite), portable on every space.
 template <class ExecSpace>

@@ -15,6 +15,7 @@
 
 #include <Kokkos_Core.hpp>
 
+#include <impl/KokkosMoE_Router_ETI.hpp>  // extern template declarations (KOKKOSMOE_ENABLE_ETI)
 #include <impl/KokkosMoE_Router_Operands.hpp>
 #include <impl/KokkosMoE_Router_Portable.hpp>
 #include <impl/KokkosMoE_Router_PortableTopk.hpp>
