@@ -6,7 +6,7 @@
 
 // Explicit template instantiation (ETI) of the portable router kernels (docs/conventions.md §4). The entry points of
 // PortableTopk and PortableAux are instantiated once, for every shipped element-type combination and every enabled
-// backend, in the generated sources of kokkosmoe_core (core/CMakeLists.txt, core/src/eti/); with
+// backend, in the sources core/CMakeLists.txt generates for kokkosmoe_core (<build>/core/eti/); with
 // KOKKOSMOE_ENABLE_ETI (CMake option KokkosMoE_ENABLE_ETI) every other translation unit sees the `extern template`
 // declarations below and does not instantiate them. The combinations are exactly those the public static_asserts
 // allow, so no call can miss one. The lists are X-macros: PREFIX is `extern` (declaration) or empty (definition).
