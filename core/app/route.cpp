@@ -347,7 +347,7 @@ int run(const Args& args, const RouterPreset& preset) {
                      std::to_string(KOKKOS_VERSION % 100);
   r.execution_space = ExecSpace::name();
   r.backend = backend_description(r.concurrency);
-  const bool specialized = Impl::RouterImpl<ExecSpace>::is_specialized;
+  const bool specialized = Impl::TopkSpec<ExecSpace>::is_specialized;
   r.implementation = cfg.implementation == Implementation::Portable
                          ? "portable Kokkos kernels (forced)"
                          : (specialized ? std::string("native ") + ExecSpace::name() + " kernels"

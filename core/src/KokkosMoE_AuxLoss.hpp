@@ -30,39 +30,42 @@ struct is_tpe_type
     : std::bool_constant<std::is_same_v<T, std::int16_t> || std::is_same_v<T, std::int32_t> ||
                          std::is_same_v<T, std::int64_t> || std::is_same_v<T, bf16_t> || std::is_same_v<T, float>> {};
 
-template <class ExecSpace>
-void dispatch(const ExecSpace& exec, Implementation impl, const AuxScoresArgs& a) {
+/// Runs one aux operation on its typed operands: the portable path when forced, the spec (vendor or generic)
+/// otherwise.
+template <class ExecSpace, class Ops>
+void run_aux_scores_forward(const ExecSpace& exec, Implementation impl, const Ops& o) {
   if (impl == Implementation::Portable)
-    PortableRouter<ExecSpace>::aux_scores_forward(exec, a);
+    PortableAux<ExecSpace>::aux_scores_forward(exec, o);
   else
-    RouterImpl<ExecSpace>::aux_scores_forward(exec, a);
+    AuxSpec<ExecSpace>::aux_scores_forward(exec, o);
 }
-template <class ExecSpace>
-void dispatch(const ExecSpace& exec, Implementation impl, const AuxScoresBackwardArgs& a) {
+template <class ExecSpace, class Ops>
+void run_aux_scores_backward(const ExecSpace& exec, Implementation impl, const Ops& o) {
   if (impl == Implementation::Portable)
-    PortableRouter<ExecSpace>::aux_scores_backward(exec, a);
+    PortableAux<ExecSpace>::aux_scores_backward(exec, o);
   else
-    RouterImpl<ExecSpace>::aux_scores_backward(exec, a);
+    AuxSpec<ExecSpace>::aux_scores_backward(exec, o);
 }
-template <class ExecSpace>
-void dispatch(const ExecSpace& exec, Implementation impl, const AuxLossArgs& a) {
+template <class ExecSpace, class Ops>
+void run_aux_loss_forward(const ExecSpace& exec, Implementation impl, const Ops& o) {
   if (impl == Implementation::Portable)
-    PortableRouter<ExecSpace>::aux_loss_forward(exec, a);
+    PortableAux<ExecSpace>::aux_loss_forward(exec, o);
   else
-    RouterImpl<ExecSpace>::aux_loss_forward(exec, a);
+    AuxSpec<ExecSpace>::aux_loss_forward(exec, o);
 }
-template <class ExecSpace>
-void dispatch(const ExecSpace& exec, Implementation impl, const AuxLossBackwardArgs& a) {
+template <class ExecSpace, class Ops>
+void run_aux_loss_backward(const ExecSpace& exec, Implementation impl, const Ops& o) {
   if (impl == Implementation::Portable)
-    PortableRouter<ExecSpace>::aux_loss_backward(exec, a);
+    PortableAux<ExecSpace>::aux_loss_backward(exec, o);
   else
-    RouterImpl<ExecSpace>::aux_loss_backward(exec, a);
+    AuxSpec<ExecSpace>::aux_loss_backward(exec, o);
 }
 
+/// Validates the operands of aux_loss and converts them to the canonical operands (all but the total).
 template <class ExecSpace, class ProbsView, class TpeView, class LossView, class ConstView, class WorkView>
-AuxLossArgs lower_aux_loss(const char* fn, const AuxLossConfig& config, const ProbsView& probs,
-                           const TpeView& tokens_per_expert, const LossView& loss, const ConstView& const_buf,
-                           const WorkView& workspace) {
+auto lower_aux_loss(const char* fn, const AuxLossConfig& config, const ProbsView& probs,
+                    const TpeView& tokens_per_expert, const LossView& loss, const ConstView& const_buf,
+                    const WorkView& workspace) {
   static_check_view<ExecSpace, ProbsView, 2>();
   static_check_view<ExecSpace, TpeView, 1>();
   static_check_view<ExecSpace, LossView, 0>();
@@ -102,20 +105,18 @@ AuxLossArgs lower_aux_loss(const char* fn, const AuxLossConfig& config, const Pr
   const Span in[] = {span_of("probs", probs), span_of("tokens_per_expert", tokens_per_expert)};
   const Span out[] = {span_of("loss", loss), span_of("const_buf", const_buf), span_of("workspace", workspace)};
   check_no_alias(fn, in, out);
-  AuxLossArgs a;
-  a.rows = R;
-  a.cols = C;
-  a.num_experts = config.num_experts;
-  a.topk = config.topk;
-  a.coeff = config.coeff;
-  a.probs_type = dtype_of<P>();
-  a.probs = probs.data();
-  a.tpe_type = dtype_of<Tpe>();
-  a.tokens_per_expert = tokens_per_expert.data();
-  a.loss = loss.data();
-  a.const_buf = const_buf.data();
-  a.workspace = workspace.data();
-  return a;
+  AuxLossOperands<ExecSpace, P, Tpe> o;
+  o.rows = R;
+  o.cols = C;
+  o.num_experts = config.num_experts;
+  o.topk = config.topk;
+  o.coeff = config.coeff;
+  o.probs = canonical2<decltype(o.probs)>(probs);
+  o.tokens_per_expert = canonical1<decltype(o.tokens_per_expert)>(tokens_per_expert);
+  o.loss = canonical0<decltype(o.loss)>(loss);
+  o.const_buf = canonical1<decltype(o.const_buf)>(const_buf);
+  o.workspace = canonical1<decltype(o.workspace)>(workspace);
+  return o;
 }
 }  // namespace Impl
 
@@ -155,18 +156,17 @@ void aux_scores(const ExecSpace& exec, const AuxScoresConfig& config, const Logi
                             Impl::span_of("intermediate", intermediate)};
   Impl::check_no_alias(fn, in, out);
   if (T == 0) return;
-  Impl::AuxScoresArgs a;
-  a.num_tokens = T;
-  a.num_experts = static_cast<int>(E);
-  a.topk = config.topk;
-  a.score_function = config.score_function;
-  a.output = bitmap ? Impl::RoutingOutput::BitmapU8 : Impl::RoutingOutput::Bytemap;
-  a.logits_type = Impl::dtype_of<Scalar>();
-  a.logits = logits.data();
-  a.scores = scores.data();
-  a.routing_map = routing_map.data();
-  a.intermediate = intermediate.data();
-  Impl::dispatch(exec, config.implementation, a);
+  Impl::AuxScoresOperands<ExecSpace, Scalar> o;
+  o.num_tokens = T;
+  o.num_experts = static_cast<int>(E);
+  o.topk = config.topk;
+  o.score_function = config.score_function;
+  o.output = bitmap ? Impl::RoutingOutput::BitmapU8 : Impl::RoutingOutput::Bytemap;
+  o.logits = Impl::canonical2<decltype(o.logits)>(logits);
+  o.scores = Impl::canonical2<decltype(o.scores)>(scores);
+  o.map = Impl::canonical2<decltype(o.map)>(routing_map);
+  o.inter = Impl::canonical2<decltype(o.inter)>(intermediate);
+  Impl::run_aux_scores_forward(exec, config.implementation, o);
 }
 
 /// \brief Backward of aux_scores (docs/router.md §10): no routing mask, all experts take part.
@@ -196,15 +196,14 @@ void aux_scores_backward(const ExecSpace& exec, const AuxScoresConfig& config, c
   const Impl::Span out[] = {Impl::span_of("grad_logits", grad_logits)};
   Impl::check_no_alias(fn, in, out);
   if (T == 0) return;
-  Impl::AuxScoresBackwardArgs a;
-  a.num_tokens = T;
-  a.num_experts = static_cast<int>(E);
-  a.score_function = config.score_function;
-  a.intermediate = intermediate.data();
-  a.grad_scores = grad_scores.data();
-  a.grad_logits_type = Impl::dtype_of<G>();
-  a.grad_logits = grad_logits.data();
-  Impl::dispatch(exec, config.implementation, a);
+  Impl::AuxScoresBackwardOperands<ExecSpace, G> o;
+  o.num_tokens = T;
+  o.num_experts = static_cast<int>(E);
+  o.score_function = config.score_function;
+  o.inter = Impl::canonical2<decltype(o.inter)>(intermediate);
+  o.grad_scores = Impl::canonical2<decltype(o.grad_scores)>(grad_scores);
+  o.grad_logits = Impl::canonical2<decltype(o.grad_logits)>(grad_logits);
+  Impl::run_aux_scores_backward(exec, config.implementation, o);
 }
 
 /// \brief Floats of workspace aux_loss needs for probs [rows, cols] (the same on every backend).
@@ -227,13 +226,12 @@ void aux_loss(const ExecSpace& exec, const AuxLossConfig& config, const ProbsVie
               const TpeView& tokens_per_expert, std::int64_t total_num_tokens, const LossView& loss,
               const ConstView& const_buf, const WorkView& workspace) {
   constexpr const char* fn = "aux_loss";
-  Impl::AuxLossArgs a =
-      Impl::lower_aux_loss<ExecSpace>(fn, config, probs, tokens_per_expert, loss, const_buf, workspace);
+  auto o = Impl::lower_aux_loss<ExecSpace>(fn, config, probs, tokens_per_expert, loss, const_buf, workspace);
   if (total_num_tokens < 1)
     Impl::fail(fn, "total_num_tokens", Rule::TotalTokensPositive,
                "total_num_tokens (" + std::to_string(total_num_tokens) + ") must be >= 1");
-  a.total_num_tokens = total_num_tokens;
-  Impl::dispatch(exec, config.implementation, a);
+  o.total_num_tokens = total_num_tokens;
+  Impl::run_aux_loss_forward(exec, config.implementation, o);
 }
 
 /// \brief Aux loss with the total token count read on the device from a rank-0 int64_t View, on every launch:
@@ -248,10 +246,9 @@ void aux_loss(const ExecSpace& exec, const AuxLossConfig& config, const ProbsVie
   Impl::static_check_view<ExecSpace, TotalView, 0>();
   static_assert(std::is_same_v<typename TotalView::non_const_value_type, std::int64_t>,
                 "KokkosMoE::aux_loss: the device total must be a rank-0 int64_t View");
-  Impl::AuxLossArgs a =
-      Impl::lower_aux_loss<ExecSpace>(fn, config, probs, tokens_per_expert, loss, const_buf, workspace);
-  a.total_num_tokens_device = total_num_tokens.data();
-  Impl::dispatch(exec, config.implementation, a);
+  auto o = Impl::lower_aux_loss<ExecSpace>(fn, config, probs, tokens_per_expert, loss, const_buf, workspace);
+  o.total_num_tokens_device = Impl::canonical0<decltype(o.total_num_tokens_device)>(total_num_tokens);
+  Impl::run_aux_loss_forward(exec, config.implementation, o);
 }
 
 /// \brief Backward of aux_loss: grad_probs[r, c] = const_buf[0] * tpe[c] * grad_loss (FP32 math, one cast).
@@ -294,17 +291,14 @@ void aux_loss_backward(const ExecSpace& exec, const AuxLossConfig& config, const
   const Impl::Span out[] = {Impl::span_of("grad_probs", grad_probs)};
   Impl::check_no_alias(fn, in, out);
   if (R == 0) return;
-  Impl::AuxLossBackwardArgs a;
-  a.rows = R;
-  a.cols = C;
-  a.const_buf = const_buf.data();
-  a.tpe_type = Impl::dtype_of<Tpe>();
-  a.tokens_per_expert = tokens_per_expert.data();
-  a.grad_loss_type = Impl::dtype_of<GL>();
-  a.grad_loss = grad_loss.data();
-  a.grad_probs_type = Impl::dtype_of<G>();
-  a.grad_probs = grad_probs.data();
-  Impl::dispatch(exec, config.implementation, a);
+  Impl::AuxLossBackwardOperands<ExecSpace, G, GL, Tpe> o;
+  o.rows = R;
+  o.cols = C;
+  o.const_buf = Impl::canonical1<decltype(o.const_buf)>(const_buf);
+  o.tokens_per_expert = Impl::canonical1<decltype(o.tokens_per_expert)>(tokens_per_expert);
+  o.grad_loss = Impl::canonical0<decltype(o.grad_loss)>(grad_loss);
+  o.grad_probs = Impl::canonical2<decltype(o.grad_probs)>(grad_probs);
+  Impl::run_aux_loss_backward(exec, config.implementation, o);
 }
 
 // ---- the same operations on Kokkos::DefaultExecutionSpace{} ----------------------------------------------------

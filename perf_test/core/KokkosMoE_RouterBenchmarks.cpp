@@ -35,7 +35,7 @@ namespace Perf {
 namespace {
 
 // True when Implementation::Auto dispatches to a vendor specialization on the default space (Kokkos::Cuda).
-constexpr bool kHasSpecialization = Impl::RouterImpl<ExecSpace>::is_specialized;
+constexpr bool kHasSpecialization = Impl::TopkSpec<ExecSpace>::is_specialized;
 
 template <class T>
 using View0 = Kokkos::View<T, MemSpace>;

@@ -4,12 +4,12 @@
 #ifndef KOKKOSMOE_ROUTER_CUDA_HPP
 #define KOKKOSMOE_ROUTER_CUDA_HPP
 
-// Kokkos::Cuda specialization of the router: the hand-tuned native kernels of this folder, launched on the
-// instance's stream and device (exec.cuda_stream(), exec.cuda_device()). No fence, no allocation, CUDA-graph
-// capturable. Each native launch runs inside a Kokkos profiling region named "KokkosMoE::<op>[cuda]", so Kokkos
-// Tools see it. Forward shapes the native kernels do not handle (CudaKernels::handles) run the portable path,
-// whose regions say "[portable]": TopkSpec<Kokkos::Cuda> (cuda/KokkosMoE_Router_CudaSpec.hpp) decides for topk_router,
-// aux_scores_forward below for aux_scores.
+// Launchers of the hand-tuned native kernels of this folder on a Kokkos::Cuda instance's stream and device
+// (exec.cuda_stream(), exec.cuda_device()), over the raw-pointer argument structs of impl/KokkosMoE_Router_Args.hpp.
+// No fence, no allocation, CUDA-graph capturable. Each native launch runs inside a Kokkos profiling region named
+// "KokkosMoE::<op>[cuda]", so Kokkos Tools see it. The specs of cuda/KokkosMoE_Router_CudaSpec.hpp lower the typed
+// operands to those structs and call these; forward shapes the native kernels do not handle (CudaKernels::handles)
+// run the portable path there instead, whose regions say "[portable]".
 
 #include <Kokkos_Macros.hpp>
 #if defined(KOKKOS_ENABLE_CUDA)
@@ -21,7 +21,6 @@
 
 #include <cuda/KokkosMoE_Router_Kernels.hpp>
 #include <impl/KokkosMoE_Router_Args.hpp>
-#include <impl/KokkosMoE_Router_Portable.hpp>
 
 #include <string>
 
@@ -41,9 +40,7 @@ inline CudaKernels::Queue cuda_queue(const Kokkos::Cuda& exec) {
   return q;
 }
 
-template <>
-struct RouterImpl<Kokkos::Cuda> {
-  static constexpr bool is_specialized = true;
+struct CudaRouter {
   static void topk_forward(const Kokkos::Cuda& exec, const TopkForwardArgs& a) {
     ScopedRegion region("KokkosMoE::topk_router[cuda]");
     throw_on_cuda_error(CudaKernels::topk_forward(a, cuda_queue(exec)), "topk_router");
@@ -53,7 +50,6 @@ struct RouterImpl<Kokkos::Cuda> {
     throw_on_cuda_error(CudaKernels::topk_backward(a, cuda_queue(exec)), "topk_router_backward");
   }
   static void aux_scores_forward(const Kokkos::Cuda& exec, const AuxScoresArgs& a) {
-    if (!CudaKernels::handles(a)) return PortableRouter<Kokkos::Cuda>::aux_scores_forward(exec, a);
     ScopedRegion region("KokkosMoE::aux_scores[cuda]");
     throw_on_cuda_error(CudaKernels::aux_scores_forward(a, cuda_queue(exec)), "aux_scores");
   }

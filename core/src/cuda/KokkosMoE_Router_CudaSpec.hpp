@@ -4,9 +4,10 @@
 #ifndef KOKKOSMOE_ROUTER_CUDASPEC_HPP
 #define KOKKOSMOE_ROUTER_CUDASPEC_HPP
 
-// Kokkos::Cuda specialization of the top-k router spec: lowers the canonical typed operands to the raw-pointer
-// argument structs of the native kernels (the only place where the router's Views become pointers) and launches
-// them through RouterImpl<Kokkos::Cuda>.
+// Kokkos::Cuda specializations of the top-k router and aux-loss specs: lower the canonical typed operands to the
+// raw-pointer argument structs of the native kernels (the only place where the router's Views become pointers) and
+// launch them through CudaRouter (cuda/KokkosMoE_Router_Cuda.hpp). Shapes the native forward kernels do not handle
+// (CudaKernels::handles) run the portable path.
 
 #include <Kokkos_Macros.hpp>
 #if defined(KOKKOS_ENABLE_CUDA)
@@ -16,6 +17,8 @@
 #include <cuda/KokkosMoE_Router_Cuda.hpp>
 #include <impl/KokkosMoE_Router_Args.hpp>
 #include <impl/KokkosMoE_Router_Operands.hpp>
+#include <impl/KokkosMoE_Router_Portable.hpp>
+#include <impl/KokkosMoE_Router_PortableTopk.hpp>
 #include <impl/KokkosMoE_Router_Validate.hpp>  // dtype_of
 
 namespace KokkosMoE {
@@ -62,7 +65,7 @@ struct TopkSpec<Kokkos::Cuda> {
     a.ids = o.ids.data();
     a.weights = o.weights.data();
     if (!CudaKernels::handles(a)) return PortableTopk<Kokkos::Cuda>::forward(exec, o);
-    RouterImpl<Kokkos::Cuda>::topk_forward(exec, a);
+    CudaRouter::topk_forward(exec, a);
   }
 
   template <class Ops>
@@ -75,7 +78,7 @@ struct TopkSpec<Kokkos::Cuda> {
     a.intermediate = o.inter.data();
     a.grad_type = dtype_of<typename Ops::grad_type>();
     a.grad_probs = o.grad_probs.data();
-    RouterImpl<Kokkos::Cuda>::topk_backward(exec, a);
+    CudaRouter::topk_backward(exec, a);
   }
 
   template <class Ops>
@@ -88,7 +91,77 @@ struct TopkSpec<Kokkos::Cuda> {
     a.grad_weights_type = dtype_of<typename Ops::grad_weights_type>();
     a.grad_weights = o.grad_weights.data();
     a.grad_type = a.logits_type;
-    RouterImpl<Kokkos::Cuda>::topk_backward(exec, a);
+    CudaRouter::topk_backward(exec, a);
+  }
+};
+
+template <>
+struct AuxSpec<Kokkos::Cuda> {
+  static constexpr bool is_specialized = true;
+
+  template <class Ops>
+  static void aux_scores_forward(const Kokkos::Cuda& exec, const Ops& o) {
+    AuxScoresArgs a;
+    a.num_tokens = o.num_tokens;
+    a.num_experts = o.num_experts;
+    a.topk = o.topk;
+    a.score_function = o.score_function;
+    a.output = o.output;
+    a.logits_type = dtype_of<typename Ops::scalar_type>();
+    a.logits = o.logits.data();
+    a.scores = o.scores.data();
+    a.routing_map = o.map.data();
+    a.intermediate = o.inter.data();
+    if (!CudaKernels::handles(a)) return PortableAux<Kokkos::Cuda>::aux_scores_forward(exec, o);
+    CudaRouter::aux_scores_forward(exec, a);
+  }
+
+  template <class Ops>
+  static void aux_scores_backward(const Kokkos::Cuda& exec, const Ops& o) {
+    AuxScoresBackwardArgs a;
+    a.num_tokens = o.num_tokens;
+    a.num_experts = o.num_experts;
+    a.score_function = o.score_function;
+    a.intermediate = o.inter.data();
+    a.grad_scores = o.grad_scores.data();
+    a.grad_logits_type = dtype_of<typename Ops::grad_type>();
+    a.grad_logits = o.grad_logits.data();
+    CudaRouter::aux_scores_backward(exec, a);
+  }
+
+  template <class Ops>
+  static void aux_loss_forward(const Kokkos::Cuda& exec, const Ops& o) {
+    AuxLossArgs a;
+    a.rows = o.rows;
+    a.cols = o.cols;
+    a.num_experts = o.num_experts;
+    a.topk = o.topk;
+    a.coeff = o.coeff;
+    a.probs_type = dtype_of<typename Ops::probs_type>();
+    a.probs = o.probs.data();
+    a.tpe_type = dtype_of<typename Ops::tpe_type>();
+    a.tokens_per_expert = o.tokens_per_expert.data();
+    a.total_num_tokens = o.total_num_tokens;
+    a.total_num_tokens_device = o.total_num_tokens_device.data();
+    a.loss = o.loss.data();
+    a.const_buf = o.const_buf.data();
+    a.workspace = o.workspace.data();
+    CudaRouter::aux_loss_forward(exec, a);
+  }
+
+  template <class Ops>
+  static void aux_loss_backward(const Kokkos::Cuda& exec, const Ops& o) {
+    AuxLossBackwardArgs a;
+    a.rows = o.rows;
+    a.cols = o.cols;
+    a.const_buf = o.const_buf.data();
+    a.tpe_type = dtype_of<typename Ops::tpe_type>();
+    a.tokens_per_expert = o.tokens_per_expert.data();
+    a.grad_loss_type = dtype_of<typename Ops::grad_loss_type>();
+    a.grad_loss = o.grad_loss.data();
+    a.grad_probs_type = dtype_of<typename Ops::grad_type>();
+    a.grad_probs = o.grad_probs.data();
+    CudaRouter::aux_loss_backward(exec, a);
   }
 };
 

@@ -26,7 +26,7 @@ struct Queue {
 };
 
 /// Whether the native forward kernels handle this topk_router forward; when not, the caller runs the portable
-/// path (PortableTopk / PortableRouter<Kokkos::Cuda>) instead. A host-only decision on the shape, the dtype and the
+/// path (PortableTopk / PortableAux<Kokkos::Cuda>) instead. A host-only decision on the shape, the dtype and the
 /// alignment.
 bool handles(const TopkForwardArgs& args);
 /// Whether the native forward kernels handle this aux_scores forward (as above).

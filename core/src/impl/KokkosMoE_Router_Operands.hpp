@@ -4,10 +4,10 @@
 #ifndef KOKKOSMOE_ROUTER_OPERANDS_HPP
 #define KOKKOSMOE_ROUTER_OPERANDS_HPP
 
-// Canonical typed operands of the top-k router operations (docs/conventions.md §4). The public entry points validate
-// the user's Views and convert them to these unmanaged, row-major Views of the execution space's memory space (the
-// kokkos-kernels pattern of KokkosBlas1_dot.hpp): one instantiation per element-type combination, whatever the
-// user's View template arguments were. Implementations consume them through the spec of
+// Canonical typed operands of the router operations, top-k and aux loss (docs/conventions.md §4). The public entry
+// points validate the user's Views and convert them to these unmanaged, row-major Views of the execution space's memory
+// space (the kokkos-kernels pattern of KokkosBlas1_dot.hpp): one instantiation per element-type combination, whatever
+// the user's View template arguments were. Implementations consume them through the spec of
 // impl/KokkosMoE_Router_Spec.hpp; nothing below the public boundary sees a void pointer or a dtype tag, and raw
 // pointers appear only where cuda/ lowers these Views for the native kernels.
 
@@ -26,7 +26,13 @@ struct CanonicalViews {
   using device_type = Kokkos::Device<ExecSpace, typename ExecSpace::memory_space>;
   using traits = Kokkos::MemoryTraits<Kokkos::Unmanaged>;
   template <class T>
+  using In0 = Kokkos::View<const T, device_type, traits>;
+  template <class T>
+  using Out0 = Kokkos::View<T, device_type, traits>;
+  template <class T>
   using In1 = Kokkos::View<const T*, device_type, traits>;
+  template <class T>
+  using Out1 = Kokkos::View<T*, device_type, traits>;
   template <class T>
   using In2 = Kokkos::View<const T**, Kokkos::LayoutRight, device_type, traits>;
   template <class T>
@@ -41,6 +47,10 @@ Canonical canonical2(const V& v) {
 template <class Canonical, class V>
 Canonical canonical1(const V& v) {
   return Canonical(v.data(), v.extent(0));
+}
+template <class Canonical, class V>
+Canonical canonical0(const V& v) {
+  return Canonical(v.data());
 }
 
 /// topk_router forward: the operands of every output kind (the ones the kind does not use are empty Views).
@@ -92,6 +102,71 @@ struct CompactBackwardOperands {
   typename V::template In2<std::int32_t> ids;     ///< [T, k]
   typename V::template In2<GW> grad_weights;      ///< [T, k]
   typename V::template Out2<Scalar> grad_logits;  ///< [T, E]
+};
+
+/// aux_scores forward (docs/router.md §10): logits -> FP32 scores, routing map, FP32 intermediate.
+template <class ExecSpace, class Scalar>
+struct AuxScoresOperands {
+  using V = CanonicalViews<ExecSpace>;
+  using scalar_type = Scalar;
+  std::int64_t num_tokens = 0;
+  int num_experts = 0;
+  int topk = 1;
+  ScoreFunction score_function = ScoreFunction::Softmax;
+  RoutingOutput output = RoutingOutput::Bytemap;  ///< Bytemap or BitmapU8
+  typename V::template In2<Scalar> logits;        ///< [T, E]
+  typename V::template Out2<float> scores;        ///< [T, E]
+  typename V::template Out2<std::uint8_t> map;    ///< [T, E] Bytemap / [T, ceil(E/8)] BitmapU8
+  typename V::template Out2<float> inter;         ///< [T, E]
+};
+
+/// aux_scores backward: intermediate + grad_scores (FP32) -> grad_logits (the logits' type G).
+template <class ExecSpace, class G>
+struct AuxScoresBackwardOperands {
+  using V = CanonicalViews<ExecSpace>;
+  using grad_type = G;
+  std::int64_t num_tokens = 0;
+  int num_experts = 0;
+  ScoreFunction score_function = ScoreFunction::Softmax;
+  typename V::template In2<float> inter;        ///< [T, E]
+  typename V::template In2<float> grad_scores;  ///< [T, E]
+  typename V::template Out2<G> grad_logits;     ///< [T, E]
+};
+
+/// aux_loss forward (docs/router.md §11): probs P, tokens_per_expert Tpe (an integer type, bf16_t or float); the
+/// loss has the probs' type.
+template <class ExecSpace, class P, class Tpe>
+struct AuxLossOperands {
+  using V = CanonicalViews<ExecSpace>;
+  using probs_type = P;
+  using tpe_type = Tpe;
+  std::int64_t rows = 0;  ///< R (may be 0)
+  std::int64_t cols = 0;  ///< C = m * E
+  int num_experts = 1;
+  int topk = 1;
+  float coeff = 0.0f;
+  typename V::template In2<P> probs;                               ///< [R, C]
+  typename V::template In1<Tpe> tokens_per_expert;                 ///< [C]
+  std::int64_t total_num_tokens = 0;                               ///< host-side total (when the device one is empty)
+  typename V::template In0<std::int64_t> total_num_tokens_device;  ///< rank-0, read on the device, or empty
+  typename V::template Out0<P> loss;                               ///< rank-0
+  typename V::template Out1<float> const_buf;                      ///< [2]: {Const, FP32 loss before the cast}
+  typename V::template Out1<float> workspace;                      ///< aux_loss_workspace_floats(R, C) or more
+};
+
+/// aux_loss backward: grad_probs (G) = const_buf[0] * tokens_per_expert (Tpe) * grad_loss (GL: float or G).
+template <class ExecSpace, class G, class GL, class Tpe>
+struct AuxLossBackwardOperands {
+  using V = CanonicalViews<ExecSpace>;
+  using grad_type = G;
+  using grad_loss_type = GL;
+  using tpe_type = Tpe;
+  std::int64_t rows = 0;
+  std::int64_t cols = 0;
+  typename V::template In1<float> const_buf;        ///< [2]
+  typename V::template In1<Tpe> tokens_per_expert;  ///< [C]
+  typename V::template In0<GL> grad_loss;           ///< rank-0
+  typename V::template Out2<G> grad_probs;          ///< [R, C]
 };
 
 }  // namespace Impl

@@ -501,41 +501,53 @@ struct CompactBackwardKernel {
   }
 };
 
-/// The portable top-k router operations on any execution space.
+/// The portable top-k router operations on any execution space. The entry points are defined below the class, so
+/// that they are not inline: an `extern template` declaration (impl/KokkosMoE_Router_ETI.hpp) does not keep a
+/// compiler from instantiating an inline function.
 template <class ExecSpace>
 struct PortableTopk {
   using Geometry = TokenGeometry<ExecSpace>;
 
   template <class Ops>
-  static void forward(const ExecSpace& exec, const Ops& o) {
-    ScopedRegion region("KokkosMoE::topk_router[portable]");
-    using Kernel = TopkForwardKernel<ExecSpace, Ops>;
-    const Geometry geo = Geometry::of(o.params.num_experts);
-    int level = 0;
-    const auto policy = geo.policy(exec, o.num_tokens, Kernel::Work::shmem_size(o.params), level);
-    Kokkos::parallel_for("KokkosMoE::topk_router", policy, Kernel{o, geo.tokens_per_team, level});
-  }
-
+  static void forward(const ExecSpace& exec, const Ops& o);
   template <class Ops>
-  static void backward(const ExecSpace& exec, const Ops& o) {
-    ScopedRegion region("KokkosMoE::topk_router_backward[portable]");
-    const Geometry geo = Geometry::of(o.params.num_experts);
-    int level = 0;
-    const auto policy = geo.policy(exec, o.num_tokens, 0, level);
-    Kokkos::parallel_for("KokkosMoE::topk_router_backward", policy,
-                         TopkBackwardKernel<ExecSpace, Ops>{o, geo.tokens_per_team});
-  }
-
+  static void backward(const ExecSpace& exec, const Ops& o);
   template <class Ops>
-  static void compact_backward(const ExecSpace& exec, const Ops& o) {
-    ScopedRegion region("KokkosMoE::topk_router_backward[portable]");
-    using Kernel = CompactBackwardKernel<ExecSpace, Ops>;
-    const Geometry geo = Geometry::of(o.params.num_experts);
-    int level = 0;
-    const auto policy = geo.policy(exec, o.num_tokens, Kernel::scratch_bytes(o.params), level);
-    Kokkos::parallel_for("KokkosMoE::topk_router_compact_backward", policy, Kernel{o, geo.tokens_per_team, level});
-  }
+  static void compact_backward(const ExecSpace& exec, const Ops& o);
 };
+
+template <class ExecSpace>
+template <class Ops>
+void PortableTopk<ExecSpace>::forward(const ExecSpace& exec, const Ops& o) {
+  ScopedRegion region("KokkosMoE::topk_router[portable]");
+  using Kernel = TopkForwardKernel<ExecSpace, Ops>;
+  const Geometry geo = Geometry::of(o.params.num_experts);
+  int level = 0;
+  const auto policy = geo.policy(exec, o.num_tokens, Kernel::Work::shmem_size(o.params), level);
+  Kokkos::parallel_for("KokkosMoE::topk_router", policy, Kernel{o, geo.tokens_per_team, level});
+}
+
+template <class ExecSpace>
+template <class Ops>
+void PortableTopk<ExecSpace>::backward(const ExecSpace& exec, const Ops& o) {
+  ScopedRegion region("KokkosMoE::topk_router_backward[portable]");
+  const Geometry geo = Geometry::of(o.params.num_experts);
+  int level = 0;
+  const auto policy = geo.policy(exec, o.num_tokens, 0, level);
+  Kokkos::parallel_for("KokkosMoE::topk_router_backward", policy,
+                       TopkBackwardKernel<ExecSpace, Ops>{o, geo.tokens_per_team});
+}
+
+template <class ExecSpace>
+template <class Ops>
+void PortableTopk<ExecSpace>::compact_backward(const ExecSpace& exec, const Ops& o) {
+  ScopedRegion region("KokkosMoE::topk_router_backward[portable]");
+  using Kernel = CompactBackwardKernel<ExecSpace, Ops>;
+  const Geometry geo = Geometry::of(o.params.num_experts);
+  int level = 0;
+  const auto policy = geo.policy(exec, o.num_tokens, Kernel::scratch_bytes(o.params), level);
+  Kokkos::parallel_for("KokkosMoE::topk_router_compact_backward", policy, Kernel{o, geo.tokens_per_team, level});
+}
 
 }  // namespace Impl
 }  // namespace KokkosMoE

@@ -6,15 +6,16 @@
 
 // Dispatch layer between the public entry points and the implementations (docs/conventions.md §4).
 //
-// `RouterImpl<ExecSpace>` is the primary template: the portable Kokkos implementation (reference and fallback on
-// every backend). cuda/KokkosMoE_Router_Cuda.hpp specializes it for Kokkos::Cuda with the native kernels.
-// `PortableRouter<ExecSpace>` stays callable directly (Implementation::Portable) for tests and benchmarks.
+// `TopkSpec<ExecSpace>` (top-k router) and `AuxSpec<ExecSpace>` (aux loss) are primary templates whose generic
+// specialization is the portable Kokkos implementation (reference and fallback on every backend);
+// cuda/KokkosMoE_Router_CudaSpec.hpp specializes both for Kokkos::Cuda with the native kernels. `PortableTopk` and
+// `PortableAux` stay callable directly (Implementation::Portable) for tests and benchmarks.
 
 #include <KokkosMoE_RouterConfig.hpp>
 
 #include <Kokkos_Core.hpp>
 
-#include <impl/KokkosMoE_Router_Args.hpp>
+#include <impl/KokkosMoE_Router_ETI.hpp>  // extern template declarations (KOKKOSMOE_ENABLE_ETI)
 #include <impl/KokkosMoE_Router_Operands.hpp>
 #include <impl/KokkosMoE_Router_Portable.hpp>
 #include <impl/KokkosMoE_Router_PortableTopk.hpp>
@@ -43,21 +44,25 @@ struct TopkSpec {
   }
 };
 
-/// The aux-loss operations (the same pattern over the raw operand structs of impl/KokkosMoE_Router_Args.hpp).
+/// Aux-loss operations: the same pattern over the canonical typed operands of impl/KokkosMoE_Router_Operands.hpp.
 template <class ExecSpace>
-struct RouterImpl {
+struct AuxSpec {
   static constexpr bool is_specialized = false;
-  static void aux_scores_forward(const ExecSpace& exec, const AuxScoresArgs& a) {
-    PortableRouter<ExecSpace>::aux_scores_forward(exec, a);
+  template <class Ops>
+  static void aux_scores_forward(const ExecSpace& exec, const Ops& o) {
+    PortableAux<ExecSpace>::aux_scores_forward(exec, o);
   }
-  static void aux_scores_backward(const ExecSpace& exec, const AuxScoresBackwardArgs& a) {
-    PortableRouter<ExecSpace>::aux_scores_backward(exec, a);
+  template <class Ops>
+  static void aux_scores_backward(const ExecSpace& exec, const Ops& o) {
+    PortableAux<ExecSpace>::aux_scores_backward(exec, o);
   }
-  static void aux_loss_forward(const ExecSpace& exec, const AuxLossArgs& a) {
-    PortableRouter<ExecSpace>::aux_loss_forward(exec, a);
+  template <class Ops>
+  static void aux_loss_forward(const ExecSpace& exec, const Ops& o) {
+    PortableAux<ExecSpace>::aux_loss_forward(exec, o);
   }
-  static void aux_loss_backward(const ExecSpace& exec, const AuxLossBackwardArgs& a) {
-    PortableRouter<ExecSpace>::aux_loss_backward(exec, a);
+  template <class Ops>
+  static void aux_loss_backward(const ExecSpace& exec, const Ops& o) {
+    PortableAux<ExecSpace>::aux_loss_backward(exec, o);
   }
 };
 
@@ -65,7 +70,6 @@ struct RouterImpl {
 }  // namespace KokkosMoE
 
 #if defined(KOKKOS_ENABLE_CUDA)
-#include <cuda/KokkosMoE_Router_Cuda.hpp>
 #include <cuda/KokkosMoE_Router_CudaSpec.hpp>
 #endif
 
@@ -135,10 +139,10 @@ void run_check_finite(const ExecSpace& exec, const char* fn, const char* param, 
   using Scalar = typename View::non_const_value_type;
   using Canonical = typename CanonicalViews<ExecSpace>::template In2<Scalar>;
   const Canonical v = canonical2<Canonical>(values);
-  const std::int64_t first = PortableRouter<ExecSpace>::first_non_finite(exec, v);
+  const std::int64_t first = PortableChecks<ExecSpace>::first_non_finite(exec, v);
   if (first >= 0) {
     const std::int64_t cols = static_cast<std::int64_t>(v.extent(1));
-    throw NonFiniteInput(fn, param, first / cols, first % cols, PortableRouter<ExecSpace>::read_one(exec, v, first));
+    throw NonFiniteInput(fn, param, first / cols, first % cols, PortableChecks<ExecSpace>::read_one(exec, v, first));
   }
 }
 
