@@ -112,6 +112,7 @@ struct TokenWork {
 // Loops: who works on the row
 // ---------------------------------------------------------------------------------------------------------------
 struct SerialLoops {
+  static constexpr bool private_lanes = false;
   KOKKOS_INLINE_FUNCTION bool sequential() const { return true; }
   template <class F>
   KOKKOS_INLINE_FUNCTION void for_each(int n, const F& f) const {
@@ -152,6 +153,7 @@ struct SerialLoops {
 /// Shared by the team-level loops: Range is TeamThreadRange or TeamVectorRange.
 template <class Member, class Derived>
 struct TeamLoopsBase {
+  static constexpr bool private_lanes = false;
   const Member& m;
   template <class F>
   KOKKOS_INLINE_FUNCTION void for_each(int n, const F& f) const {
@@ -210,8 +212,14 @@ struct TeamVectorLoops : TeamLoopsBase<Member, TeamVectorLoops<Member>> {
 /// One team thread's vector lanes: the team-level reductions over ThreadVectorRange, with single(PerThread). Kokkos
 /// ends single(PerThread) with a lane synchronization, so a value written in single() is visible to the lanes
 /// afterwards; a ThreadVectorRange reduction ends with shuffles only, so barrier() synchronizes the lanes.
+///
+/// private_lanes: code at the thread level runs on every vector lane with the lane's own copy of its locals (on a
+/// device, where lanes are hardware threads) or once (on the host, where one thread runs every lane's iterations),
+/// and a lane runs the same iterations of two ThreadVectorRanges of the same length. The parallel top-k keeps per
+/// lane state in locals on that basis (select_topk_lanes).
 template <class Member>
 struct ThreadVectorLoops : TeamLoopsBase<Member, ThreadVectorLoops<Member>> {
+  static constexpr bool private_lanes = true;
   KOKKOS_INLINE_FUNCTION bool sequential() const { return false; }
   KOKKOS_INLINE_FUNCTION static auto range(const Member& m, int n) { return Kokkos::ThreadVectorRange(m, n); }
   template <class F>
@@ -224,6 +232,13 @@ struct ThreadVectorLoops : TeamLoopsBase<Member, ThreadVectorLoops<Member>> {
   /// hazards).
   KOKKOS_INLINE_FUNCTION void barrier() const {
     Kokkos::single(Kokkos::PerThread(this->m), []() {});
+  }
+  /// The number of lanes that run iterations of a range of n: min(n, vector length) on a device, 1 on the host.
+  KOKKOS_INLINE_FUNCTION int lanes(int n) const {
+    int count = 0;
+    Kokkos::parallel_reduce(
+        range(this->m, n), [&](const int, int& c) { c = 1; }, count);
+    return count;
   }
 };
 
@@ -254,13 +269,74 @@ KOKKOS_INLINE_FUNCTION void slot_insert(const Keys& keys, int base, std::uint64_
   keys(base + pos) = key;
 }
 
-/// Fills keys(0..k) with the k largest non-zero keys among key_of(0..n), descending, and returns the k-th. Keys are
-/// unique (they embed the index), so every method gives the same slots: sequential loops make one pass with an
-/// insertion buffer; parallel ones split the experts into kTopkSlots slots, each with a short sorted list of its
-/// best keys, and take k times the best list head (one small reduction per round), refilling a list from its slot
-/// only when it runs empty.
+/// A short sorted list of the largest keys offered (0 = empty entry), kept in registers: constant indices only.
+struct KeyList {
+  std::uint64_t key[kSlotKeys] = {};
+  /// Inserts k if it is among the kSlotKeys largest; returns whether a non-zero key dropped out (k or the last).
+  KOKKOS_INLINE_FUNCTION bool offer(std::uint64_t k) {
+    std::uint64_t out = k;
+    if (k > key[kSlotKeys - 1]) {
+      out = key[kSlotKeys - 1];
+      key[kSlotKeys - 1] = k;
+      for (int q = kSlotKeys - 1; q > 0; --q) {
+        if (key[q] > key[q - 1]) {
+          const std::uint64_t t = key[q - 1];
+          key[q - 1] = key[q];
+          key[q] = t;
+        }
+      }
+    }
+    return out != 0;
+  }
+  KOKKOS_INLINE_FUNCTION void pop() {
+    for (int q = 0; q + 1 < kSlotKeys; ++q) key[q] = key[q + 1];
+    key[kSlotKeys - 1] = 0;
+  }
+};
+
+/// select_topk for loops with private lanes: each lane keeps the kSlotKeys largest untaken keys of its own experts
+/// in registers (KeyList), and each of the k rounds is one max reduction over the lanes' list heads, after which
+/// the lane that holds the maximum takes it. A lane whose list ran empty while keys below it remain flags the round
+/// (kRefill, above every key) and rescans its experts for the keys below the last one it gave up. Same keys, same
+/// slot order as the other methods.
 template <class Loops, class KeyOf, class Keys>
-KOKKOS_INLINE_FUNCTION std::uint64_t select_topk(const Loops& L, int n, int k, const KeyOf& key_of, const Keys& keys) {
+KOKKOS_INLINE_FUNCTION std::uint64_t select_topk_lanes(const Loops& L, int n, int k, const KeyOf& key_of,
+                                                       const Keys& keys) {
+  constexpr std::uint64_t kRefill = ~std::uint64_t(0);  // above every key (+inf's order key is 0xff800000)
+  KeyList list;
+  std::uint64_t floor = kRefill;  // the last key this lane gave up; the list holds its largest keys below
+  bool more = false;              // keys below the list remain among this lane's experts
+  L.for_each(n, [&](const int e) { more = list.offer(key_of(e)) || more; });
+  const int lanes = L.lanes(n);
+  std::uint64_t best = 0;
+  for (int i = 0; i < k; ++i) {
+    best = L.max_key(lanes, [&](const int) { return list.key[0] == 0 && more ? kRefill : list.key[0]; });
+    if (best == kRefill) {
+      const bool refill = list.key[0] == 0 && more;
+      if (refill) more = false;
+      L.for_each(n, [&](const int e) {
+        if (!refill) return;
+        const std::uint64_t key = key_of(e);
+        if (key < floor) more = list.offer(key) || more;
+      });
+      best = L.max_key(lanes, [&](const int) { return list.key[0]; });
+    }
+    if (list.key[0] == best) {  // the one lane that holds it
+      keys(i) = best;
+      floor = best;
+      list.pop();
+    }
+  }
+  L.barrier();
+  return best;
+}
+
+/// select_topk for the other loops: sequential loops make one pass with an insertion buffer; parallel ones split the
+/// experts into kTopkSlots slots, each with a short sorted list of its best keys in the workspace, and take k times
+/// the best list head (one small reduction per round), refilling a list from its slot only when it runs empty.
+template <class Loops, class KeyOf, class Keys>
+KOKKOS_INLINE_FUNCTION std::uint64_t select_topk_slots(const Loops& L, int n, int k, const KeyOf& key_of,
+                                                       const Keys& keys) {
   if (L.sequential()) {
     L.single([&]() {
       int filled = 0;
@@ -303,6 +379,16 @@ KOKKOS_INLINE_FUNCTION std::uint64_t select_topk(const Loops& L, int n, int k, c
   return best;
 }
 
+/// Fills keys(0..k) with the k largest non-zero keys among key_of(0..n), descending, and returns the k-th. Keys are
+/// unique (they embed the index), so every method gives the same slots.
+template <class Loops, class KeyOf, class Keys>
+KOKKOS_INLINE_FUNCTION std::uint64_t select_topk(const Loops& L, int n, int k, const KeyOf& key_of, const Keys& keys) {
+  if constexpr (Loops::private_lanes)
+    return select_topk_lanes(L, n, k, key_of, keys);
+  else
+    return select_topk_slots(L, n, k, key_of, keys);
+}
+
 /// Row softmax of load(e) into row (max, then the sum of exp(x - M), then a multiply by 1 / sum).
 template <class Loops, class Load, class Row>
 KOKKOS_INLINE_FUNCTION void row_softmax(const Loops& L, int n, const Load& load, const Row& row) {
@@ -314,6 +400,78 @@ KOKKOS_INLINE_FUNCTION void row_softmax(const Loops& L, int n, const Load& load,
   const float sum = L.sum_float(n, [&](const int e) { return softmax_term(row(e), M); });
   const float inv = 1.0f / sum;
   L.for_each(n, [&](const int e) { row(e) = softmax_term(row(e), M) * inv; });
+}
+
+/// Sub-scans per group in group_scores: with parallel loops and kg <= kSlotKeys, a group's experts are split over up
+/// to kTopkSlots / G scans (their lists fill w.keys, which the selection only uses later).
+template <class Loops>
+KOKKOS_INLINE_FUNCTION int group_sub_scans(const Loops& L, const TokenParams& p) {
+  const int G = p.num_groups, kg = p.topk / p.group_topk;
+  if (L.sequential() || kg > kSlotKeys || G * 2 > kTopkSlots) return 1;
+  const int S = kTopkSlots / G;
+  return S < p.group_size() ? S : p.group_size();
+}
+
+/// work.group(g) = the sum of group g's kg = topk / group_topk best selection scores, added best first (§5.3).
+template <class Loops, class Work>
+KOKKOS_INLINE_FUNCTION void group_scores(const Loops& L, const TokenParams& p, const Work& w) {
+  const int G = p.num_groups, gs = p.group_size(), kg = p.topk / p.group_topk;
+  auto key_of = [&](const int e) { return pack_key(w.s(p, e), e); };
+  if (kg > kSlotKeys) {  // kg passes over the group, each for the best key below the previous one
+    L.for_each(G, [&](const int g) {
+      float sum = 0.0f;
+      std::uint64_t prev = ~std::uint64_t(0);
+      for (int j = 0; j < kg; ++j) {
+        std::uint64_t best = 0;
+        for (int e = g * gs; e < g * gs + gs; ++e) {
+          const std::uint64_t key = key_of(e);
+          if (key < prev && key > best) best = key;
+        }
+        sum = group_score_add(sum, j, w.s(p, key_index(best)));
+        prev = best;
+      }
+      w.group(g) = sum;
+    });
+    return;
+  }
+  const int S = group_sub_scans(L, p);
+  // scan s of group g keeps the best keys of experts g * gs + s, + S, ... in registers
+  auto scan = [&](const int g, const int s) {
+    KeyList list;
+    for (int e = g * gs + s; e < g * gs + gs; e += S) list.offer(key_of(e));
+    return list;
+  };
+  if (S == 1) {
+    L.for_each(G, [&](const int g) {
+      const KeyList list = scan(g, 0);
+      float sum = 0.0f;
+      for (int j = 0; j < kSlotKeys; ++j)  // constant indices: the list stays in registers
+        if (j < kg) sum = group_score_add(sum, j, w.s(p, key_index(list.key[j])));
+      w.group(g) = sum;
+    });
+    return;
+  }
+  L.for_each(G * S, [&](const int i) {
+    const KeyList list = scan(i / S, i % S);
+    for (int j = 0; j < kSlotKeys; ++j)
+      if (j < kg) w.keys(i * kg + j) = list.key[j];
+  });
+  L.barrier();
+  // merge the S lists of a group, best first
+  L.for_each(G, [&](const int g) {
+    float sum = 0.0f;
+    std::uint64_t prev = ~std::uint64_t(0);
+    for (int j = 0; j < kg; ++j) {
+      std::uint64_t best = 0;
+      for (int c = g * S * kg; c < (g + 1) * S * kg; ++c) {
+        const std::uint64_t key = w.keys(c);
+        if (key < prev && key > best) best = key;
+      }
+      sum = group_score_add(sum, j, w.s(p, key_index(best)));
+      prev = best;
+    }
+    w.group(g) = sum;
+  });
 }
 
 /// Steps 1-4 of docs/router.md §5.2 for one token: activations into work.act (and selection scores into
@@ -344,34 +502,15 @@ KOKKOS_INLINE_FUNCTION TokenChoice route_token(const Loops& L, const TokenParams
 
   // 2. group-limited eligibility (§5.3)
   if (p.grouped()) {
-    const int G = p.num_groups, gs = p.group_size(), kg = k / p.group_topk;
-    L.for_each(G, [&](const int g) {
-      float sum = 0.0f;
-      std::uint64_t prev = ~std::uint64_t(0);
-      for (int j = 0; j < kg; ++j) {
-        std::uint64_t best = 0;
-        for (int e = g * gs; e < g * gs + gs; ++e) {
-          const std::uint64_t key = pack_key(w.s(p, e), e);
-          if (key < prev && key > best) best = key;
-        }
-        sum = group_score_add(sum, j, w.s(p, key_index(best)));
-        prev = best;
-      }
-      w.group(g) = sum;
-      w.gsel(g) = 0;
-    });
+    const int G = p.num_groups;
+    group_scores(L, p, w);
     L.barrier();
-    L.single([&]() {
-      std::uint64_t prev = ~std::uint64_t(0);
-      for (int j = 0; j < p.group_topk; ++j) {
-        std::uint64_t best = 0;
-        for (int g = 0; g < G; ++g) {
-          const std::uint64_t key = pack_key(w.group(g), g);
-          if (key < prev && key > best) best = key;
-        }
-        w.gsel(key_index(best)) = 1;
-        prev = best;
-      }
+    // a group is selected when fewer than group_topk groups outrank it (group keys are unique)
+    L.for_each(G, [&](const int g) {
+      const std::uint64_t mine = pack_key(w.group(g), g);
+      int above = 0;
+      for (int h = 0; h < G; ++h) above += pack_key(w.group(h), h) > mine ? 1 : 0;
+      w.gsel(g) = above < p.group_topk ? 1 : 0;
     });
     L.barrier();
   }

@@ -49,7 +49,7 @@ int team_size_for() {
 // ---------------------------------------------------------------------------------------------------------------
 template <class ExecSpace, class Ops>
 struct AuxScoresFunctor {
-  using policy_type = Kokkos::TeamPolicy<ExecSpace>;
+  using policy_type = TeamPolicy<ExecSpace>;
   using member_type = typename policy_type::member_type;
   using scratch_space = typename ExecSpace::scratch_memory_space;
   using FloatScratch = Kokkos::View<float*, scratch_space, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
@@ -111,7 +111,7 @@ struct AuxScoresFunctor {
 
 template <class ExecSpace, class Ops>
 struct AuxScoresBackwardFunctor {
-  using policy_type = Kokkos::TeamPolicy<ExecSpace>;
+  using policy_type = TeamPolicy<ExecSpace>;
   using member_type = typename policy_type::member_type;
   using G = typename Ops::grad_type;
   Ops o;
@@ -253,7 +253,7 @@ int scratch_level_for(std::size_t bytes) {
 /// explicitly instantiated with KOKKOSMOE_ENABLE_ETI (impl/KokkosMoE_Router_ETI.hpp).
 template <class ExecSpace>
 struct PortableAux {
-  using policy_type = Kokkos::TeamPolicy<ExecSpace>;
+  using policy_type = TeamPolicy<ExecSpace>;
 
   static policy_type token_policy(const ExecSpace& exec, std::int64_t T, std::size_t scratch, int& level) {
     level = scratch_level_for<ExecSpace>(scratch);
@@ -296,12 +296,11 @@ template <class ExecSpace>
 template <class Ops>
 void PortableAux<ExecSpace>::aux_loss_forward(const ExecSpace& exec, const Ops& o) {
   ScopedRegion region("KokkosMoE::aux_loss[portable]");
-  using Range = Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>;
+  using Range = RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>;
   const std::int64_t chunks = (o.rows + kAuxLossRowChunk - 1) / kAuxLossRowChunk;
   Kokkos::parallel_for("KokkosMoE::aux_loss_partial", Range(exec, 0, chunks * o.cols), AuxLossPartialFunctor<Ops>{o});
   Kokkos::parallel_for("KokkosMoE::aux_loss_columns", Range(exec, 0, o.cols), AuxLossColumnFunctor<Ops>{o});
-  Kokkos::parallel_for("KokkosMoE::aux_loss_final", Kokkos::RangePolicy<ExecSpace>(exec, 0, 1),
-                       AuxLossFinalFunctor<Ops>{o});
+  Kokkos::parallel_for("KokkosMoE::aux_loss_final", RangePolicy<ExecSpace>(exec, 0, 1), AuxLossFinalFunctor<Ops>{o});
 }
 
 template <class ExecSpace>
@@ -313,7 +312,7 @@ void PortableAux<ExecSpace>::aux_loss_backward(const ExecSpace& exec, const Ops&
   const int rows_per_team = o.cols >= 4096 ? 1 : static_cast<int>(4096 / o.cols);
   const std::int64_t league = (o.rows + rows_per_team - 1) / rows_per_team;
   Kokkos::parallel_for("KokkosMoE::aux_loss_backward",
-                       Kokkos::TeamPolicy<ExecSpace>(exec, static_cast<int>(league), Kokkos::AUTO),
+                       TeamPolicy<ExecSpace>(exec, static_cast<int>(league), Kokkos::AUTO),
                        AuxLossBackwardFunctor<Ops>{o, rows_per_team});
 }
 
@@ -323,7 +322,7 @@ struct PortableChecks {
   /// Linear index of the first non-finite element of a [rows, cols] View, or -1. Fences (a debug check).
   template <class Values>
   static std::int64_t first_non_finite(const ExecSpace& exec, const Values& v) {
-    using Range = Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>;
+    using Range = RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>;
     const std::int64_t n = static_cast<std::int64_t>(v.extent(0) * v.extent(1));
     std::int64_t first = n;
     Kokkos::parallel_reduce("KokkosMoE::check_finite", Range(exec, 0, n), FirstNonFiniteFunctor<Values>{v},
@@ -336,7 +335,7 @@ struct PortableChecks {
   static float read_one(const ExecSpace& exec, const Values& v, std::int64_t index) {
     using Out = Kokkos::View<float, typename ExecSpace::memory_space>;
     Out out("KokkosMoE::read_one");
-    Kokkos::parallel_for("KokkosMoE::read_one", Kokkos::RangePolicy<ExecSpace>(exec, 0, 1),
+    Kokkos::parallel_for("KokkosMoE::read_one", RangePolicy<ExecSpace>(exec, 0, 1),
                          ReadOneFunctor<Values, Out>{v, index, out});
     auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), out);
     return h();

@@ -117,9 +117,9 @@ struct TokenGeometry {
 
   /// A policy with per-token scratch of `bytes`: per team on the host, per thread on a device; level 0 while it
   /// fits in 32 KB per team, level 1 otherwise.
-  Kokkos::TeamPolicy<ExecSpace> policy(const ExecSpace& exec, std::int64_t T, std::size_t bytes, int& level) const {
+  TeamPolicy<ExecSpace> policy(const ExecSpace& exec, std::int64_t T, std::size_t bytes, int& level) const {
     const std::int64_t league = (T + tokens_per_team - 1) / tokens_per_team;
-    Kokkos::TeamPolicy<ExecSpace> p(exec, static_cast<int>(league), team_size, vector_length);
+    TeamPolicy<ExecSpace> p(exec, static_cast<int>(league), team_size, vector_length);
     level = (host || bytes * static_cast<std::size_t>(team_size) <= 32 * 1024) ? 0 : 1;
     if (bytes > 0) {
       if (host)

@@ -5,7 +5,7 @@
 #define KOKKOSMOE_KOKKOSCOMPAT_HPP
 
 // The one place where Kokkos 3.4 and 4.x differences are bridged (docs/conventions.md §1): there is no ScopedRegion
-// in 3.4, and no bit_cast.
+// in 3.4, and no bit_cast. It also holds the execution policies every KokkosMoE kernel launches with.
 
 #include <Kokkos_Core.hpp>
 
@@ -23,6 +23,16 @@ class ScopedRegion {
   ScopedRegion(const ScopedRegion&) = delete;
   ScopedRegion& operator=(const ScopedRegion&) = delete;
 };
+
+/// The launch hint of every KokkosMoE kernel (docs/router.md §17): the functor travels as a kernel argument. Without
+/// it Kokkos' Cuda and HIP backends copy a functor of 512 bytes or more (the router's operands are) into constant
+/// memory, and each such launch first waits on the host until the previous one has finished: back-to-back calls
+/// could not be queued, and the device idled between them. Both Kokkos 3.4 and 4.x spell it this way.
+using LightWeight = Kokkos::Experimental::WorkItemProperty::HintLightWeight_t;
+template <class ExecSpace, class... Traits>
+using TeamPolicy = Kokkos::TeamPolicy<ExecSpace, LightWeight, Traits...>;
+template <class ExecSpace, class... Traits>
+using RangePolicy = Kokkos::RangePolicy<ExecSpace, LightWeight, Traits...>;
 
 /// True for execution spaces whose memory the host can read (Serial, OpenMP, Threads): one team thread per token.
 template <class ExecSpace>
