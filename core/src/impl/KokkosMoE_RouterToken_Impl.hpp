@@ -85,20 +85,26 @@ struct TokenWork {
 
   /// Carves the rows out of a scratch handle (member.team_scratch(l) or member.thread_scratch(l)).
   template <class ScratchHandle>
-  KOKKOS_INLINE_FUNCTION TokenWork(const ScratchHandle& h, const TokenParams& p)
+  KOKKOS_INLINE_FUNCTION TokenWork(const ScratchHandle& h, const TokenParams& p) : TokenWork(h, p, key_count(p)) {}
+  /// The same with num_keys keys (serial_key_count(p) where only the Serial variant runs on it).
+  template <class ScratchHandle>
+  KOKKOS_INLINE_FUNCTION TokenWork(const ScratchHandle& h, const TokenParams& p, int num_keys)
       : act(h, p.num_experts),
         score(h, p.has_bias ? p.num_experts : 0),
         group(h, p.grouped() ? p.num_groups : 0),
         gsel(h, p.grouped() ? p.num_groups : 0),
-        keys(h, key_count(p)) {}
+        keys(h, num_keys) {}
 
   /// Scratch bytes the scratch-handle constructor takes.
-  static std::size_t shmem_size(const TokenParams& p) {
+  static std::size_t shmem_size(const TokenParams& p) { return shmem_size(p, key_count(p)); }
+  static std::size_t shmem_size(const TokenParams& p, int num_keys) {
     const int G = p.grouped() ? p.num_groups : 0;
     return Row<float>::shmem_size(p.num_experts) + Row<float>::shmem_size(p.has_bias ? p.num_experts : 0) +
-           Row<float>::shmem_size(G) + Row<int>::shmem_size(G) + Row<std::uint64_t>::shmem_size(key_count(p));
+           Row<float>::shmem_size(G) + Row<int>::shmem_size(G) + Row<std::uint64_t>::shmem_size(num_keys);
   }
   KOKKOS_INLINE_FUNCTION static int key_count(const TokenParams& p) { return topk_key_count(p.topk); }
+  /// Keys the Serial variant uses: the k selected ones (its selection is one pass with an insertion buffer).
+  KOKKOS_INLINE_FUNCTION static int serial_key_count(const TokenParams& p) { return p.topk; }
 
   /// Selection score of expert e (docs/router.md §5.1: the activation plus the bias, if any).
   KOKKOS_INLINE_FUNCTION float s(const TokenParams& p, int e) const { return p.has_bias ? score(e) : act(e); }

@@ -97,9 +97,25 @@ template <class ExecSpace>
 struct TokenGeometry {
   static constexpr bool host = is_host_space<ExecSpace>();
   static constexpr int kHostTokensPerTeam = 8;
+  /// The forward on a device routes a token of at most this many experts on one thread (the Serial variant: no
+  /// lane exchanges, 32 tokens per warp).
+  static constexpr int kThreadTokenExperts = 16;
   int vector_length = 1;
   int team_size = 1;
   int tokens_per_team = 1;
+  bool serial_tokens = host;  ///< each token on one thread: the host, and the forward on devices for small E
+
+  /// The geometry of the forward and of the compact backward (which recomputes the forward's activations, so it
+  /// runs the same variant). The map backward keeps of(): its device sums are lane reductions, and one thread per
+  /// token would change their order, hence their bits.
+  static TokenGeometry forward(int num_experts) {
+    if (host || num_experts > kThreadTokenExperts) return of(num_experts);
+    TokenGeometry g;
+    g.team_size = 128;
+    g.tokens_per_team = 128;
+    g.serial_tokens = true;
+    return g;
+  }
 
   static TokenGeometry of(int num_experts) {
     TokenGeometry g;
@@ -143,7 +159,9 @@ struct TokenGeometry {
 // ---------------------------------------------------------------------------------------------------------------
 // forward
 // ---------------------------------------------------------------------------------------------------------------
-template <class ExecSpace, class Ops>
+/// SerialTokens: each token on one thread with the Serial variant (host spaces; devices for small E), else on one
+/// team thread's vector lanes with the ThreadVector variant.
+template <class ExecSpace, class Ops, bool SerialTokens>
 struct TopkForwardKernel {
   using Geometry = TokenGeometry<ExecSpace>;
   using member_type = typename Kokkos::TeamPolicy<ExecSpace>::member_type;
@@ -155,19 +173,42 @@ struct TopkForwardKernel {
   int tokens_per_team;
   int level;
 
+  /// Per-token scratch bytes; none for one token per device thread, whose rows are thread-local arrays.
+  static std::size_t scratch_bytes(const TokenParams& p) {
+    if (!Geometry::host && SerialTokens) return 0;
+    return Work::shmem_size(p, SerialTokens ? Work::serial_key_count(p) : Work::key_count(p));
+  }
+
   KOKKOS_INLINE_FUNCTION void operator()(const member_type& m) const {
-    const Work w(Geometry::scratch(m, level), o.params);
     if constexpr (Geometry::host) {
+      const Work w(Geometry::scratch(m, level), o.params, Work::serial_key_count(o.params));
       const std::int64_t t0 = static_cast<std::int64_t>(m.league_rank()) * tokens_per_team;
       const std::int64_t t1 = t0 + tokens_per_team < o.num_tokens ? t0 + tokens_per_team : o.num_tokens;
-      for (std::int64_t t = t0; t < t1; ++t) host_token(t, w);
+      for (std::int64_t t = t0; t < t1; ++t) serial_token(t, w);
     } else {
       const std::int64_t t = static_cast<std::int64_t>(m.league_rank()) * m.team_size() + m.team_rank();
-      if (t < o.num_tokens) device_token(m, t, w);
+      if (t >= o.num_tokens) return;
+      if constexpr (SerialTokens) {
+        // thread-local arrays: a device interleaves them across the warp's threads (conflict-free, coalesced),
+        // where per-thread scratch rows would put a warp's accesses on a few shared-memory banks
+        constexpr int n = Geometry::kThreadTokenExperts;
+        float act[n], score[n], group[n];
+        int gsel[n];
+        std::uint64_t keys[n];
+        const TokenParams& p = o.params;
+        using FRow = typename Work::template Row<float>;
+        const Work w(FRow(act, p.num_experts), FRow(score, p.has_bias ? p.num_experts : 0),
+                     FRow(group, p.grouped() ? p.num_groups : 0),
+                     typename Work::template Row<int>(gsel, p.grouped() ? p.num_groups : 0),
+                     typename Work::template Row<std::uint64_t>(keys, p.topk));
+        serial_token(t, w);
+      } else {
+        device_token(m, t, Work(Geometry::scratch(m, level), o.params));
+      }
     }
   }
 
-  KOKKOS_INLINE_FUNCTION void host_token(std::int64_t t, const Work& w) const {
+  KOKKOS_INLINE_FUNCTION void serial_token(std::int64_t t, const Work& w) const {
     const TokenParams& p = o.params;
     const int E = p.num_experts, k = p.topk;
     const float scale = p.scaling_factor;
@@ -370,6 +411,7 @@ struct TopkBackwardKernel {
       }
       return;
     }
+    if (dense_reads()) return map_host_dense(t);
     for_each_routed(map, [&](const int e) { g.accumulate(sums, inter(e), gin(e)); });
     g.finish(sums);
     // +0.0 is the all-zero bit pattern of every gradient type: the row is cleared as bytes (a plain loop over a
@@ -377,6 +419,63 @@ struct TopkBackwardKernel {
     static_assert(std::is_trivially_copyable_v<G>, "gradient types are plain bit patterns");
     std::memset(gl.data(), 0, static_cast<std::size_t>(E) * sizeof(G));
     for_each_routed(map, [&](const int e) { gl(e) = from_float<G>(g.routed(inter(e), gin(e))); });
+  }
+
+  /// Host rows are read densely where at least one expert in kDenseShare is routed and the routed gradient is
+  /// cheap for every expert (Softmax post, Sigmoid): the gathers of the sparse path would touch most cache lines of
+  /// the rows anyway, in an order the hardware prefetchers do not follow.
+  static constexpr int kDenseShare = 16;
+  KOKKOS_INLINE_FUNCTION bool dense_reads() const {
+    const TokenParams& p = o.params;
+    return (p.softmax_post() || p.score_function == ScoreFunction::Sigmoid) && kDenseShare * p.topk >= p.num_experts;
+  }
+
+  // Host, dense reads: per chunk of kChunk experts, the routed flags (from the same 8-bit masks for both formats),
+  // then every expert's sum terms in a loop that vectorizes; the sums add the routed terms in expert order, so they
+  // are the sparse path's bit for bit (a sum that starts at +0.0 never becomes -0.0, so skipping a term and adding
+  // nothing agree). The output row is one select per expert: the routed gradient or +0.0.
+  KOKKOS_INLINE_FUNCTION void map_host_dense(std::int64_t t) const {
+    constexpr int kChunk = 64;
+    const int E = o.params.num_experts;
+    const float scale = o.params.scaling_factor;
+    const bool softmax = o.params.score_function == ScoreFunction::Softmax;
+    const auto map = Kokkos::subview(o.map, t, Kokkos::ALL);
+    const auto inter = Kokkos::subview(o.inter, t, Kokkos::ALL);
+    const auto gp = Kokkos::subview(o.grad_probs, t, Kokkos::ALL);
+    const auto gl = Kokkos::subview(o.grad_logits, t, Kokkos::ALL);
+    GradTerms g = GradTerms::of(o.params);
+    std::uint8_t on[kChunk];
+    auto flags = [&](const int e0, const int n) {
+      for (int b = 0; b * 8 < n; ++b) {
+        const unsigned mask = block_mask(map, e0 / 8 + b);
+        for (int j = 0; j < 8; ++j) on[b * 8 + j] = static_cast<std::uint8_t>((mask >> j) & 1u);
+      }
+    };
+    Sum2 sums;
+    for (int e0 = 0; e0 < E; e0 += kChunk) {
+      const int n = E - e0 < kChunk ? E - e0 : kChunk;
+      float ta[kChunk], tb[kChunk];
+      for (int j = 0; j < n; ++j) {  // the terms of GradTerms::accumulate
+        const float a = inter(e0 + j), gj = to_float(gp(e0 + j)) * scale;
+        ta[j] = softmax ? gj * a : a;
+        tb[j] = gj * a;
+      }
+      flags(e0, n);
+      for (int j = 0; j < n; ++j) {
+        if (!on[j]) continue;
+        sums.a += ta[j];
+        sums.b += tb[j];
+      }
+    }
+    g.finish(sums);
+    for (int e0 = 0; e0 < E; e0 += kChunk) {
+      const int n = E - e0 < kChunk ? E - e0 : kChunk;
+      flags(e0, n);
+      for (int j = 0; j < n; ++j) {
+        const float dx = g.routed(inter(e0 + j), to_float(gp(e0 + j)) * scale);
+        gl(e0 + j) = from_float<G>(on[j] ? dx : 0.0f);
+      }
+    }
   }
 
   // Device: the lanes read the map; only lanes of routed experts (all lanes for Softmax pre) read the dense rows.
@@ -427,7 +526,9 @@ struct TopkBackwardKernel {
 // ---------------------------------------------------------------------------------------------------------------
 // compact backward (docs/router.md §5.5): the activations are recomputed from the logits
 // ---------------------------------------------------------------------------------------------------------------
-template <class ExecSpace, class Ops>
+/// SerialTokens: each token on one thread (host spaces; devices for small E, as the forward), else on one team
+/// thread's vector lanes.
+template <class ExecSpace, class Ops, bool SerialTokens>
 struct CompactBackwardKernel {
   using Geometry = TokenGeometry<ExecSpace>;
   using member_type = typename Kokkos::TeamPolicy<ExecSpace>::member_type;
@@ -439,21 +540,35 @@ struct CompactBackwardKernel {
   int tokens_per_team;
   int level;
 
+  /// rowact [E] (Softmax pre), act [2k] (the selected activations, then the Softmax-post terms); none for one token
+  /// per device thread (thread-local arrays, as in the forward).
   static std::size_t scratch_bytes(const TokenParams& p) {
-    return FloatRow::shmem_size(p.softmax_pre() ? p.num_experts : 0) + FloatRow::shmem_size(p.topk);
+    if (!Geometry::host && SerialTokens) return 0;
+    return FloatRow::shmem_size(p.softmax_pre() ? p.num_experts : 0) + FloatRow::shmem_size(2 * p.topk);
   }
 
   KOKKOS_INLINE_FUNCTION void operator()(const member_type& m) const {
-    const auto h = Geometry::scratch(m, level);
-    const FloatRow rowact(h, o.params.softmax_pre() ? o.params.num_experts : 0);
-    const FloatRow act(h, o.params.topk);
+    const TokenParams& p = o.params;
     if constexpr (Geometry::host) {
+      const auto h = Geometry::scratch(m, level);
+      const FloatRow rowact(h, p.softmax_pre() ? p.num_experts : 0);
+      const FloatRow act(h, 2 * p.topk);
       const std::int64_t t0 = static_cast<std::int64_t>(m.league_rank()) * tokens_per_team;
       const std::int64_t t1 = t0 + tokens_per_team < o.num_tokens ? t0 + tokens_per_team : o.num_tokens;
       for (std::int64_t t = t0; t < t1; ++t) token(SerialLoops{}, t, rowact, act);
     } else {
       const std::int64_t t = static_cast<std::int64_t>(m.league_rank()) * m.team_size() + m.team_rank();
-      if (t < o.num_tokens) token(ThreadVectorLoops<member_type>{m}, t, rowact, act);
+      if (t >= o.num_tokens) return;
+      if constexpr (SerialTokens) {
+        constexpr int n = Geometry::kThreadTokenExperts;
+        float rowact[n], act[2 * n];
+        token(SerialLoops{}, t, FloatRow(rowact, p.softmax_pre() ? p.num_experts : 0), FloatRow(act, 2 * p.topk));
+      } else {
+        const auto h = Geometry::scratch(m, level);
+        const FloatRow rowact(h, p.softmax_pre() ? p.num_experts : 0);
+        const FloatRow act(h, 2 * p.topk);
+        token(ThreadVectorLoops<member_type>{m}, t, rowact, act);
+      }
     }
   }
 
@@ -463,40 +578,39 @@ struct CompactBackwardKernel {
     const int E = p.num_experts, k = p.topk;
     const float scale = p.scaling_factor;
     const ScoreFunction f = p.score_function;
-    const bool pre = p.softmax_pre();
+    const bool pre = p.softmax_pre(), post = p.softmax_post();
     GradTerms g = GradTerms::of(p);
     if (pre)
       row_softmax(
           L, E, [&](const int e) { return to_float(o.logits(t, e)); }, rowact);
     L.barrier();
-    L.single([&]() {
-      // activations of the selected experts, as the forward computed them
-      for (int i = 0; i < k; ++i) {
-        const int e = o.ids(t, i);
-        const float x = to_float(o.logits(t, e));
-        act(i) = f == ScoreFunction::Sigmoid ? sigmoid(x) : pre ? rowact(e) : x;
-      }
-      if (p.softmax_post()) {  // post-softmax over the k selected logits
-        float M = act(0);
-        for (int i = 1; i < k; ++i) M = act(i) > M ? act(i) : M;
-        float sum = 0;
-        for (int i = 0; i < k; ++i) {
-          act(i) = softmax_term(act(i), M);
-          sum += act(i);
-        }
-        const float inv = 1.0f / sum;
-        for (int i = 0; i < k; ++i) act(i) *= inv;
-      }
+    // activations of the selected experts, as the forward computed them
+    L.for_each(k, [&](const int i) {
+      const int e = o.ids(t, i);
+      const float x = to_float(o.logits(t, e));
+      act(i) = f == ScoreFunction::Sigmoid ? sigmoid(x) : pre ? rowact(e) : x;
     });
     L.barrier();
+    // Softmax post over the k selected logits: max and sum in slot order (as the forward), the terms in act(k + i)
+    float inv = 1.0f;
+    if (post) {
+      float M = act(0);
+      for (int i = 1; i < k; ++i) M = act(i) > M ? act(i) : M;
+      L.for_each(k, [&](const int i) { act(k + i) = softmax_term(act(i), M); });
+      L.barrier();
+      float sum = 0;
+      for (int i = 0; i < k; ++i) sum += act(k + i);
+      inv = 1.0f / sum;
+    }
+    auto a_of = [&](const int i) { return post ? act(k + i) * inv : act(i); };
     Sum2 sums;
-    for (int i = 0; i < k; ++i) g.accumulate(sums, act(i), to_float(o.grad_weights(t, i)) * scale);
+    for (int i = 0; i < k; ++i) g.accumulate(sums, a_of(i), to_float(o.grad_weights(t, i)) * scale);
     g.finish(sums);
     L.for_each(E, [&](const int e) { o.grad_logits(t, e) = from_float<Scalar>(pre ? g.unrouted(rowact(e)) : 0.0f); });
     L.barrier();
     L.for_each(k, [&](const int i) {
       const float gi = to_float(o.grad_weights(t, i)) * scale;
-      o.grad_logits(t, o.ids(t, i)) = from_float<Scalar>(g.routed(act(i), gi));
+      o.grad_logits(t, o.ids(t, i)) = from_float<Scalar>(g.routed(a_of(i), gi));
     });
   }
 };
@@ -516,15 +630,33 @@ struct PortableTopk {
   static void compact_backward(const ExecSpace& exec, const Ops& o);
 };
 
+/// Launches Kernel<ExecSpace, Ops, SerialTokens> in the geometry of the forward: one token per thread on host
+/// spaces and, for small E, on devices; else one token per team thread's vector lanes.
+template <template <class, class, bool> class Kernel, class ExecSpace, class Ops>
+void launch_token_kernel(const char* label, const ExecSpace& exec, const Ops& o) {
+  using Geometry = TokenGeometry<ExecSpace>;
+  const Geometry geo = Geometry::forward(o.params.num_experts);
+  auto run = [&](auto serial_tokens) {
+    using K = Kernel<ExecSpace, Ops, decltype(serial_tokens)::value>;
+    int level = 0;
+    const auto policy = geo.policy(exec, o.num_tokens, K::scratch_bytes(o.params), level);
+    Kokkos::parallel_for(label, policy, K{o, geo.tokens_per_team, level});
+  };
+  if constexpr (Geometry::host) {
+    run(std::true_type{});
+  } else {
+    if (geo.serial_tokens)
+      run(std::true_type{});
+    else
+      run(std::false_type{});
+  }
+}
+
 template <class ExecSpace>
 template <class Ops>
 void PortableTopk<ExecSpace>::forward(const ExecSpace& exec, const Ops& o) {
   ScopedRegion region("KokkosMoE::topk_router[portable]");
-  using Kernel = TopkForwardKernel<ExecSpace, Ops>;
-  const Geometry geo = Geometry::of(o.params.num_experts);
-  int level = 0;
-  const auto policy = geo.policy(exec, o.num_tokens, Kernel::Work::shmem_size(o.params), level);
-  Kokkos::parallel_for("KokkosMoE::topk_router", policy, Kernel{o, geo.tokens_per_team, level});
+  launch_token_kernel<TopkForwardKernel>("KokkosMoE::topk_router", exec, o);
 }
 
 template <class ExecSpace>
@@ -542,11 +674,7 @@ template <class ExecSpace>
 template <class Ops>
 void PortableTopk<ExecSpace>::compact_backward(const ExecSpace& exec, const Ops& o) {
   ScopedRegion region("KokkosMoE::topk_router_backward[portable]");
-  using Kernel = CompactBackwardKernel<ExecSpace, Ops>;
-  const Geometry geo = Geometry::of(o.params.num_experts);
-  int level = 0;
-  const auto policy = geo.policy(exec, o.num_tokens, Kernel::scratch_bytes(o.params), level);
-  Kokkos::parallel_for("KokkosMoE::topk_router_compact_backward", policy, Kernel{o, geo.tokens_per_team, level});
+  launch_token_kernel<CompactBackwardKernel>("KokkosMoE::topk_router_compact_backward", exec, o);
 }
 
 }  // namespace Impl
