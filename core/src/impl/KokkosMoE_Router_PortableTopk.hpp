@@ -411,7 +411,6 @@ struct TopkBackwardKernel {
       }
       return;
     }
-    if (dense_reads()) return map_host_dense(t);
     for_each_routed(map, [&](const int e) { g.accumulate(sums, inter(e), gin(e)); });
     g.finish(sums);
     // +0.0 is the all-zero bit pattern of every gradient type: the row is cleared as bytes (a plain loop over a
@@ -419,63 +418,6 @@ struct TopkBackwardKernel {
     static_assert(std::is_trivially_copyable_v<G>, "gradient types are plain bit patterns");
     std::memset(gl.data(), 0, static_cast<std::size_t>(E) * sizeof(G));
     for_each_routed(map, [&](const int e) { gl(e) = from_float<G>(g.routed(inter(e), gin(e))); });
-  }
-
-  /// Host rows are read densely where at least one expert in kDenseShare is routed and the routed gradient is
-  /// cheap for every expert (Softmax post, Sigmoid): the gathers of the sparse path would touch most cache lines of
-  /// the rows anyway, in an order the hardware prefetchers do not follow.
-  static constexpr int kDenseShare = 16;
-  KOKKOS_INLINE_FUNCTION bool dense_reads() const {
-    const TokenParams& p = o.params;
-    return (p.softmax_post() || p.score_function == ScoreFunction::Sigmoid) && kDenseShare * p.topk >= p.num_experts;
-  }
-
-  // Host, dense reads: per chunk of kChunk experts, the routed flags (from the same 8-bit masks for both formats),
-  // then every expert's sum terms in a loop that vectorizes; the sums add the routed terms in expert order, so they
-  // are the sparse path's bit for bit (a sum that starts at +0.0 never becomes -0.0, so skipping a term and adding
-  // nothing agree). The output row is one select per expert: the routed gradient or +0.0.
-  KOKKOS_INLINE_FUNCTION void map_host_dense(std::int64_t t) const {
-    constexpr int kChunk = 64;
-    const int E = o.params.num_experts;
-    const float scale = o.params.scaling_factor;
-    const bool softmax = o.params.score_function == ScoreFunction::Softmax;
-    const auto map = Kokkos::subview(o.map, t, Kokkos::ALL);
-    const auto inter = Kokkos::subview(o.inter, t, Kokkos::ALL);
-    const auto gp = Kokkos::subview(o.grad_probs, t, Kokkos::ALL);
-    const auto gl = Kokkos::subview(o.grad_logits, t, Kokkos::ALL);
-    GradTerms g = GradTerms::of(o.params);
-    std::uint8_t on[kChunk];
-    auto flags = [&](const int e0, const int n) {
-      for (int b = 0; b * 8 < n; ++b) {
-        const unsigned mask = block_mask(map, e0 / 8 + b);
-        for (int j = 0; j < 8; ++j) on[b * 8 + j] = static_cast<std::uint8_t>((mask >> j) & 1u);
-      }
-    };
-    Sum2 sums;
-    for (int e0 = 0; e0 < E; e0 += kChunk) {
-      const int n = E - e0 < kChunk ? E - e0 : kChunk;
-      float ta[kChunk], tb[kChunk];
-      for (int j = 0; j < n; ++j) {  // the terms of GradTerms::accumulate
-        const float a = inter(e0 + j), gj = to_float(gp(e0 + j)) * scale;
-        ta[j] = softmax ? gj * a : a;
-        tb[j] = gj * a;
-      }
-      flags(e0, n);
-      for (int j = 0; j < n; ++j) {
-        if (!on[j]) continue;
-        sums.a += ta[j];
-        sums.b += tb[j];
-      }
-    }
-    g.finish(sums);
-    for (int e0 = 0; e0 < E; e0 += kChunk) {
-      const int n = E - e0 < kChunk ? E - e0 : kChunk;
-      flags(e0, n);
-      for (int j = 0; j < n; ++j) {
-        const float dx = g.routed(inter(e0 + j), to_float(gp(e0 + j)) * scale);
-        gl(e0 + j) = from_float<G>(on[j] ? dx : 0.0f);
-      }
-    }
   }
 
   // Device: the lanes read the map; only lanes of routed experts (all lanes for Softmax pre) read the dense rows.
