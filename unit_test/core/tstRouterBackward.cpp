@@ -4,7 +4,8 @@
 // topk_router backward (docs/router.md §9) and the compact backward (§5.5) for every forward variant: the grid of §16.3
 // with gradients against the oracle (Bytemap vs BitmapU8 bit-identical, indices within tolerance, compact == dense
 // backward of the scattered gradient, non-routed entries exactly +0.0 except Softmax pre, NaN upstream gradients at
-// non-routed positions never read), plus finite-difference checks of the library's own FP32 forward.
+// non-routed positions never read), more routed experts per token than the host's block lists hold, plus
+// finite-difference checks of the library's own FP32 forward.
 
 #include <KokkosMoE_EnableDeviceTypes.hpp>
 
@@ -118,6 +119,17 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(grid_fp16, DeviceType, KOKKOSMOE_DEVICE_TYPES) {
 
 BOOST_AUTO_TEST_CASE_TEMPLATE(grid_bf16, DeviceType, KOKKOSMOE_DEVICE_TYPES) {
   run_router_grid<DeviceType, bf16_t>(RunFlags{true, true}, 0xBB16);
+}
+
+// More routed experts per token than the host map backward's per-token lists hold (32): such tokens take the
+// per-token path, the others the interleaved one; 23 tokens leave a partial block of tokens.
+BOOST_AUTO_TEST_CASE_TEMPLATE(many_routed_experts, DeviceType, KOKKOSMOE_DEVICE_TYPES) {
+  std::uint64_t seed = 0xB10C;
+  for (const Score f : {Score::Sigmoid, Score::Softmax})
+    for (const int k : {32, 33, 48}) {
+      const auto c = make_random_case<DeviceType, float>(make_attr(f, false, k), 23, 256, false, ++seed);
+      run_router_case(c, RunFlags{true, true});
+    }
 }
 
 BOOST_AUTO_TEST_CASE_TEMPLATE(finite_differences, DeviceType, KOKKOSMOE_DEVICE_TYPES) {

@@ -325,6 +325,7 @@ struct TopkBackwardKernel {
     if constexpr (Geometry::host) {
       const std::int64_t t0 = static_cast<std::int64_t>(m.league_rank()) * tokens_per_team;
       const std::int64_t t1 = t0 + tokens_per_team < o.num_tokens ? t0 + tokens_per_team : o.num_tokens;
+      if (o.output != RoutingOutput::Indices && !o.params.softmax_pre()) return map_host_block(t0, t1);
       for (std::int64_t t = t0; t < t1; ++t) {
         if (o.output == RoutingOutput::Indices)
           indices(SerialLoops{}, t);
@@ -418,6 +419,53 @@ struct TopkBackwardKernel {
     static_assert(std::is_trivially_copyable_v<G>, "gradient types are plain bit patterns");
     std::memset(gl.data(), 0, static_cast<std::size_t>(E) * sizeof(G));
     for_each_routed(map, [&](const int e) { gl(e) = from_float<G>(g.routed(inter(e), gin(e))); });
+  }
+
+  /// Host, the tokens of a team together (a map, not Softmax pre): each token's routed experts are listed from its
+  /// map first, then the gathers of all the tokens are interleaved slot by slot, so that several tokens' cache misses
+  /// are in flight at once. Each token's sums still run over its routed experts in expert order: map_host's bits. A
+  /// token with more routed experts than a list holds takes map_host.
+  static constexpr int kBlockTokens = TokenGeometry<ExecSpace>::kHostTokensPerTeam;
+  static constexpr int kBlockRouted = 32;
+  KOKKOS_INLINE_FUNCTION void map_host_block(std::int64_t t0, std::int64_t t1) const {
+    const int nt = static_cast<int>(t1 - t0), E = o.params.num_experts;
+    int count[kBlockTokens];
+    int list[kBlockTokens][kBlockRouted];
+    int most = 0;
+    for (int u = 0; u < nt; ++u) {
+      int c = 0;
+      for_each_routed(Kokkos::subview(o.map, t0 + u, Kokkos::ALL), [&](const int e) {
+        if (c < kBlockRouted) list[u][c] = e;
+        ++c;
+      });
+      count[u] = c;
+      if (c <= kBlockRouted && c > most) most = c;
+    }
+    GradTerms g[kBlockTokens];
+    Sum2 sums[kBlockTokens];
+    for (int u = 0; u < nt; ++u) g[u] = GradTerms::of(o.params);
+    for (int i = 0; i < most; ++i) {
+      for (int u = 0; u < nt; ++u) {
+        if (i >= count[u] || count[u] > kBlockRouted) continue;
+        const std::int64_t t = t0 + u;
+        const int e = list[u][i];
+        g[u].accumulate(sums[u], o.inter(t, e), grad_in(t, e));
+      }
+    }
+    for (int u = 0; u < nt; ++u) {
+      const std::int64_t t = t0 + u;
+      if (count[u] > kBlockRouted) {
+        map_host(t);
+        continue;
+      }
+      g[u].finish(sums[u]);
+      const auto gl = Kokkos::subview(o.grad_logits, t, Kokkos::ALL);
+      std::memset(gl.data(), 0, static_cast<std::size_t>(E) * sizeof(G));  // +0.0 (see map_host)
+      for (int i = 0; i < count[u]; ++i) {
+        const int e = list[u][i];
+        gl(e) = from_float<G>(g[u].routed(o.inter(t, e), grad_in(t, e)));
+      }
+    }
   }
 
   // Device: the lanes read the map; only lanes of routed experts (all lanes for Softmax pre) read the dense rows.
