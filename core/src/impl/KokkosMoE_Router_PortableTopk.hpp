@@ -105,29 +105,61 @@ struct TokenGeometry {
   int tokens_per_team = 1;
   bool serial_tokens = host;  ///< each token on one thread: the host, and the forward on devices for small E
 
-  /// The geometry of the forward and of the compact backward (which recomputes the forward's activations, so it
-  /// runs the same variant). The map backward keeps of(): its device sums are lane reductions, and one thread per
-  /// token would change their order, hence their bits.
-  static TokenGeometry forward(int num_experts) {
-    if (host || num_experts > kThreadTokenExperts) return of(num_experts);
+  /// The geometry of the forward. On a device: one thread per token for E <= kThreadTokenExperts; else about 16
+  /// experts per lane (each lane keeps its four best keys in registers and a selection round is one lane
+  /// reduction) and at least k lanes, so that a lane rarely gives up more keys than its list holds. Softmax pre
+  /// keeps of(): its row sum is a lane reduction, whose order (hence bits) the lane count sets.
+  static TokenGeometry forward(const TokenParams& p) {
+    const int E = p.num_experts;
+    if (host) return of(E);
+    if (E <= kThreadTokenExperts) return thread_per_token();
+    if (p.softmax_pre()) return of(E);
+    return with_lanes(lanes_for(E / 16 > p.topk ? E / 16 : p.topk));
+  }
+
+  /// The geometry of the compact backward. It recomputes the forward's activations: with the forward's variant
+  /// where that matters (one thread per token for small E; of() for the row softmax of Softmax pre). Otherwise its
+  /// work is per selected slot: about two slots per lane, at least 8 lanes.
+  static TokenGeometry compact_backward(const TokenParams& p) {
+    const int E = p.num_experts;
+    if (host) return of(E);
+    if (E <= kThreadTokenExperts) return thread_per_token();
+    if (p.softmax_pre()) return of(E);
+    return with_lanes(lanes_for(p.topk / 2 > 8 ? p.topk / 2 : 8));
+  }
+
+  /// Geometry of the map backward: one lane per expert up to 32. Its sums are lane reductions, so the lane count
+  /// sets their bits.
+  static TokenGeometry of(int num_experts) {
+    if (host) {
+      TokenGeometry g;
+      g.tokens_per_team = kHostTokensPerTeam;
+      return g;
+    }
+    return with_lanes(lanes_for(num_experts));
+  }
+
+  /// The smallest power of two >= n, at most 32.
+  static int lanes_for(int n) {
+    int v = 1;
+    while (v < 32 && v < n) v *= 2;
+    return v;
+  }
+  /// Device geometry: v lanes per token, 128 / v tokens (team threads) per team.
+  static TokenGeometry with_lanes(int v) {
+    TokenGeometry g;
+    g.vector_length = v;
+    g.team_size = 128 / v;
+    g.tokens_per_team = g.team_size;
+    g.serial_tokens = false;
+    return g;
+  }
+  /// Device geometry of one token per thread (the Serial variant, 32 tokens per warp).
+  static TokenGeometry thread_per_token() {
     TokenGeometry g;
     g.team_size = 128;
     g.tokens_per_team = 128;
     g.serial_tokens = true;
-    return g;
-  }
-
-  static TokenGeometry of(int num_experts) {
-    TokenGeometry g;
-    if (host) {
-      g.tokens_per_team = kHostTokensPerTeam;
-      return g;
-    }
-    int v = 1;
-    while (v < 32 && v < num_experts) v *= 2;
-    g.vector_length = v;
-    g.team_size = 128 / v;
-    g.tokens_per_team = g.team_size;
     return g;
   }
 
@@ -620,12 +652,11 @@ struct PortableTopk {
   static void compact_backward(const ExecSpace& exec, const Ops& o);
 };
 
-/// Launches Kernel<ExecSpace, Ops, SerialTokens> in the geometry of the forward: one token per thread on host
-/// spaces and, for small E, on devices; else one token per team thread's vector lanes.
+/// Launches Kernel<ExecSpace, Ops, SerialTokens> in geometry geo: one token per thread (host spaces; on devices
+/// where geo.serial_tokens), else one token per team thread's vector lanes.
 template <template <class, class, bool> class Kernel, class ExecSpace, class Ops>
-void launch_token_kernel(const char* label, const ExecSpace& exec, const Ops& o) {
+void launch_token_kernel(const char* label, const ExecSpace& exec, const Ops& o, const TokenGeometry<ExecSpace>& geo) {
   using Geometry = TokenGeometry<ExecSpace>;
-  const Geometry geo = Geometry::forward(o.params.num_experts);
   auto run = [&](auto serial_tokens) {
     using K = Kernel<ExecSpace, Ops, decltype(serial_tokens)::value>;
     int level = 0;
@@ -646,7 +677,7 @@ template <class ExecSpace>
 template <class Ops>
 void PortableTopk<ExecSpace>::forward(const ExecSpace& exec, const Ops& o) {
   ScopedRegion region("KokkosMoE::topk_router[portable]");
-  launch_token_kernel<TopkForwardKernel>("KokkosMoE::topk_router", exec, o);
+  launch_token_kernel<TopkForwardKernel>("KokkosMoE::topk_router", exec, o, Geometry::forward(o.params));
 }
 
 template <class ExecSpace>
@@ -664,7 +695,8 @@ template <class ExecSpace>
 template <class Ops>
 void PortableTopk<ExecSpace>::compact_backward(const ExecSpace& exec, const Ops& o) {
   ScopedRegion region("KokkosMoE::topk_router_backward[portable]");
-  launch_token_kernel<CompactBackwardKernel>("KokkosMoE::topk_router_compact_backward", exec, o);
+  launch_token_kernel<CompactBackwardKernel>("KokkosMoE::topk_router_compact_backward", exec, o,
+                                             Geometry::compact_backward(o.params));
 }
 
 }  // namespace Impl
