@@ -375,15 +375,23 @@ struct TopkBackwardKernel {
     }
   }
 
-  /// Calls f(e) for every routed expert of token t, in expert order, eight experts at a time (an empty stretch of
-  /// the map costs one test). Both map formats become the same 8-bit masks first, so f is expanded once: the two
-  /// formats then give bit-identical gradients, NaN signs included (which operand order the compiler picks for a
-  /// product of two NaNs decides the sign of the result).
+  /// Calls f(e) for every routed expert of token t, in expert order, 64 experts at a time: the flags of a stretch
+  /// of 64 are gathered into one word without branches, so the only branches are one per routed expert and one per
+  /// word. Both map formats become the same masks first, so f is expanded once: the two formats then give
+  /// bit-identical gradients, NaN signs included (which operand order the compiler picks for a product of two NaNs
+  /// decides the sign of the result).
   template <class MapRow, class F>
   KOKKOS_INLINE_FUNCTION void for_each_routed(const MapRow& map, const F& f) const {
     const int nb = static_cast<int>(bitmap_row_bytes(o.params.num_experts));
-    for (int b = 0; b < nb; ++b)
-      for (unsigned mask = block_mask(map, b); mask != 0; mask &= mask - 1u) f(b * 8 + lowest_bit(mask));
+    for (int b0 = 0; b0 < nb; b0 += 8) {
+      std::uint64_t mask = 0;
+      if (b0 + 8 <= nb) {
+        for (int j = 0; j < 8; ++j) mask |= static_cast<std::uint64_t>(block_mask(map, b0 + j)) << (8 * j);
+      } else {
+        for (int j = 0; b0 + j < nb; ++j) mask |= static_cast<std::uint64_t>(block_mask(map, b0 + j)) << (8 * j);
+      }
+      for (; mask != 0; mask &= mask - 1u) f(b0 * 8 + lowest_bit(mask));
+    }
   }
   /// The routed flags of experts 8b .. 8b + 7 of a map row (bit j: expert 8b + j; none past the row).
   template <class MapRow>
@@ -410,10 +418,16 @@ struct TopkBackwardKernel {
     return mask;
 #endif
   }
-  /// Index of the lowest set bit of a non-zero 8-bit mask.
-  KOKKOS_INLINE_FUNCTION static int lowest_bit(unsigned mask) {
-    const unsigned b = mask & (0u - mask);
-    return ((b & 0xaau) != 0 ? 1 : 0) | ((b & 0xccu) != 0 ? 2 : 0) | ((b & 0xf0u) != 0 ? 4 : 0);
+  /// Index of the lowest set bit of a non-zero mask.
+  KOKKOS_INLINE_FUNCTION static int lowest_bit(std::uint64_t mask) {
+#if defined(__GNUC__) && !defined(__CUDA_ARCH__) && !defined(__HIP_DEVICE_COMPILE__)
+    return __builtin_ctzll(mask);
+#else
+    const std::uint64_t b = mask & (~mask + 1u);
+    return ((b & 0xaaaaaaaaaaaaaaaaull) != 0 ? 1 : 0) | ((b & 0xccccccccccccccccull) != 0 ? 2 : 0) |
+           ((b & 0xf0f0f0f0f0f0f0f0ull) != 0 ? 4 : 0) | ((b & 0xff00ff00ff00ff00ull) != 0 ? 8 : 0) |
+           ((b & 0xffff0000ffff0000ull) != 0 ? 16 : 0) | ((b & 0xffffffff00000000ull) != 0 ? 32 : 0);
+#endif
   }
 
   // Host: sums over the routed experts in expert order; all but Softmax pre read only the routed entries. The rows
