@@ -88,24 +88,6 @@ __device__ __forceinline__ BwdCoef reduce_coef(int fn, bool norm, float S, float
   return cf;
 }
 
-/// As store_chunk, with write-back stores: the zero chunks of the sparse map kernel, which the routed gradients
-/// then overwrite in part, stay in L2 until they are merged.
-template <int DT, int W>
-__device__ __forceinline__ void store_chunk_wb(typename Ty<DT>::S* p, const float* in) {
-  using S = typename Ty<DT>::S;
-  using VV = Vec<S, W>;
-  S s[W];
-#pragma unroll
-  for (int w = 0; w < W; ++w) s[w] = Ty<DT>::from_f(in[w]);
-  const typename VV::R r = VV::from_array(s);
-  if constexpr (VV::BYTES == 32) {
-    reinterpret_cast<uint4*>(p)[0] = r.a;
-    reinterpret_cast<uint4*>(p)[1] = r.b;
-  } else {
-    *reinterpret_cast<typename VV::R*>(p) = r;
-  }
-}
-
 /// One lane's map chunk of W experts (e0 .. e0 + W - 1) of token t, loaded raw (Bytemap: the W bytes; BitmapU8:
 /// the byte holding them; zeros where `in` is false) and decoded to W flag bits later, so that the load can run
 /// ahead of its use.
@@ -449,7 +431,7 @@ __global__ void __launch_bounds__(128) bwd_map_sparse(const BwdParams P) {
 #pragma unroll
     for (int c = 0; c < NC; ++c) {
       const int e0 = (c * TPT + ls) * W;
-      if (e0 < E) store_chunk_wb<GO, W>(orow + e0, zero);
+      if (e0 < E) store_chunk<GO, W, false>(orow + e0, zero);  // write-back: the routed stores follow
     }
     // the same thread stores the routed gradients over its zeros (program order on the same address)
 #pragma unroll

@@ -130,6 +130,15 @@ struct Vec {
       __stcs(reinterpret_cast<R*>(p), r);
     }
   }
+  /// A write-back store: for lines that are written again soon.
+  __device__ __forceinline__ static void st(S* p, const R& r) {
+    if constexpr (BYTES == 32) {
+      reinterpret_cast<uint4*>(p)[0] = r.a;
+      reinterpret_cast<uint4*>(p)[1] = r.b;
+    } else {
+      *reinterpret_cast<R*>(p) = r;
+    }
+  }
   __device__ __forceinline__ static void to_array(const R& r, S (&s)[W]) { memcpy(s, &r, BYTES); }
   __device__ __forceinline__ static R from_array(const S (&s)[W]) {
     R r;
@@ -148,15 +157,18 @@ __device__ __forceinline__ void load_chunk(const typename Ty<DT>::S* p, float* o
 #pragma unroll
   for (int w = 0; w < W; ++w) out[w] = Ty<DT>::to_f(s[w]);
 }
-/// Narrows W floats to dtype DT and stores them at p (streaming store).
-template <int DT, int W>
+/// Narrows W floats to dtype DT and stores them at p: a streaming store, or with Streaming = false a write-back one.
+template <int DT, int W, bool Streaming = true>
 __device__ __forceinline__ void store_chunk(typename Ty<DT>::S* p, const float* in) {
   using S = typename Ty<DT>::S;
   using VV = Vec<S, W>;
   S s[W];
 #pragma unroll
   for (int w = 0; w < W; ++w) s[w] = Ty<DT>::from_f(in[w]);
-  VV::stcs(p, VV::from_array(s));
+  if constexpr (Streaming)
+    VV::stcs(p, VV::from_array(s));
+  else
+    VV::st(p, VV::from_array(s));
 }
 template <int W>
 __device__ __forceinline__ void store_bytes(unsigned char* p, const unsigned char* in) {
