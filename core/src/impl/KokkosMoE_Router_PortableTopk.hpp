@@ -103,29 +103,32 @@ struct TokenGeometry {
   int vector_length = 1;
   int team_size = 1;
   int tokens_per_team = 1;
-  bool serial_tokens = host;  ///< each token on one thread: the host, and the forward on devices for small E
+  bool serial_tokens = host;  ///< each token on one thread: the host, and on devices the token kernels for small E
 
   /// The geometry of the forward. On a device: one thread per token for E <= kThreadTokenExperts; else about 16
   /// experts per lane (each lane keeps its four best keys in registers and a selection round is one lane
-  /// reduction) and at least k lanes, so that a lane rarely gives up more keys than its list holds. Softmax pre
-  /// keeps of(): its row sum is a lane reduction, whose order (hence bits) the lane count sets.
+  /// reduction) and at least k lanes, so that a lane rarely gives up more keys than its list holds.
   static TokenGeometry forward(const TokenParams& p) {
     const int E = p.num_experts;
-    if (host) return of(E);
-    if (E <= kThreadTokenExperts) return thread_per_token();
-    if (p.softmax_pre()) return of(E);
-    return with_lanes(lanes_for(E / 16 > p.topk ? E / 16 : p.topk));
+    return token_kernel(p, E / 16 > p.topk ? E / 16 : p.topk);
   }
 
-  /// The geometry of the compact backward. It recomputes the forward's activations: with the forward's variant
-  /// where that matters (one thread per token for small E; of() for the row softmax of Softmax pre). Otherwise its
-  /// work is per selected slot: about two slots per lane, at least 8 lanes.
+  /// The geometry of the compact backward. It recomputes the forward's activations, so it takes the forward's
+  /// variant where that matters (token_kernel); otherwise its work is per selected slot: about two slots per lane,
+  /// at least 8 lanes.
   static TokenGeometry compact_backward(const TokenParams& p) {
+    return token_kernel(p, p.topk / 2 > 8 ? p.topk / 2 : 8);
+  }
+
+  /// The forward's and the compact backward's geometry with about `lanes` lanes per token (a power of two up to
+  /// 32). Host spaces: blocks of tokens (of()). Devices: one thread per token for E <= kThreadTokenExperts, and of()
+  /// for Softmax pre, whose row sum is a lane reduction whose order (hence bits) the lane count sets.
+  static TokenGeometry token_kernel(const TokenParams& p, int lanes) {
     const int E = p.num_experts;
     if (host) return of(E);
     if (E <= kThreadTokenExperts) return thread_per_token();
     if (p.softmax_pre()) return of(E);
-    return with_lanes(lanes_for(p.topk / 2 > 8 ? p.topk / 2 : 8));
+    return with_lanes(lanes_for(lanes));
   }
 
   /// Geometry of the map backward: one lane per expert up to 32. Its sums are lane reductions, so the lane count
@@ -385,7 +388,7 @@ struct TopkBackwardKernel {
     const int nb = static_cast<int>(bitmap_row_bytes(o.params.num_experts));
     for (int b0 = 0; b0 < nb; b0 += 8) {
       std::uint64_t mask = 0;
-      if (b0 + 8 <= nb) {
+      if (b0 + 8 <= nb) {  // a whole word: a constant trip count, unrolled
         for (int j = 0; j < 8; ++j) mask |= static_cast<std::uint64_t>(block_mask(map, b0 + j)) << (8 * j);
       } else {
         for (int j = 0; b0 + j < nb; ++j) mask |= static_cast<std::uint64_t>(block_mask(map, b0 + j)) << (8 * j);
