@@ -8,7 +8,8 @@
 # benchmarks of both binaries, alternating, T >= 16384, specialization and portable path, fenced and event time.
 # fulltier: docs/router.md §16.3 full tier on Cuda with the new binary. te: TransformerEngine's router kernels
 # (TE_BENCH: a run.sh of a standalone harness built outside the repository, perf_test/README.md). ncu: Nsight
-# Compute sections of the backward kernels of the new binary (NCU_CASES: benchmark names). ncutime: the device
+# Compute sections of the backward kernels of the new binary (NCU_CASES: benchmark names; NCU_KERNEL: another kernel
+# name regex, NCU_SECTIONS: other ncu section options). ncutime: the device
 # duration of every native kernel launch of both binaries, averaged per kernel by Nsight Compute (the old binary
 # has no event timing; NCU_TOKENS, default 16384). REPS (default 1) repeats
 # the old/new benchmark alternation; BENCH_FILTER overrides the benchmark filter. Logs go to OUT_DIR.
@@ -83,9 +84,10 @@ fi
 if [ "$phase" = ncu ]; then
   for c in ${NCU_CASES:?set NCU_CASES}; do
     step "ncu $c"
-    (cd "$new" && with "$new" timeout 120 ncu --kernel-name 'regex:bwd_' --launch-skip 3 --launch-count 1 \
-      --section SpeedOfLight --section Occupancy --section LaunchStats --section MemoryWorkloadAnalysis \
-      ./KokkosMoE_RouterBenchmarks --benchmark_filter="$c" --kokkosmoe_tokens=65536 --kokkosmoe_cold=0 \
+    # shellcheck disable=SC2086  # NCU_SECTIONS is a list of options
+    (cd "$new" && with "$new" timeout 120 ncu --kernel-name-base demangled --kernel-name "${NCU_KERNEL:-regex:bwd_}" \
+      --launch-skip 3 --launch-count 1 ${NCU_SECTIONS:---section SpeedOfLight --section Occupancy --section LaunchStats \
+      --section MemoryWorkloadAnalysis} ./KokkosMoE_RouterBenchmarks --benchmark_filter="$c" --kokkosmoe_tokens=65536 --kokkosmoe_cold=0 \
       --kokkosmoe_min_time=0.01) \
       >"$out/ncu_$(echo "$c" | tr -c 'A-Za-z0-9_\n' '_').txt" 2>&1
     echo "ncu exit $?"

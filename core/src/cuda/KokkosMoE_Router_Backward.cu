@@ -447,6 +447,36 @@ __global__ void __launch_bounds__(128) bwd_map_sparse(const BwdParams P) {
 
 // ------------------------------------------------------------------------------------------------------------
 // Sparse path: dense indices (gather intermediate/grad) or compact (gather logits, recompute activations).
+/// The row fill of bwd_sparse before its routed entries are written: Softmax pre's non-routed gradient
+/// softmax_grad(0, a, P) (docs/router.md §9), +0.0 for every other score function. The activations a come from the
+/// forward's intermediate row, or, when lrow is set (compact form), from the logits row as exp(x - M) * inv.
+template <int GO, int LD, int TPT, int VO, bool VEC>
+__device__ __forceinline__ void fill_unrouted(typename Ty<GO>::S* orow, int E, int ls, bool pre, float Psum,
+                                              const float* inter, const typename Ty<LD>::S* lrow, float M, float inv) {
+  for (int e0 = ls * VO; e0 < E; e0 += TPT * VO) {
+    float o[VO];
+    if (pre) {
+      if (lrow != nullptr) {
+#pragma unroll
+        for (int w = 0; w < VO; ++w) o[w] = expf(Ty<LD>::to_f(lrow[e0 + w]) - M) * inv;
+      } else if constexpr (VEC) {
+        load_chunk<kDtF32, VO>(inter + e0, o);
+      } else {
+        o[0] = inter[e0];
+      }
+#pragma unroll
+      for (int w = 0; w < VO; ++w) o[w] = softmax_grad(0.0f, o[w], Psum);
+    } else {
+#pragma unroll
+      for (int w = 0; w < VO; ++w) o[w] = 0.0f;
+    }
+    if constexpr (VEC)
+      store_chunk<GO, VO>(orow + e0, o);
+    else
+      orow[e0] = Ty<GO>::from_f(o[0]);
+  }
+}
+
 template <int GO, int LD, int TPT, bool VEC>
 __global__ void __launch_bounds__(128) bwd_sparse(const BwdParams P) {
   using TO = Ty<GO>;
@@ -546,28 +576,9 @@ __global__ void __launch_bounds__(128) bwd_sparse(const BwdParams P) {
       cf.P = Ps;
       cf.norm = k > 1;
       cf.set_sums(S, Q);
-      if (valid) {
-        OS* orow = static_cast<OS*>(P.gout) + rowE;
-        for (int e0 = ls * VO; e0 < E; e0 += TPT * VO) {
-          float o[VO];
-          if (pre) {  // dense indices with Softmax pre: non-routed get -a*P
-            float av[VO];
-            if constexpr (VEC)
-              load_chunk<kDtF32, VO>(P.inter + rowE + e0, av);
-            else
-              av[0] = P.inter[rowE + e0];
-#pragma unroll
-            for (int w = 0; w < VO; ++w) o[w] = -av[w] * cf.P;
-          } else {
-#pragma unroll
-            for (int w = 0; w < VO; ++w) o[w] = 0.0f;
-          }
-          if constexpr (VEC)
-            store_chunk<GO, VO>(orow + e0, o);
-          else
-            orow[e0] = TO::from_f(o[0]);
-        }
-      }
+      if (valid)
+        fill_unrouted<GO, LD, TPT, VO, VEC>(static_cast<OS*>(P.gout) + rowE, E, ls, pre, cf.P,
+                                            compact ? nullptr : P.inter + rowE, nullptr, 0.0f, 0.0f);
       __syncwarp();
       if (has) {
         const float dx = (fn == kSmx) ? softmax_grad(g, a, cf.P) : dx_sig_ssp(fn, cf, true, a, v, g);
@@ -708,34 +719,10 @@ __global__ void __launch_bounds__(128) bwd_sparse(const BwdParams P) {
     cf.norm = k > 1;
     cf.set_sums(S, Q);
 
-    // row fill: +0.0, or -a[e]*P for Softmax pre
-    if (valid) {
-      OS* orow = static_cast<OS*>(P.gout) + rowE;
-      for (int e0 = ls * VO; e0 < E; e0 += TPT * VO) {
-        float o[VO];
-        if (pre) {
-          if (compact) {
-#pragma unroll
-            for (int w = 0; w < VO; ++w) o[w] = -(expf(TL::to_f(lrow[e0 + w]) - M) * inv) * cf.P;
-          } else {
-            float av[VO];
-            if constexpr (VEC)
-              load_chunk<kDtF32, VO>(P.inter + rowE + e0, av);
-            else
-              av[0] = P.inter[rowE + e0];
-#pragma unroll
-            for (int w = 0; w < VO; ++w) o[w] = -av[w] * cf.P;
-          }
-        } else {
-#pragma unroll
-          for (int w = 0; w < VO; ++w) o[w] = 0.0f;
-        }
-        if constexpr (VEC)
-          store_chunk<GO, VO>(orow + e0, o);
-        else
-          orow[e0] = TO::from_f(o[0]);
-      }
-    }
+    // row fill: +0.0, or the non-routed Softmax pre gradient
+    if (valid)
+      fill_unrouted<GO, LD, TPT, VO, VEC>(static_cast<OS*>(P.gout) + rowE, E, ls, pre, cf.P,
+                                          compact ? nullptr : P.inter + rowE, lrow, M, inv);
     __syncwarp();
     // routed entries
     if (valid) {
