@@ -9,6 +9,9 @@
 
 #include <boost/test/unit_test.hpp>
 
+#include <algorithm>
+#include <cmath>
+
 #include "RouterRunner.hpp"
 
 using namespace KokkosMoETest;
@@ -151,6 +154,30 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(sigmoid_saturation_ties_to_lower_index, DeviceType
     BOOST_TEST(download(out.i32)[0] == 1);
     BOOST_TEST(download(out.probs)[1] == 2.0f);
   }
+}
+
+// Scores that agree in all but their lowest mantissa bits, spread over every lane of a token. The CUDA lane kernel
+// selects on 32-bit keys whose low bits are the inverted expert index (docs/design.md, "CUDA forward: packed keys and
+// selection rounds"): where the scores rise with the index those keys order them wrongly, and its exactness check
+// must redo the token on full keys. Softmax post selects on the logit itself, so the expected slots follow from the
+// values alone (FP32 logits: with 16-bit ones the coarse key is the full key).
+BOOST_AUTO_TEST_CASE_TEMPLATE(near_ties_below_the_packed_key_bits, DeviceType, KOKKOSMOE_DEVICE_TYPES) {
+  const double ulp = std::ldexp(1.0, -23);  // of values in [1, 2)
+  for (const int E : {64, 256, 1024})
+    for (const int k : {8, 32}) {
+      std::vector<double> x;
+      for (int e = 0; e < E; ++e) x.push_back(1.0 + e * ulp);                     // rising with the index
+      for (int e = 0; e < E; ++e) x.push_back(1.0 + (E - 1 - e) * ulp);           // falling
+      for (int e = 0; e < E; ++e) x.push_back(e % 5 == 0 ? 1.5 + e * ulp : 0.0);  // every fifth rising
+      // §6 on the exact values: descending, equal values to the lower index
+      std::vector<std::vector<int>> expect;
+      for (int t = 0; t < 3; ++t) {
+        std::vector<int> order = iota_vec(E);
+        std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return x[t * E + a] > x[t * E + b]; });
+        expect.emplace_back(order.begin(), order.begin() + k);
+      }
+      hand_case<DeviceType, float>("near ties", make_attr(Score::Softmax, false, k), E, x, {}, expect);
+    }
 }
 
 BOOST_AUTO_TEST_SUITE_END()
