@@ -91,6 +91,15 @@ struct GradTerms {
   }
 };
 
+/// A read-prefetch hint for host code (GCC and Clang); nothing elsewhere.
+KOKKOS_INLINE_FUNCTION void prefetch_host(const void* p) {
+#if defined(__GNUC__) && !defined(__CUDA_ARCH__) && !defined(__HIP_DEVICE_COMPILE__)
+  __builtin_prefetch(p, 0, 3);
+#else
+  (void)p;
+#endif
+}
+
 /// Launch geometry of the per-token kernels: host spaces take blocks of tokens per one-thread team; devices put
 /// one token on each team thread, with vector_length lanes per token.
 template <class ExecSpace>
@@ -594,7 +603,10 @@ struct CompactBackwardKernel {
       const FloatRow act(h, 2 * p.topk);
       const std::int64_t t0 = static_cast<std::int64_t>(m.league_rank()) * tokens_per_team;
       const std::int64_t t1 = t0 + tokens_per_team < o.num_tokens ? t0 + tokens_per_team : o.num_tokens;
-      for (std::int64_t t = t0; t < t1; ++t) token(SerialLoops{}, t, rowact, act);
+      for (std::int64_t t = t0; t < t1; ++t) {
+        if (t + 2 < o.num_tokens) prefetch_logits(t + 2);
+        token(SerialLoops{}, t, rowact, act);
+      }
     } else {
       const std::int64_t t = static_cast<std::int64_t>(m.league_rank()) * m.team_size() + m.team_rank();
       if (t >= o.num_tokens) return;
@@ -608,6 +620,20 @@ struct CompactBackwardKernel {
         const FloatRow act(h, 2 * p.topk);
         token(ThreadVectorLoops<member_type>{m}, t, rowact, act);
       }
+    }
+  }
+
+  /// Host: asks for token t's logits ahead of its gathers. Rows of fewer than 8 cache lines are left to the
+  /// hardware prefetchers (the token rows are consecutive); up to 32 lines a row is fetched whole (its k gathers
+  /// touch most of it); a longer one only at its k selected entries.
+  KOKKOS_INLINE_FUNCTION void prefetch_logits(std::int64_t t) const {
+    const std::size_t bytes = static_cast<std::size_t>(o.params.num_experts) * sizeof(Scalar);
+    if (bytes < 8 * 64) return;
+    if (bytes <= 32 * 64) {
+      const char* row = reinterpret_cast<const char*>(&o.logits(t, 0));
+      for (std::size_t b = 0; b < bytes; b += 64) prefetch_host(row + b);
+    } else {
+      for (int i = 0; i < o.params.topk; ++i) prefetch_host(&o.logits(t, o.ids(t, i)));
     }
   }
 
