@@ -24,9 +24,15 @@
 #include <impl/KokkosMoE_RouterToken_Impl.hpp>
 #include <impl/KokkosMoE_Router_Operands.hpp>
 
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
+
+// GCC / Clang builtins in host code (__builtin_ctzll, __builtin_prefetch): the one place that says where they exist.
+#if defined(__GNUC__) && !defined(__CUDA_ARCH__) && !defined(__HIP_DEVICE_COMPILE__)
+#define KOKKOSMOE_IMPL_HOST_GNU_BUILTINS 1
+#endif
 
 namespace KokkosMoE {
 namespace Impl {
@@ -91,9 +97,12 @@ struct GradTerms {
   }
 };
 
+/// Cache-line size assumed by the host prefetches.
+constexpr std::size_t kHostCacheLine = 64;
+
 /// A read-prefetch hint for host code (GCC and Clang); nothing elsewhere.
 KOKKOS_INLINE_FUNCTION void prefetch_host(const void* p) {
-#if defined(__GNUC__) && !defined(__CUDA_ARCH__) && !defined(__HIP_DEVICE_COMPILE__)
+#if defined(KOKKOSMOE_IMPL_HOST_GNU_BUILTINS)
   __builtin_prefetch(p, 0, 3);
 #else
   (void)p;
@@ -432,7 +441,7 @@ struct TopkBackwardKernel {
   }
   /// Index of the lowest set bit of a non-zero mask.
   KOKKOS_INLINE_FUNCTION static int lowest_bit(std::uint64_t mask) {
-#if defined(__GNUC__) && !defined(__CUDA_ARCH__) && !defined(__HIP_DEVICE_COMPILE__)
+#if defined(KOKKOSMOE_IMPL_HOST_GNU_BUILTINS)
     return __builtin_ctzll(mask);
 #else
     const std::uint64_t b = mask & (~mask + 1u);
@@ -628,10 +637,10 @@ struct CompactBackwardKernel {
   /// touch most of it); a longer one only at its k selected entries.
   KOKKOS_INLINE_FUNCTION void prefetch_logits(std::int64_t t) const {
     const std::size_t bytes = static_cast<std::size_t>(o.params.num_experts) * sizeof(Scalar);
-    if (bytes < 8 * 64) return;
-    if (bytes <= 32 * 64) {
+    if (bytes < 8 * kHostCacheLine) return;
+    if (bytes <= 32 * kHostCacheLine) {
       const char* row = reinterpret_cast<const char*>(&o.logits(t, 0));
-      for (std::size_t b = 0; b < bytes; b += 64) prefetch_host(row + b);
+      for (std::size_t b = 0; b < bytes; b += kHostCacheLine) prefetch_host(row + b);
     } else {
       for (int i = 0; i < o.params.topk; ++i) prefetch_host(&o.logits(t, o.ids(t, i)));
     }
