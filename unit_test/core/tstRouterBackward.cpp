@@ -4,8 +4,8 @@
 // topk_router backward (docs/router.md §9) and the compact backward (§5.5) for every forward variant: the grid of §16.3
 // with gradients against the oracle (Bytemap vs BitmapU8 bit-identical, indices within tolerance, compact == dense
 // backward of the scattered gradient, non-routed entries exactly +0.0 except Softmax pre, NaN upstream gradients at
-// non-routed positions never read), more routed experts per token than the host's block lists hold, plus
-// finite-difference checks of the library's own FP32 forward.
+// non-routed positions never read, a zero upstream gradient gives +0.0 everywhere), more routed experts per token than
+// the host's block lists hold, plus finite-difference checks of the library's own FP32 forward.
 
 #include <KokkosMoE_EnableDeviceTypes.hpp>
 
@@ -217,6 +217,55 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(non_routed_values_never_read, DeviceType, KOKKOSMO
       BOOST_TEST(nonzero == 0);
     }
   }
+}
+
+// A zero upstream gradient at every routed position (and at every slot of the compact form) makes every term of §9
+// zero: the sums are +0, so every gradient, Softmax pre's non-routed `a * (0 - P)` included, is exactly +0.0, never
+// -0.0 (as `-a * P` would give). grad_probs is non-zero at the non-routed positions, which §9 never reads.
+template <class D, class S>
+void zero_upstream_case(const Mode& m, int T, int E, int k, std::uint64_t seed) {
+  using Exec = typename D::execution_space;
+  const Oracle::Attr a = make_attr(m.f, m.pre, k, 0, 0, 1.5);
+  const auto c = make_random_case<D, S>(a, T, E, m.bias, seed);
+  std::vector<double> gp = random_values<S>(static_cast<std::size_t>(T) * E, seed + 1);
+  for (int t = 0; t < T; ++t)
+    for (int e = 0; e < E; ++e)
+      if (c.ref[t].routed[e]) gp[static_cast<std::size_t>(t) * E + e] = 0.0;
+  const auto gpd = device_values<D, S>("grad_probs", T, E, gp);
+  const auto gwd = make2<D, S>("grad_weights", T, k, Num<S>::make(0.0f));
+  for (const auto impl : kImpls)
+    for (const Out out : {Out::Bytemap, Out::Bitmap, Out::I32, Out::Compact}) {
+      KokkosMoE::RouterConfig cfg = to_config(a);
+      cfg.implementation = impl;
+      cfg.map_format =
+          out == Out::Bitmap ? KokkosMoE::RoutingMapFormat::BitmapU8 : KokkosMoE::RoutingMapFormat::Bytemap;
+      const auto fwd = run_forward<D, S, S>(cfg, out, c.logits, c.bias);
+      auto gl = make2<D, S>("grad_logits", T, E, Num<S>::make(kSentinel));
+      Exec exec{};
+      if (out == Out::Compact)
+        KokkosMoE::topk_router_compact_backward(exec, cfg, c.logits, fwd.ids, gwd, gl);
+      else if (out == Out::I32)
+        KokkosMoE::topk_router_indices_backward(exec, cfg, fwd.i32, fwd.inter, gpd, gl);
+      else
+        KokkosMoE::topk_router_backward(exec, cfg, fwd.map, fwd.inter, gpd, gl);
+      exec.fence();
+      const std::vector<S> g = download(gl);
+      Mismatches z(c.name + " " + impl_name(impl) + " " + out_name(out) + ": a zero upstream gradient gives +0.0");
+      for (std::size_t i = 0; i < g.size(); ++i)
+        if (!is_plus_zero(g[i]))
+          z.add([&](std::ostream& os) { os << "(t=" << i / E << ", e=" << i % E << ") got " << Num<S>::value(g[i]); });
+      z.report();
+    }
+}
+
+BOOST_AUTO_TEST_CASE_TEMPLATE(zero_upstream_gradient_is_plus_zero, DeviceType, KOKKOSMOE_DEVICE_TYPES) {
+  static const int kEk[][2] = {{8, 2}, {96, 4}, {256, 8}};
+  std::uint64_t seed = 0x2E80;
+  for (const Mode& m : kModes)
+    for (const auto& ek : kEk) {
+      zero_upstream_case<DeviceType, float>(m, 33, ek[0], ek[1], ++seed);
+      zero_upstream_case<DeviceType, bf16_t>(m, 33, ek[0], ek[1], ++seed);
+    }
 }
 
 BOOST_AUTO_TEST_SUITE_END()
