@@ -13,15 +13,12 @@
 #include <Kokkos_Core.hpp>
 #include <kokkos_ext/KokkosMoE_Float16.hpp>
 
+#include <impl/KokkosMoE_RowChunks.hpp>
+
 #include <cstdint>
 
 namespace KokkosMoE {
 namespace Impl {
-
-/// 16 bytes: the unit of row copies when rows and buffers are 16-byte aligned (one vector load per lane).
-struct alignas(16) Chunk16 {
-  std::uint32_t v[4];
-};
 
 /// Tokens per layout team: at most 32, and at most 2048 slots, so that a chunk's ids fit in team scratch.
 KOKKOS_INLINE_FUNCTION constexpr int layout_chunk(int top_k) {

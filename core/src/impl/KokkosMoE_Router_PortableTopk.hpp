@@ -11,7 +11,8 @@
 //     value followed by a scatter of the k selected entries, so the fill loops vectorize. Results do not depend on
 //     the thread count (§12).
 //   * devices: each team thread owns one token and its vector lanes (up to 32, fewer for small E) stride over the
-//     experts (the ThreadVector variant): several tokens per team, reductions within a warp, no team barrier.
+//     experts (the ThreadVector variant): several tokens per team, reductions within a warp, no team barrier. A token
+//     of at most 16 experts runs on one thread instead, its rows in registers.
 // The map-based backward reads only what it needs where the score function allows it (Sigmoid, SqrtSoftplus,
 // Softmax post: the gradient of a non-selected expert is +0): the map, then the selected entries of grad_probs and
 // the intermediate. Softmax pre streams the dense rows (every expert has a gradient).
@@ -23,6 +24,8 @@
 #include <impl/KokkosMoE_RouterMath.hpp>
 #include <impl/KokkosMoE_RouterToken_Impl.hpp>
 #include <impl/KokkosMoE_Router_Operands.hpp>
+#include <impl/KokkosMoE_RowChunks.hpp>
+#include <impl/KokkosMoE_TestSeam.hpp>
 
 #include <cstddef>
 #include <cstdint>
@@ -115,13 +118,23 @@ template <class ExecSpace>
 struct TokenGeometry {
   static constexpr bool host = is_host_space<ExecSpace>();
   static constexpr int kHostTokensPerTeam = 8;
-  /// The forward on a device routes a token of at most this many experts on one thread (the Serial variant: no
-  /// lane exchanges, 32 tokens per warp).
+  /// On a device a token of at most this many experts runs on one thread (the Serial variant: no lane exchanges,
+  /// 32 tokens per warp, the rows in registers).
   static constexpr int kThreadTokenExperts = 16;
   int vector_length = 1;
   int team_size = 1;
   int tokens_per_team = 1;
   bool serial_tokens = host;  ///< each token on one thread: the host, and on devices the token kernels for small E
+  /// Devices, one token per thread: the register slots of its rows (8 or 16, set by with_rows); 0: none, the Serial
+  /// variant as on the host. Each count is a kernel of its own, so each gets its own register allocation.
+  int rows = 0;
+
+  /// Gives a device's one-thread tokens rows in registers (operations whose outputs are dense rows).
+  TokenGeometry with_rows(int num_experts) const {
+    TokenGeometry g = *this;
+    if (!host && serial_tokens) g.rows = num_experts <= 8 ? 8 : kThreadTokenExperts;
+    return g;
+  }
 
   /// The geometry of the forward. On a device: one thread per token for E <= kThreadTokenExperts; else about 16
   /// experts per lane (each lane keeps its four best keys in registers and a selection round is one lane
@@ -144,9 +157,18 @@ struct TokenGeometry {
   static TokenGeometry token_kernel(const TokenParams& p, int lanes) {
     const int E = p.num_experts;
     if (host) return of(E);
-    if (E <= kThreadTokenExperts) return thread_per_token();
+    if (E <= kThreadTokenExperts && !TestSeam::portable_device_tokens.lanes_only) return thread_per_token();
     if (p.softmax_pre()) return of(E);
     return with_lanes(lanes_for(lanes));
+  }
+
+  /// The geometry of the backward from a map or from dense indices. On a device: one thread per token for
+  /// E <= kThreadTokenExperts (its rows in registers; the map backward's sums then run in the order of the lane
+  /// variant's reduction, TopkBackwardKernel::map_thread), else of().
+  static TokenGeometry backward(const TokenParams& p) {
+    if (!host && p.num_experts <= kThreadTokenExperts && !TestSeam::portable_device_tokens.lanes_only)
+      return thread_per_token();
+    return of(p.num_experts);
   }
 
   /// Geometry of the map backward: one lane per expert up to 32. Its sums are lane reductions, so the lane count
@@ -213,8 +235,9 @@ struct TokenGeometry {
 // forward
 // ---------------------------------------------------------------------------------------------------------------
 /// SerialTokens: each token on one thread with the Serial variant (host spaces; devices for small E), else on one
-/// team thread's vector lanes with the ThreadVector variant.
-template <class ExecSpace, class Ops, bool SerialTokens>
+/// team thread's vector lanes with the ThreadVector variant. Rows > 0: on a device, the dense outputs built in Rows
+/// register slots and stored whole (TokenGeometry::rows).
+template <class ExecSpace, class Ops, bool SerialTokens, int Rows>
 struct TopkForwardKernel {
   using Geometry = TokenGeometry<ExecSpace>;
   using member_type = typename Kokkos::TeamPolicy<ExecSpace>::member_type;
@@ -254,7 +277,10 @@ struct TopkForwardKernel {
                      FRow(group, p.grouped() ? p.num_groups : 0),
                      typename Work::template Row<int>(gsel, p.grouped() ? p.num_groups : 0),
                      typename Work::template Row<std::uint64_t>(keys, p.topk));
-        serial_token(t, w);
+        if constexpr (Rows > 0)
+          thread_token<Rows>(t, w);
+        else
+          serial_token(t, w);
       } else {
         device_token(m, t, Work(Geometry::scratch(m, level), o.params));
       }
@@ -311,6 +337,50 @@ struct TopkForwardKernel {
     }
   }
 
+  /// A token's logits row held by its thread.
+  struct LocalRow {
+    const Scalar* x;
+    KOKKOS_INLINE_FUNCTION Scalar operator()(int e) const { return x[e]; }
+  };
+
+  /// Device, one token per thread (E <= N), a dense output: serial_token's outputs, with the logits row loaded and
+  /// the dense rows stored whole (in vector accesses where they are so aligned), each entry computed as serial_token
+  /// computes it.
+  template <int N>
+  KOKKOS_INLINE_FUNCTION void thread_token(std::int64_t t, const Work& w) const {
+    const TokenParams& p = o.params;
+    const int E = p.num_experts, k = p.topk;
+    const float scale = p.scaling_factor;
+    Scalar xr[N];
+    load_row(&o.logits(t, 0), E, xr);
+    const TokenChoice c = route_token(SerialLoops{}, p, LocalRow{xr}, o.bias, w);
+    unsigned sel = 0;
+    for (int i = 0; i < k; ++i) {
+      const int e = key_index(w.keys(i));
+      sel |= 1u << e;
+      if (o.output == RoutingOutput::Indices) o.indices(t, i) = static_cast<Index>(e);
+    }
+    const bool ssp = p.score_function == ScoreFunction::SqrtSoftplus, post = p.softmax_post();
+    Scalar pr[N];
+    float ir[N];
+    std::uint8_t mr[N];
+    for (int e = 0; e < N; ++e) {
+      const bool routed = (sel >> e) & 1u;
+      const float a = e < E ? w.act(e) : 0.0f;
+      const float we = routed ? c.weight(a) : 0.0f;
+      pr[e] = from_float<Scalar>(routed ? scale * we : 0.0f);
+      ir[e] = (routed && c.mode == TokenChoice::Post) ? we : ssp ? to_float(xr[e]) : post ? neg_inf() : a;
+      mr[e] = routed ? 1 : 0;
+    }
+    store_row(&o.probs(t, 0), E, pr);
+    store_row(&o.inter(t, 0), E, ir);
+    if (o.output == RoutingOutput::Bytemap) {
+      store_row(&o.map(t, 0), E, mr);
+    } else if (o.output == RoutingOutput::BitmapU8) {
+      for (int b = 0; b < (E + 7) / 8; ++b) o.map(t, b) = static_cast<std::uint8_t>(sel >> (8 * b));
+    }
+  }
+
   KOKKOS_INLINE_FUNCTION void device_token(const member_type& m, std::int64_t t, const Work& w) const {
     const TokenParams& p = o.params;
     const int E = p.num_experts, k = p.topk;
@@ -357,7 +427,9 @@ struct TopkForwardKernel {
 // ---------------------------------------------------------------------------------------------------------------
 // backward from a routing map or dense indices (docs/router.md §9)
 // ---------------------------------------------------------------------------------------------------------------
-template <class ExecSpace, class Ops>
+/// SerialTokens: each token on one thread (host spaces; devices for small E), else on one team thread's vector lanes.
+/// Rows > 0: on a device, a map's token in Rows register slots (map_thread); the launcher gives dense indices none.
+template <class ExecSpace, class Ops, bool SerialTokens, int Rows>
 struct TopkBackwardKernel {
   using Geometry = TokenGeometry<ExecSpace>;
   using member_type = typename Kokkos::TeamPolicy<ExecSpace>::member_type;
@@ -365,6 +437,9 @@ struct TopkBackwardKernel {
 
   Ops o;
   int tokens_per_team;
+  int level;
+
+  static std::size_t scratch_bytes(const TokenParams&) { return 0; }
 
   KOKKOS_INLINE_FUNCTION bool routed_in_map(std::int64_t t, int e) const {
     if (o.output == RoutingOutput::Bytemap) return o.map(t, e) != 0;
@@ -388,11 +463,18 @@ struct TopkBackwardKernel {
     } else {
       const std::int64_t t = static_cast<std::int64_t>(m.league_rank()) * m.team_size() + m.team_rank();
       if (t >= o.num_tokens) return;
-      const ThreadVectorLoops<member_type> L{m};
-      if (o.output == RoutingOutput::Indices)
-        indices(L, t);
-      else
-        map_device(L, t);
+      if constexpr (SerialTokens) {
+        if constexpr (Rows > 0)
+          map_thread<Rows>(t);
+        else
+          indices(SerialLoops{}, t);
+      } else {
+        const ThreadVectorLoops<member_type> L{m};
+        if (o.output == RoutingOutput::Indices)
+          indices(L, t);
+        else
+          map_device(L, t);
+      }
     }
   }
 
@@ -535,6 +617,46 @@ struct TopkBackwardKernel {
     }
   }
 
+  // Device, one token per thread (E <= N): the token's rows in registers, N slots (slot e: expert e), read and
+  // written whole (in vector accesses where they are so aligned). The sums are the pairwise tree of the lane variant's
+  // reduction (map_device) over N slots: slot l adds slot l + w for w = N/2, ..., 1. Over lanes_for(E) <= N lanes it is
+  // the same tree with fewer +0 slots; a slot is never -0 (+0 + x is +0 for x = -0), and adding +0 changes no other
+  // value, so both variants give the same bits.
+  template <int N>
+  KOKKOS_INLINE_FUNCTION void map_thread(std::int64_t t) const {
+    const int E = o.params.num_experts;
+    const bool dense = o.params.softmax_pre();
+    unsigned mask = 0;
+    if (o.output == RoutingOutput::Bytemap) {
+      std::uint8_t flags[N];
+      load_row(&o.map(t, 0), E, flags);
+      for (int e = 0; e < N; ++e) mask |= (flags[e] != 0 ? 1u : 0u) << e;
+    } else {
+      for (int b = 0; b < (E + 7) / 8; ++b) mask |= static_cast<unsigned>(o.map(t, b)) << (8 * b);
+    }
+    mask &= (1u << E) - 1u;
+    // whole rows: at E <= 16 a row spans at most two 32-byte sectors, so gathering only the routed entries would
+    // not read fewer sectors; the non-routed values are loaded but never used (§9)
+    float a[N];
+    G gp[N];
+    load_row(&o.inter(t, 0), E, a);
+    load_row(&o.grad_probs(t, 0), E, gp);
+    const float scale = o.params.scaling_factor;
+    GradTerms g = GradTerms::of(o.params);
+    Sum2 s[N];
+    for (int e = 0; e < N; ++e)
+      if ((mask >> e) & 1u) g.accumulate(s[e], a[e], to_float(gp[e]) * scale);
+    for (int w = N / 2; w >= 1; w /= 2)
+      for (int l = 0; l < w; ++l) s[l] += s[l + w];
+    g.finish(s[0]);
+    G dx[N];
+    for (int e = 0; e < N; ++e) {
+      const float gin = to_float(gp[e]) * scale;
+      dx[e] = from_float<G>(((mask >> e) & 1u) ? g.routed(a[e], gin) : dense ? g.unrouted(a[e]) : 0.0f);
+    }
+    store_row(&o.grad_logits(t, 0), E, dx);
+  }
+
   // Device: the lanes read the map; only lanes of routed experts (all lanes for Softmax pre) read the dense rows.
   template <class Loops>
   KOKKOS_INLINE_FUNCTION void map_device(const Loops& L, std::int64_t t) const {
@@ -585,7 +707,7 @@ struct TopkBackwardKernel {
 // ---------------------------------------------------------------------------------------------------------------
 /// SerialTokens: each token on one thread (host spaces; devices for small E, as the forward), else on one team
 /// thread's vector lanes.
-template <class ExecSpace, class Ops, bool SerialTokens>
+template <class ExecSpace, class Ops, bool SerialTokens, int Rows>
 struct CompactBackwardKernel {
   using Geometry = TokenGeometry<ExecSpace>;
   using member_type = typename Kokkos::TeamPolicy<ExecSpace>::member_type;
@@ -704,24 +826,30 @@ struct PortableTopk {
   static void compact_backward(const ExecSpace& exec, const Ops& o);
 };
 
-/// Launches Kernel<ExecSpace, Ops, SerialTokens> in geometry geo: one token per thread (host spaces; on devices
-/// where geo.serial_tokens), else one token per team thread's vector lanes.
-template <template <class, class, bool> class Kernel, class ExecSpace, class Ops>
+/// Launches Kernel<ExecSpace, Ops, SerialTokens, Rows> in geometry geo: one token per thread (host spaces; on
+/// devices where geo.serial_tokens, with geo.rows register slots where WithRows), else one token per team thread's
+/// vector lanes. Kernels of operations that never take rows are launched without WithRows, so that no kernel with
+/// rows is instantiated for them.
+template <template <class, class, bool, int> class Kernel, bool WithRows, class ExecSpace, class Ops>
 void launch_token_kernel(const char* label, const ExecSpace& exec, const Ops& o, const TokenGeometry<ExecSpace>& geo) {
   using Geometry = TokenGeometry<ExecSpace>;
-  auto run = [&](auto serial_tokens) {
-    using K = Kernel<ExecSpace, Ops, decltype(serial_tokens)::value>;
+  auto run = [&](auto serial_tokens, auto rows) {
+    using K = Kernel<ExecSpace, Ops, decltype(serial_tokens)::value, decltype(rows)::value>;
     int level = 0;
     const auto policy = geo.policy(exec, o.num_tokens, K::scratch_bytes(o.params), level);
     Kokkos::parallel_for(label, policy, K{o, geo.tokens_per_team, level});
   };
+  using None = std::integral_constant<int, 0>;
   if constexpr (Geometry::host) {
-    run(std::true_type{});
+    run(std::true_type{}, None{});
   } else {
-    if (geo.serial_tokens)
-      run(std::true_type{});
-    else
-      run(std::false_type{});
+    if (!geo.serial_tokens) return run(std::false_type{}, None{});
+    if constexpr (WithRows) {
+      if (geo.rows == 8) return run(std::true_type{}, std::integral_constant<int, 8>{});
+      if (geo.rows == Geometry::kThreadTokenExperts)
+        return run(std::true_type{}, std::integral_constant<int, Geometry::kThreadTokenExperts>{});
+    }
+    run(std::true_type{}, None{});
   }
 }
 
@@ -729,26 +857,29 @@ template <class ExecSpace>
 template <class Ops>
 void PortableTopk<ExecSpace>::forward(const ExecSpace& exec, const Ops& o) {
   ScopedRegion region("KokkosMoE::topk_router[portable]");
-  launch_token_kernel<TopkForwardKernel>("KokkosMoE::topk_router", exec, o, Geometry::forward(o.params));
+  const Geometry geo = Geometry::forward(o.params);
+  // dense outputs get rows in registers; the compact one writes 2k values per token and keeps the smaller kernel
+  launch_token_kernel<TopkForwardKernel, true>(
+      "KokkosMoE::topk_router", exec, o,
+      o.output == RoutingOutput::Compact ? geo : geo.with_rows(o.params.num_experts));
 }
 
 template <class ExecSpace>
 template <class Ops>
 void PortableTopk<ExecSpace>::backward(const ExecSpace& exec, const Ops& o) {
   ScopedRegion region("KokkosMoE::topk_router_backward[portable]");
-  const Geometry geo = Geometry::of(o.params.num_experts);
-  int level = 0;
-  const auto policy = geo.policy(exec, o.num_tokens, 0, level);
-  Kokkos::parallel_for("KokkosMoE::topk_router_backward", policy,
-                       TopkBackwardKernel<ExecSpace, Ops>{o, geo.tokens_per_team});
+  const Geometry geo = Geometry::backward(o.params);
+  launch_token_kernel<TopkBackwardKernel, true>(
+      "KokkosMoE::topk_router_backward", exec, o,
+      o.output == RoutingOutput::Indices ? geo : geo.with_rows(o.params.num_experts));
 }
 
 template <class ExecSpace>
 template <class Ops>
 void PortableTopk<ExecSpace>::compact_backward(const ExecSpace& exec, const Ops& o) {
   ScopedRegion region("KokkosMoE::topk_router_backward[portable]");
-  launch_token_kernel<CompactBackwardKernel>("KokkosMoE::topk_router_compact_backward", exec, o,
-                                             Geometry::compact_backward(o.params));
+  launch_token_kernel<CompactBackwardKernel, false>("KokkosMoE::topk_router_compact_backward", exec, o,
+                                                    Geometry::compact_backward(o.params));
 }
 
 }  // namespace Impl

@@ -40,6 +40,17 @@ struct CudaBackwardKernel {
 /// The current setting (default: the library's own choice).
 inline CudaBackwardKernel cuda_backward_kernel{};
 
+/// Device geometry of the portable kernels (impl/KokkosMoE_Router_PortableTopk.hpp, TokenGeometry).
+struct PortableDeviceTokens {
+  /// Route every token on a team thread's vector lanes (the ThreadVector variant), also where the library would put
+  /// a token of at most 16 experts on one thread. Tests compare the two variants: the same bits, except the forward
+  /// of Softmax pre, whose row sum runs in another order.
+  bool lanes_only = false;
+};
+
+/// The current setting (default: the library's own choice).
+inline PortableDeviceTokens portable_device_tokens{};
+
 /// Sets one of the settings above for the lifetime of the guard and restores the previous value.
 template <class Setting>
 class Scoped {
