@@ -102,16 +102,13 @@ void expect_same(const std::pair<std::vector<T>, std::vector<T>>& r, const char*
 /// The portable kernels on one thread per token against their lane variant (E <= 16): every output bit for bit,
 /// except the forward of Softmax pre (its row sum runs in the variant's order, docs/router.md §17).
 template <class S, class G>
-void compare_portable_variants(int T, int E, KokkosMoE::ScoreFunction f, bool pre, int k, float scale,
-                               KokkosMoE::RoutingMapFormat format, std::uint64_t seed) {
-  KokkosMoE::RouterConfig cfg;
-  cfg.topk = k;
-  cfg.score_function = f;
-  cfg.use_pre_softmax = pre;
-  cfg.scaling_factor = scale;
+void compare_portable_variants(int T, int E, const Oracle::Attr& a, KokkosMoE::RoutingMapFormat format,
+                               std::uint64_t seed) {
+  KokkosMoE::RouterConfig cfg = to_config(a);
   cfg.map_format = format;
   cfg.implementation = KokkosMoE::Implementation::Portable;
-  const bool softmax_pre = f == KokkosMoE::ScoreFunction::Softmax && pre;
+  const int k = a.topk;
+  const bool softmax_pre = a.f == Oracle::Score::Softmax && a.pre;
   const std::int64_t map_cols = format == KokkosMoE::RoutingMapFormat::BitmapU8 ? (E + 7) / 8 : E;
   Kokkos::Cuda exec;
   const auto logits = device_values<D, S>("logits", T, E, random_values<S>(std::size_t(T) * E, seed, -3, 3));
@@ -123,7 +120,16 @@ void compare_portable_variants(int T, int E, KokkosMoE::ScoreFunction f, bool pr
   auto idx = make2<D, std::int32_t>("indices", T, k, -3);
   auto ids = make2<D, std::int32_t>("ids", T, k, -3);
   auto weights = make2<D, float>("weights", T, k, 7.f);
-  BOOST_TEST_CONTEXT("E=" << E << " k=" << k << " score " << static_cast<int>(f) << (pre ? " pre" : "") << " map "
+  // the backward of both variants on the same inputs, into a fresh gradient View each
+  auto gradients = [&](const auto& backward) {
+    return both_variants([&] {
+      auto gl = make2<D, G>("grad_logits", T, E, G(7.f));
+      backward(gl);
+      exec.fence();
+      return download(gl);
+    });
+  };
+  BOOST_TEST_CONTEXT("E=" << E << " k=" << k << " score " << static_cast<int>(a.f) << (a.pre ? " pre" : "") << " map "
                           << map_cols << " cols, logits " << sizeof(S) << " B, grad " << sizeof(G) << " B") {
     const auto fwd = both_variants([&] {
       KokkosMoE::topk_router(exec, cfg, logits, probs, map, inter);
@@ -137,21 +143,12 @@ void compare_portable_variants(int T, int E, KokkosMoE::ScoreFunction f, bool pr
     }
     // the backwards of both variants read the same forward outputs: the default variant's, left in the Views
     KokkosMoE::topk_router(exec, cfg, logits, probs, map, inter);
-    expect_same(both_variants([&] {
-                  auto gl = make2<D, G>("grad_logits", T, E, G(7.f));
-                  KokkosMoE::topk_router_backward(exec, cfg, map, inter, grad, gl);
-                  exec.fence();
-                  return download(gl);
-                }),
+    expect_same(gradients([&](const auto& gl) { KokkosMoE::topk_router_backward(exec, cfg, map, inter, grad, gl); }),
                 "map backward");
     KokkosMoE::topk_router_indices(exec, cfg, logits, probs, idx, inter);
-    expect_same(both_variants([&] {
-                  auto gl = make2<D, G>("grad_logits", T, E, G(7.f));
-                  KokkosMoE::topk_router_indices_backward(exec, cfg, idx, inter, grad, gl);
-                  exec.fence();
-                  return download(gl);
-                }),
-                "indices backward");
+    expect_same(
+        gradients([&](const auto& gl) { KokkosMoE::topk_router_indices_backward(exec, cfg, idx, inter, grad, gl); }),
+        "indices backward");
     const auto cw = both_variants([&] {
       KokkosMoE::topk_router_compact(exec, cfg, logits, ids, weights);
       exec.fence();
@@ -174,17 +171,18 @@ void compare_portable_variants(int T, int E, KokkosMoE::ScoreFunction f, bool pr
 BOOST_AUTO_TEST_SUITE(router_cuda_kernels)
 
 BOOST_AUTO_TEST_CASE(portable_thread_and_lane_variants_agree) {
-  using F = KokkosMoE::ScoreFunction;
+  using F = Oracle::Score;
   std::uint64_t seed = 0x7e;
   for (const int E : {1, 2, 3, 5, 8, 11, 16})
     for (const int k : {1, 2, 3, 5, 16}) {
       if (k > E) continue;
       for (const auto format : {KokkosMoE::RoutingMapFormat::Bytemap, KokkosMoE::RoutingMapFormat::BitmapU8}) {
-        compare_portable_variants<float, float>(301, E, F::Sigmoid, false, k, 2.5f, format, ++seed);
-        compare_portable_variants<KokkosMoE::bf16_t, KokkosMoE::bf16_t>(301, E, F::SqrtSoftplus, false, k, 1.f, format,
-                                                                        ++seed);
-        compare_portable_variants<float, KokkosMoE::bf16_t>(301, E, F::Softmax, false, k, 1.3f, format, ++seed);
-        compare_portable_variants<KokkosMoE::bf16_t, KokkosMoE::bf16_t>(301, E, F::Softmax, true, k, 1.f, format,
+        compare_portable_variants<float, float>(301, E, make_attr(F::Sigmoid, false, k, 0, 0, 2.5), format, ++seed);
+        compare_portable_variants<KokkosMoE::bf16_t, KokkosMoE::bf16_t>(301, E, make_attr(F::SqrtSoftplus, false, k),
+                                                                        format, ++seed);
+        compare_portable_variants<float, KokkosMoE::bf16_t>(301, E, make_attr(F::Softmax, false, k, 0, 0, 1.3), format,
+                                                            ++seed);
+        compare_portable_variants<KokkosMoE::bf16_t, KokkosMoE::bf16_t>(301, E, make_attr(F::Softmax, true, k), format,
                                                                         ++seed);
       }
     }
