@@ -210,6 +210,8 @@ int run(const Args& args, const Communicator& comm, int world_rank) {
   auto hid = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), ids);
   auto hw = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), weights);
   auto hgl = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), grad_logits);
+  // Capacity mode drops slots past the receive capacity: they contribute nothing and get zero gradients.
+  auto kept = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), handle.slot_kept());
   auto rnd = [&](float v) { return is_bf16 ? static_cast<float>(bf16_t(v)) : v; };
   double err_y = 0, err_gx = 0, err_gw = 0;
   bool finite = true;
@@ -218,7 +220,7 @@ int run(const Args& args, const Communicator& comm, int world_rank) {
       float acc = 0, gacc = 0;
       for (int k = 0; k < K; ++k) {
         const int e = hid(t, k);
-        if (e < 0) continue;
+        if (e < 0 || kept(static_cast<std::size_t>(t) * K + k) == 0) continue;
         const float a = 1.0f + (e % 5) * 0.125f, b = (e % 3) * 0.0625f;
         acc += hw(t, k) * rnd(static_cast<float>(hx(t, h)) * a + b);
         gacc += rnd(rnd(hw(t, k) * static_cast<float>(hgy(t, h))) * a);
@@ -229,7 +231,7 @@ int run(const Args& args, const Communicator& comm, int world_rank) {
     for (int k = 0; k < K; ++k) {
       const int e = hid(t, k);
       float d = 0;
-      if (e >= 0)
+      if (e >= 0 && kept(static_cast<std::size_t>(t) * K + k) != 0)
         for (int h = 0; h < H; ++h)
           d += static_cast<float>(hgy(t, h)) *
                rnd(static_cast<float>(hx(t, h)) * (1.0f + (e % 5) * 0.125f) + (e % 3) * 0.0625f);
@@ -257,6 +259,8 @@ int run(const Args& args, const Communicator& comm, int world_rank) {
     if (l < 8) per_expert += (per_expert.empty() ? "" : ",") + std::to_string(rcnt(l));
   }
   if (L > 8) per_expert += ",...";
+  // Rows actually received: capacity mode's dropped slots are counted in the demand above, not moved.
+  recv_slots -= ep_synchronize(exec, handle).dropped_recv_slots;
   const double row_bytes = static_cast<double>(H) * sizeof(Scalar);
   const double bytes = static_cast<double>(recv_slots) * row_bytes;  // docs/ep.md §9: received rows, local included
   const double td = median(t_dispatch), tc = median(t_combine), tcb = median(t_combine_bwd),

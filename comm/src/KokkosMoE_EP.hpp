@@ -101,15 +101,23 @@ class EpHandle {
   Kokkos::View<const std::uint8_t*, memory_space> token_in_rank() const {
     return Kokkos::subview(m_state->v.token_in_rank, std::make_pair(0, m_state->shape.T * m_state->shape.R));
   }
-  /// [L + 1] receive row offsets of the local experts (expert-major layout).
+  /// [L + 1] receive row offsets of the local experts: expert l's rows are [off(l), off(l + 1)), its kept slots
+  /// first (min(recv_counts(l), off(l + 1) - off(l)) of them), then zeroed padding. Never past num_recv_rows():
+  /// capacity mode clips them to the capacity. ExpertMajorFixed: off(l) = l * ep_size * max_tokens_per_rank.
   Kokkos::View<const int*, memory_space> expert_offsets() const { return m_state->v.expert_offsets; }
-  /// [L] slots received per local expert before any drop (the demand).
+  /// [L] slots addressed to each local expert before any drop (the demand; dropped slots included).
   Kokkos::View<const int*, memory_space> recv_counts() const { return m_state->v.recv_count; }
   /// [N] local expert of every receive row, -1 for padding and dropped rows (the valid-slot mask).
   Kokkos::View<const int*, memory_space> recv_expert() const {
     return Kokkos::subview(m_state->v.recv_expert, std::make_pair(0, m_state->recv_rows));
   }
-  /// [R * E] the all-gathered counts: slots from rank i to expert e at i * E + e.
+  /// [T * K] 1 iff slot (t, k) of this rank has an expert and reached it (0: empty, invalid or dropped for
+  /// capacity), row-major [T, K]: what combine and the backwards counted.
+  Kokkos::View<const std::uint8_t*, memory_space> slot_kept() const {
+    return Kokkos::subview(m_state->v.slot_kept, std::make_pair(0, m_state->shape.T * m_state->shape.K));
+  }
+  /// [R * (E + 1)] the all-gathered counts: slots from rank i to expert e at i * (E + 1) + e, rank i's count of
+  /// invalid expert ids at i * (E + 1) + E.
   Kokkos::View<const int*, memory_space> count_matrix() const { return m_state->v.counts; }
   /// Pointers of the handle's device memory (tests: two handles never alias).
   std::vector<const void*> impl_buffers() const { return Impl::handle_buffers(*m_state); }
@@ -158,7 +166,8 @@ void ep_combine(const ExecSpace& exec, const EpHandle<ExecSpace>& handle, Combin
 }
 
 /// \brief Backward of ep_combine: grad_out[slot(t,k)] = c(t,k) * grad_y[t]; Weighted also gives
-/// grad_w[t,k] = dot(grad_y[t], out[slot(t,k)]) ([T, K] float; 0 for invalid slots). For Sum, topk_w, out and
+/// grad_w[t,k] = dot(grad_y[t], out[slot(t,k)]) ([T, K] float; 0 for invalid and dropped slots), an FP32 sum in
+/// the order of the execution space's team reduction over the row (docs/ep.md §3.4). For Sum, topk_w, out and
 /// grad_w may be empty Views. Padding and dropped rows of grad_out are zeroed.
 template <class ExecSpace, class GradYView, class WView, class OutView, class GradOutView, class GradWView>
 void ep_combine_backward(const ExecSpace& exec, const EpHandle<ExecSpace>& handle, CombineMode mode,
@@ -167,8 +176,9 @@ void ep_combine_backward(const ExecSpace& exec, const EpHandle<ExecSpace>& handl
   Impl::combine_backward(exec, *handle.impl_state(), mode, grad_y, topk_w, out, grad_out, grad_w);
 }
 
-/// \brief Backward of ep_dispatch: grad_x[t] = sum over valid k of grad_recv_x[slot(t,k)];
-/// grad_w[t,k] = grad_recv_w[slot(t,k)] (0 for invalid slots). grad_recv_w and grad_w may both be empty.
+/// \brief Backward of ep_dispatch: grad_x[t] = sum over kept k, in k order, of grad_recv_x[slot(t,k)] (FP32
+/// accumulation from +0, rounded once to the row type); grad_w[t,k] = grad_recv_w[slot(t,k)] (0 for invalid and
+/// dropped slots). grad_recv_w and grad_w may both be empty.
 template <class ExecSpace, class GradRecvXView, class GradRecvWView, class GradXView, class GradWView>
 void ep_dispatch_backward(const ExecSpace& exec, const EpHandle<ExecSpace>& handle, const GradRecvXView& grad_recv_x,
                           const GradRecvWView& grad_recv_w, const GradXView& grad_x, const GradWView& grad_w) {
@@ -176,9 +186,12 @@ void ep_dispatch_backward(const ExecSpace& exec, const EpHandle<ExecSpace>& hand
 }
 
 /// \brief The natural synchronization of a step (docs/ep.md §5): waits for \p exec (bounded by the timeout),
-/// then reports the last layout's findings.
-/// \throws CapacityOverflow when a layout overflowed without drop_on_overflow; InvalidArgument (Rule::ExpertIdRange)
-/// for invalid ids found in capacity mode; CommError on a communication failure or timeout
+/// then reports the last layout's findings. Collective in effect: every rank reaches the same verdict from the
+/// same all-gathered counts, so either every rank of the group throws or none does.
+/// \throws CapacityOverflow on every rank when any rank's receive rows overflowed without drop_on_overflow (its
+/// demand(), capacity() and rank() are this rank's own when it overflowed, else the lowest overflowing rank's);
+/// InvalidArgument (Rule::ExpertIdRange) on every rank for invalid ids found in capacity mode; CommError on a
+/// communication failure or timeout
 template <class ExecSpace>
 EpStatus ep_synchronize(const ExecSpace& exec, const EpHandle<ExecSpace>& handle) {
   return Impl::synchronize(exec, *handle.impl_state());

@@ -30,7 +30,7 @@ struct EpGroupConfig {
   int ep_size = 0;                   ///< R: ranks of the group (= the communicator's size)
   int num_experts = 0;               ///< E, a multiple of ep_size; expert e lives on rank e / (E / R)
   int hidden = 0;                    ///< H, elements per token row
-  int top_k = 0;                     ///< K, slots per token
+  int top_k = 0;                     ///< K, slots per token, 1 <= K <= num_experts
   int max_tokens_per_rank = 0;       ///< B, the most tokens one rank routes per step
   int max_recv_tokens_per_rank = 0;  ///< receive capacity in rows (ExpertMajor); 0 selects eager mode
   int expert_alignment = 1;          ///< A, rows per expert slab are padded to a multiple of it (ExpertMajor)
@@ -46,10 +46,13 @@ struct EpHandleOptions {
   std::string name;  ///< named in error messages (e.g. "layer 3")
 };
 
-/// \brief What the last layouts found, read at a synchronization (docs/ep.md §5).
+/// \brief What the last layout found, read at a synchronization (docs/ep.md §5). Capacity mode only drops; eager
+/// mode reports its demand and no drops.
 struct EpStatus {
-  int recv_demand = 0;    ///< receive rows the last layout needed (padded; fixed layout: the largest expert)
-  int dropped_slots = 0;  ///< slots dropped for capacity (drop_on_overflow)
+  int recv_demand = 0;         ///< receive rows this rank's layout needed before any drop (padded to the alignment;
+                               ///< fixed layout: the most slots one of its local experts received)
+  int dropped_slots = 0;       ///< sender side: this rank's own (token, k) slots that were dropped for capacity
+  int dropped_recv_slots = 0;  ///< receiver side: slots addressed to this rank's experts that did not fit
 };
 
 /// \brief "expert-major", "expert-major-fixed".

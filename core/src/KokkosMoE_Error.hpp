@@ -224,22 +224,34 @@ class CommError : public std::runtime_error {
   CommFailure m_cause;
 };
 
-/// \brief Expert-parallel receive capacity exceeded without drop_on_overflow (docs/ep.md §5), reported at the next
-/// synchronization after the layout that overflowed.
+/// \brief Expert-parallel receive capacity exceeded without drop_on_overflow (docs/ep.md §5), reported on every rank
+/// of the group at the next synchronization after the layout that overflowed.
 class CapacityOverflow : public std::runtime_error {
  public:
   CapacityOverflow(std::string operation, std::int64_t demand, std::int64_t capacity)
-      : std::runtime_error("KokkosMoE::" + operation + ": the layout needs " + std::to_string(demand) +
-                           " receive rows but the group holds " + std::to_string(capacity) +
-                           " (max_recv_tokens_per_rank); grow the capacity or set drop_on_overflow"),
+      : CapacityOverflow(std::move(operation), demand, capacity, -1, std::string()) {}
+  /// \p rank: the rank whose receive rows overflowed (-1: this process); \p detail: appended to the message.
+  CapacityOverflow(std::string operation, std::int64_t demand, std::int64_t capacity, int rank,
+                   const std::string& detail)
+      : std::runtime_error("KokkosMoE::" + operation + ": " +
+                           (rank < 0 ? std::string("the layout") : "rank " + std::to_string(rank) + "'s layout") +
+                           " needs " + std::to_string(demand) + " receive rows but the group holds " +
+                           std::to_string(capacity) + (detail.empty() ? std::string() : ": " + detail) +
+                           "; grow the capacity or set drop_on_overflow"),
         m_demand(demand),
-        m_capacity(capacity) {}
+        m_capacity(capacity),
+        m_rank(rank) {}
+  /// Receive rows the overflowing rank's layout needed (padded; fixed layout: its largest expert's slots).
   std::int64_t demand() const noexcept { return m_demand; }
+  /// Its capacity: max_recv_tokens_per_rank, or the fixed layout's slab of ep_size * max_tokens_per_rank rows.
   std::int64_t capacity() const noexcept { return m_capacity; }
+  /// The rank whose receive rows overflowed: this rank when it overflowed itself, else the lowest one that did.
+  int rank() const noexcept { return m_rank; }
 
  private:
   std::int64_t m_demand;
   std::int64_t m_capacity;
+  int m_rank;
 };
 
 }  // namespace KokkosMoE

@@ -101,8 +101,10 @@ struct OracleLayout {
   std::vector<int> recv_rows;                 // per rank: rows of the receive Views
   std::vector<std::vector<int>> recv_expert;  // per rank: local expert per row, -1 padding/dropped
   std::vector<std::vector<int>> row_src_rank, row_src_token, row_src_k;  // per rank per row
-  std::vector<int> demand;   // per rank (padded rows; fixed: largest expert)
-  std::vector<int> dropped;  // per source rank: slots dropped
+  std::vector<int> demand;                // per rank (padded rows; fixed: largest expert)
+  std::vector<int> dropped;               // per source rank: its own slots dropped (sender side)
+  std::vector<int> dropped_recv;          // per destination rank: slots for its experts dropped (receiver side)
+  std::vector<std::vector<int>> offsets;  // per rank: [L + 1] expert offsets, never past its receive rows
 };
 
 inline OracleLayout oracle_layout(const EpGroupConfig& c, const std::vector<RankInputs>& in) {
@@ -115,11 +117,11 @@ inline OracleLayout oracle_layout(const EpGroupConfig& c, const std::vector<Rank
   const int A = fixed ? 1 : c.expert_alignment;
   const int slab = fixed ? c.ep_size * c.max_tokens_per_rank : 0;
   const bool capacity = c.max_recv_tokens_per_rank > 0 || fixed;
-  const long long BK = static_cast<long long>(c.max_tokens_per_rank) * c.top_k;
   const long long cap_rows = fixed ? static_cast<long long>(o.L) * slab : c.max_recv_tokens_per_rank;
-  const long long block = capacity ? std::min(BK, cap_rows) : 0;
   o.slot_row.resize(o.R);
   o.dropped.assign(o.R, 0);
+  o.dropped_recv.assign(o.R, 0);
+  o.offsets.resize(o.R);
   for (int i = 0; i < o.R; ++i) o.slot_row[i].assign(in[i].idx.size(), -1);
   o.recv_rows.assign(o.R, 0);
   o.recv_expert.resize(o.R);
@@ -143,18 +145,16 @@ inline OracleLayout oracle_layout(const EpGroupConfig& c, const std::vector<Rank
     }
     o.demand[j] = static_cast<int>(demand);
     const long long rows = capacity ? cap_rows : off[o.L];
+    for (long long v : off) o.offsets[j].push_back(static_cast<int>(std::min(v, rows)));
     o.recv_rows[j] = static_cast<int>(rows);
     o.recv_expert[j].assign(rows, -1);
     o.row_src_rank[j].assign(rows, -1);
     o.row_src_token[j].assign(rows, -1);
     o.row_src_k[j].assign(rows, -1);
+    // Within each local expert, slots in (source rank, token, k) order; the ones past the capacity are dropped.
     for (int l = 0; l < o.L; ++l) {
       long long pos = 0;
       for (int i = 0; i < o.R; ++i) {
-        // Position of source i's slots in its send block to j (capacity mode), in expert order.
-        long long block_pos = 0;
-        for (int ll = 0; ll < l; ++ll)
-          for (std::size_t q = 0; q < in[i].idx.size(); ++q) block_pos += in[i].idx[q] == j * o.L + ll;
         for (int t = 0; t < in[i].T; ++t)
           for (int k = 0; k < o.K; ++k) {
             const std::size_t q = static_cast<std::size_t>(t) * o.K + k;
@@ -165,11 +165,10 @@ inline OracleLayout oracle_layout(const EpGroupConfig& c, const std::vector<Rank
               keep = pos < slab;
             else if (capacity)
               keep = row < cap_rows;
-            if (capacity && i != j && block_pos >= block) keep = false;
             ++pos;
-            ++block_pos;
             if (!keep) {
               ++o.dropped[i];
+              ++o.dropped_recv[j];
               continue;
             }
             o.slot_row[i][q] = static_cast<int>(row);

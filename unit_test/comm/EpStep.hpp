@@ -21,6 +21,9 @@
 
 namespace KokkosMoE::Test {
 
+/// What the step's outputs hold before the library writes them (exact in bf16).
+constexpr float kSentinel = -512.0f;
+
 /// Upstream gradient of combine's output on rank `rank`, token t, element h.
 inline float upstream_grad(int rank, int t, int h, bool bf16) {
   const float g = 0.03125f * static_cast<float>((t * 7 + h * 3 + rank * 5) % 17) - 0.25f;
@@ -40,7 +43,7 @@ struct StepOutputs {
   int recv_rows = 0;
   std::vector<float> recv_x, recv_w, out, y, grad_out, grad_w_combine, grad_x, grad_w_dispatch;
   std::vector<int> recv_expert, tokens_per_expert, tokens_per_rank, counts, offsets;
-  std::vector<std::uint8_t> token_in_rank;
+  std::vector<std::uint8_t> token_in_rank, slot_kept;
   EpStatus status;
 };
 
@@ -96,6 +99,16 @@ StepOutputs run_step(const Exec& exec, EpGroup<Exec>& group, EpHandle<Exec>& han
   Kokkos::View<Scalar**, Kokkos::LayoutRight, Mem> recv_x("recv_x", N, H), out("out", N, H), grad_out("grad_out", N, H),
       grad_recv_x("grad_recv_x", N, H);
   Kokkos::View<float*, Mem> recv_w("recv_w", N), grad_recv_w("grad_recv_w", N);
+  Kokkos::View<Scalar**, Kokkos::LayoutRight, Mem> y("y", T, H), grad_y("grad_y", T, H), grad_x("grad_x", T, H);
+  Kokkos::View<float**, Kokkos::LayoutRight, Mem> grad_wc("grad_wc", T, K), grad_wd("grad_wd", T, K);
+  // Every output starts as a sentinel: a row or entry the library leaves unwritten shows up against the oracle.
+  Kokkos::deep_copy(recv_x, Scalar(kSentinel));
+  Kokkos::deep_copy(recv_w, kSentinel);
+  Kokkos::deep_copy(grad_out, Scalar(kSentinel));
+  Kokkos::deep_copy(y, Scalar(kSentinel));
+  Kokkos::deep_copy(grad_x, Scalar(kSentinel));
+  Kokkos::deep_copy(grad_wc, kSentinel);
+  Kokkos::deep_copy(grad_wd, kSentinel);
   ep_dispatch(exec, handle, sv.x, sv.w, recv_x, recv_w);
   auto recv_expert = handle.recv_expert();
   Kokkos::parallel_for(
@@ -112,8 +125,6 @@ StepOutputs run_step(const Exec& exec, EpGroup<Exec>& group, EpHandle<Exec>& han
                   static_cast<float>(e % 3) * 0.0625f;
         out(r, h) = Scalar(v);
       });
-  Kokkos::View<Scalar**, Kokkos::LayoutRight, Mem> y("y", T, H), grad_y("grad_y", T, H), grad_x("grad_x", T, H);
-  Kokkos::View<float**, Kokkos::LayoutRight, Mem> grad_wc("grad_wc", T, K), grad_wd("grad_wd", T, K);
   ep_combine(exec, handle, mode, out, sv.w, y);
   {
     auto hg = Kokkos::create_mirror_view(grad_y);
@@ -149,6 +160,7 @@ StepOutputs run_step(const Exec& exec, EpGroup<Exec>& group, EpHandle<Exec>& han
   o.counts = to_host<int>(handle.count_matrix());
   o.offsets = to_host<int>(handle.expert_offsets());
   o.token_in_rank = to_host<std::uint8_t>(handle.token_in_rank());
+  o.slot_kept = to_host<std::uint8_t>(handle.slot_kept());
   return o;
 }
 
@@ -235,6 +247,9 @@ inline StepOutputs expected_step(const EpGroupConfig& c, const std::vector<RankI
       if (ex >= 0) ++e.counts[static_cast<std::size_t>(i) * (E + 1) + ex];
   e.status.recv_demand = o.demand[me];
   e.status.dropped_slots = o.dropped[me];
+  e.status.dropped_recv_slots = o.dropped_recv[me];
+  e.offsets = o.offsets[me];
+  for (int v : o.slot_row[me]) e.slot_kept.push_back(v >= 0 ? 1 : 0);
   return e;
 }
 

@@ -9,8 +9,10 @@
 #include <boost/test/unit_test.hpp>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
+#include <random>
 #include <set>
 #include <string>
 #include <vector>
@@ -89,9 +91,25 @@ void check_step(const EpGroupConfig& c, Routing routing, CombineMode mode, std::
     BOOST_TEST(got.tokens_per_rank == want.tokens_per_rank, boost::test_tools::per_element());
     BOOST_TEST(got.token_in_rank == want.token_in_rank, boost::test_tools::per_element());
     BOOST_TEST(got.counts == want.counts, boost::test_tools::per_element());
+    BOOST_TEST(got.offsets == want.offsets, boost::test_tools::per_element());
+    BOOST_TEST(got.slot_kept == want.slot_kept, boost::test_tools::per_element());
+    BOOST_TEST(got.offsets.back() <= got.recv_rows);
     BOOST_TEST(got.status.recv_demand == want.status.recv_demand);
     BOOST_TEST(got.status.dropped_slots == want.status.dropped_slots);
+    BOOST_TEST(got.status.dropped_recv_slots == want.status.dropped_recv_slots);
   }
+}
+
+/// Inputs with the given expert ids (-1 = empty slot) and seeded rows and weights.
+RankInputs explicit_inputs(const EpGroupConfig& c, int rank, const std::vector<int>& idx, std::uint64_t seed) {
+  const int T = static_cast<int>(idx.size()) / c.top_k;
+  RankInputs in = make_inputs(c, Routing::Uniform, rank, T, seed, false);
+  in.idx = idx;
+  return in;
+}
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
 template <class Exec>
@@ -178,6 +196,59 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(mismatched_configs_fail_on_every_rank, DeviceType,
   if (comm.rank() == comm.size() - 1) c.hidden = 48;
   BOOST_CHECK_EXCEPTION(EpGroup<Exec>(Exec(), comm, c), InvalidArgument,
                         [](const InvalidArgument& e) { return e.rule() == Rule::CommConfigMismatch; });
+}
+
+// A configuration that is invalid on one rank only: that rank gets its own error, every other rank a
+// CommConfigMismatch naming it, all within 2 s (not the communicator's timeout), and the communicator still works.
+BOOST_AUTO_TEST_CASE_TEMPLATE(invalid_config_on_one_rank_fails_fast_everywhere, DeviceType, KOKKOSMOE_DEVICE_TYPES) {
+  using Exec = typename DeviceType::execution_space;
+  Exec exec;
+  const Communicator& comm = ep_comm<Exec>();
+  const int R = comm.size(), me = comm.rank();
+  struct Bad {
+    const char* what;
+    int rank;
+    Rule own;
+    void (*apply)(EpGroupConfig&, int R);
+  };
+  const Bad cases[] = {
+      {"hidden = 0 on rank 0", 0, Rule::ConfigValue, [](EpGroupConfig& c, int) { c.hidden = 0; }},
+      {"ep_size = R + 1 on the last rank", R - 1, Rule::CommSize, [](EpGroupConfig& c, int n) { c.ep_size = n + 1; }},
+      {"top_k > num_experts on the last rank", R - 1, Rule::ConfigValue,
+       [](EpGroupConfig& c, int) { c.top_k = c.num_experts + 1; }},
+  };
+  for (const Bad& b : cases) {
+    BOOST_TEST_CONTEXT(b.what << " (" << R << " ranks)") {
+      auto c = default_config(R);
+      c.hidden = 8;
+      if (me == b.rank) b.apply(c, R);
+      const auto t0 = std::chrono::steady_clock::now();
+      Rule got = Rule::ShapeMismatch;
+      std::string msg;
+      try {
+        EpGroup<Exec> group(exec, comm, c);
+      } catch (const InvalidArgument& e) {
+        got = e.rule();
+        msg = e.what();
+      }
+      const double dt = seconds_since(t0);
+      BOOST_TEST(dt < 2.0, "the typed error took " << dt << " s");
+      if (me == b.rank) {
+        BOOST_TEST(static_cast<int>(got) == static_cast<int>(b.own), msg);
+      } else {
+        BOOST_TEST(static_cast<int>(got) == static_cast<int>(Rule::CommConfigMismatch), msg);
+        BOOST_TEST(msg.find("rank(s) " + std::to_string(b.rank)) != std::string::npos, msg);
+      }
+    }
+  }
+  // Nobody was left behind in a collective: a valid group and a step still work on every rank.
+  const auto c = default_config(R);
+  const auto in = group_inputs(c, Routing::Uniform, 17, false, false);
+  EpGroup<Exec> group(exec, comm, c);
+  auto handle = group.make_handle();
+  const StepOutputs got = run_step<Exec, float>(exec, group, handle, in[me], CombineMode::Weighted);
+  const StepOutputs want = expected_step(c, in, me, CombineMode::Weighted, false);
+  compare("y after the failed constructions", got.y, want.y, false, want.y.size());
 }
 
 // ----- case 2: handle separation -----------------------------------------------------------------------------------
@@ -509,8 +580,9 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(no_stray_communication, DeviceType, KOKKOSMOE_DEVI
       BOOST_TEST(after.exchanges - before.exchanges == 0);
       BOOST_TEST(after.alltoalls - before.alltoalls == 0);
     } else if (capacity) {
-      // Rows and floats are separate all-to-alls: dispatch 2, combine 1, combine backward 2 + 1, dispatch bwd 2.
-      BOOST_TEST(after.alltoalls - before.alltoalls == 8);
+      // Weights travel in their rows' transfer (docs/ep.md §3.2): dispatch 1, combine 1, Weighted combine
+      // backward 2 (rows with weights, then the dots), dispatch backward 1.
+      BOOST_TEST(after.alltoalls - before.alltoalls == 5);
       BOOST_TEST(after.exchanges - before.exchanges == 0);
     } else {
       BOOST_TEST(after.exchanges - before.exchanges == 5);
@@ -572,20 +644,167 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(drop_on_overflow, DeviceType, KOKKOSMOE_DEVICE_TYP
   const auto want = expected_step(c, in, comm.rank(), CombineMode::Sum, false);
   BOOST_TEST(got.status.recv_demand == want.status.recv_demand);
   if (comm.rank() == comm.size() - 1) BOOST_TEST(got.status.recv_demand > c.max_recv_tokens_per_rank);
-  // Without drop_on_overflow the same step fails at the synchronization on the ranks that overflowed.
+  // Without drop_on_overflow the same step fails at the synchronization on every rank when any rank overflowed;
+  // each reports its own overflow, or the lowest rank that overflowed.
   c.drop_on_overflow = false;
   EpGroup<Exec> strict(exec, comm, c);
   auto sh = strict.make_handle({false, "strict"});
   StepViews<Exec, float> s(c, in[comm.rank()]);
   ep_layout(exec, sh, s.idx);
-  const bool overflows = want.status.dropped_slots > 0;
-  if (overflows) {
+  const OracleLayout o = oracle_layout(c, in);
+  int culprit = -1;
+  for (int j = comm.size() - 1; j >= 0; --j)
+    if (o.dropped_recv[j] > 0) culprit = j;
+  if (o.dropped_recv[comm.rank()] > 0) culprit = comm.rank();
+  if (culprit >= 0) {
     BOOST_CHECK_EXCEPTION(ep_synchronize(exec, sh), CapacityOverflow, [&](const CapacityOverflow& e) {
-      return e.capacity() == c.max_recv_tokens_per_rank && e.demand() == want.status.recv_demand;
+      return e.capacity() == c.max_recv_tokens_per_rank && e.rank() == culprit && e.demand() == o.demand[culprit];
     });
   } else {
     BOOST_CHECK_NO_THROW(ep_synchronize(exec, sh));
   }
+}
+
+// The minimal case of a kept row that was never written (3 ranks; any R >= 2 runs it): E = 4R, K = 1, B = 2,
+// capacity 1, drop on overflow. Rank 0 routes nothing, rank 1 sends its 2 tokens to expert 1, rank 2 one token to
+// expert 0 (experts 0 and 1 live on rank 0). Rank 0 keeps rank 2's row in row 0; rank 2's combine returns the
+// expert's output for it. Before the segment clip of layout_offsets, row 0 kept a sentinel at 3, 5 and 6 ranks.
+BOOST_AUTO_TEST_CASE_TEMPLATE(kept_rows_arrive_at_every_world_size, DeviceType, KOKKOSMOE_DEVICE_TYPES) {
+  using Exec = typename DeviceType::execution_space;
+  Exec exec;
+  const Communicator& comm = ep_comm<Exec>();
+  const int R = comm.size(), me = comm.rank();
+  EpGroupConfig c;
+  c.ep_size = R;
+  c.num_experts = 4 * R;
+  c.hidden = 8;
+  c.top_k = 1;
+  c.max_tokens_per_rank = 2;
+  c.max_recv_tokens_per_rank = 1;
+  c.drop_on_overflow = true;
+  std::vector<RankInputs> in;
+  for (int r = 0; r < R; ++r) {
+    std::vector<int> idx = {-1, -1};
+    if (r == 1) idx = {1, 1};
+    if (r == 2) idx = {0, -1};
+    in.push_back(explicit_inputs(c, r, idx, 601));
+  }
+  for (CombineMode m : {CombineMode::Sum, CombineMode::Weighted}) {
+    EpGroup<Exec> group(exec, comm, c);
+    auto handle = group.make_handle();
+    const StepOutputs got = run_step<Exec, float>(exec, group, handle, in[me], m);
+    const StepOutputs want = expected_step(c, in, me, m, false);
+    compare("recv_x", got.recv_x, want.recv_x, false, want.recv_x.size());
+    compare("y", got.y, want.y, false, want.y.size());
+    BOOST_TEST(got.recv_expert == want.recv_expert, boost::test_tools::per_element());
+    BOOST_TEST(got.status.dropped_slots == want.status.dropped_slots);
+    BOOST_TEST(got.status.dropped_recv_slots == want.status.dropped_recv_slots);
+    if (R >= 3 && me == 0) {
+      // Row 0 is rank 2's token 0 (expert 0 comes first); rank 1's two rows for expert 1 are past the capacity.
+      BOOST_TEST(got.recv_expert[0] == 0);
+      for (int h = 0; h < c.hidden; ++h) BOOST_TEST(got.recv_x[h] == in[2].x[h]);
+      BOOST_TEST(got.status.dropped_recv_slots == 2);
+      BOOST_TEST(got.status.recv_demand == 3);
+    }
+    if (R >= 3 && me == 2) {
+      const float cf = m == CombineMode::Weighted ? in[2].w[0] : 1.0f;
+      for (int h = 0; h < c.hidden; ++h) BOOST_TEST(close(got.y[h], cf * expert_fn(in[2].x[h], 0, false), false));
+    }
+    if (R >= 2 && me == 1) BOOST_TEST(got.status.dropped_slots == (R >= 3 ? 2 : 1));
+  }
+}
+
+// Overflow without drop: the receiver whose demand exceeds its capacity throws CapacityOverflow with its own
+// demand, and so does every other rank (naming that rank), so no rank goes on alone into the next collective.
+BOOST_AUTO_TEST_CASE_TEMPLATE(overflow_raises_on_every_rank, DeviceType, KOKKOSMOE_DEVICE_TYPES) {
+  using Exec = typename DeviceType::execution_space;
+  Exec exec;
+  const Communicator& comm = ep_comm<Exec>();
+  const int R = comm.size(), me = comm.rank();
+  EpGroupConfig c;
+  c.ep_size = R;
+  c.num_experts = 2 * R;
+  c.hidden = 8;
+  c.top_k = 1;
+  c.max_tokens_per_rank = 2;
+  c.max_recv_tokens_per_rank = 1;
+  const int victim = 1 % R;       // rank 1, or rank 0 itself at one rank
+  const int expert = victim * 2;  // its first local expert
+  std::vector<RankInputs> in;
+  for (int r = 0; r < R; ++r)
+    in.push_back(explicit_inputs(c, r, r == 0 ? std::vector<int>{expert, expert} : std::vector<int>{-1, -1}, 602));
+  for (bool drop : {false, true}) {
+    c.drop_on_overflow = drop;
+    EpGroup<Exec> group(exec, comm, c);
+    auto handle = group.make_handle({false, "overflow"});
+    StepViews<Exec, float> sv(c, in[me]);
+    const auto t0 = std::chrono::steady_clock::now();
+    ep_layout(exec, handle, sv.idx);
+    if (!drop) {
+      BOOST_CHECK_EXCEPTION(ep_synchronize(exec, handle), CapacityOverflow, [&](const CapacityOverflow& e) {
+        BOOST_TEST_MESSAGE("rank " << me << ": " << e.what());
+        return e.rank() == victim && e.demand() == 2 && e.capacity() == 1;
+      });
+      BOOST_TEST(seconds_since(t0) < 2.0);
+    } else {
+      const EpStatus st = ep_synchronize(exec, handle);
+      BOOST_TEST(st.recv_demand == (me == victim ? 2 : 0));
+      BOOST_TEST(st.dropped_recv_slots == (me == victim ? 1 : 0));
+      BOOST_TEST(st.dropped_slots == (me == 0 ? 1 : 0));
+    }
+  }
+  // Every rank is still in step: a full step against the oracle.
+  c.drop_on_overflow = true;
+  EpGroup<Exec> group(exec, comm, c);
+  auto handle = group.make_handle();
+  const StepOutputs got = run_step<Exec, float>(exec, group, handle, in[me], CombineMode::Weighted);
+  const StepOutputs want = expected_step(c, in, me, CombineMode::Weighted, false);
+  compare("y", got.y, want.y, false, want.y.size());
+}
+
+// Randomized capacity-mode steps with drops against the oracle: shapes, alignment, capacity, layout, routing, mode
+// and row type drawn from one seed (the same on every rank), at every world size the suites run at.
+BOOST_AUTO_TEST_CASE_TEMPLATE(randomized_capacity_steps_match_oracle, DeviceType, KOKKOSMOE_DEVICE_TYPES) {
+  using Exec = typename DeviceType::execution_space;
+  const Communicator& comm = ep_comm<Exec>();
+  const int R = comm.size();
+  std::mt19937 gen(7001u + static_cast<unsigned>(R));
+  auto pick = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(gen); };
+  const Routing routings[] = {Routing::Uniform,          Routing::Skewed,       Routing::AllToOneExpert,
+                              Routing::SomeExpertsEmpty, Routing::WithMinusOne, Routing::Duplicates};
+  const int cases = 24;
+  int dropped_somewhere = 0;
+  for (int i = 0; i < cases; ++i) {
+    EpGroupConfig c;
+    c.ep_size = R;
+    c.num_experts = R * pick(1, 6);
+    c.top_k = pick(1, std::min(4, c.num_experts));
+    c.hidden = i % 3 == 0 ? 13 : 16;  // 13: the element-wise path
+    c.max_tokens_per_rank = pick(1, 10);
+    const bool fixed = i % 5 == 4;
+    c.layout = fixed ? RecvLayout::ExpertMajorFixed : RecvLayout::ExpertMajor;
+    c.expert_alignment = fixed ? 1 : std::vector<int>{1, 2, 3, 4}[pick(0, 3)];
+    // Mostly below the demand, so that slots drop: the room left after the first experts' rows is what the
+    // receiver keeps.
+    c.max_recv_tokens_per_rank = fixed ? 0 : pick(1, c.max_tokens_per_rank * c.top_k * R / (i % 2 == 0 ? 4 : 1) + 1);
+    c.drop_on_overflow = true;
+    const Routing routing = fixed ? Routing::Duplicates : routings[pick(0, 5)];
+    const CombineMode mode = i % 2 == 0 ? CombineMode::Weighted : CombineMode::Sum;
+    const std::string label = "random case " + std::to_string(i) + " (E " + std::to_string(c.num_experts) + ", K " +
+                              std::to_string(c.top_k) + ", B " + std::to_string(c.max_tokens_per_rank) + ", C " +
+                              std::to_string(c.max_recv_tokens_per_rank) + ", A " + std::to_string(c.expert_alignment) +
+                              (fixed ? ", fixed" : "") + ")";
+    const bool vary = i % 3 == 2 && c.max_tokens_per_rank >= 3;  // T = B - (rank % 3), T = 0 on rank 1
+    const auto in = group_inputs(c, routing, 7100 + i, i % 4 == 1, vary);
+    const OracleLayout o = oracle_layout(c, in);
+    for (int d : o.dropped_recv) dropped_somewhere += d > 0;
+    if (i % 4 == 1) {
+      check_step<Exec, bf16_t>(c, routing, mode, 7100 + i, vary, label);
+    } else {
+      check_step<Exec, float>(c, routing, mode, 7100 + i, vary, label);
+    }
+  }
+  BOOST_TEST(dropped_somewhere > 0, "no random case dropped a slot: the drop paths went untested");
 }
 
 BOOST_AUTO_TEST_CASE_TEMPLATE(graph_capture_replays_new_routing, DeviceType, KOKKOSMOE_DEVICE_TYPES) {

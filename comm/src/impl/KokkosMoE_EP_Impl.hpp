@@ -21,6 +21,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <exception>
 #include <limits>
 #include <memory>
 #include <string>
@@ -95,6 +96,14 @@ void ep_check_view(const char* fn, const char* name, const View& v, std::int64_t
 
 inline bool aligned16(const void* p) { return (reinterpret_cast<std::uintptr_t>(p) & 15u) == 0; }
 
+/// Bytes between consecutive stage rows of \p row_bytes each. An operation whose slots carry a float (dispatch's
+/// weight, the dispatch backward's weight gradient, the Weighted combine backward's weight) puts it in a 16-byte
+/// trailer after the row padded to 16 bytes, so that rows and floats are one transfer (docs/ep.md §3.2); the
+/// pitch depends on the operation only, never on whether a rank's float View is empty, so peers always agree.
+inline std::size_t stage_pitch(std::size_t row_bytes, bool with_floats) {
+  return with_floats ? (row_bytes + 15) / 16 * 16 + 16 : row_bytes;
+}
+
 // ----- state -------------------------------------------------------------------------------------------------------
 
 template <class Exec>
@@ -104,9 +113,9 @@ struct EpGroupState {
   EpShape shape;  // T = 0 here; the handle's copy carries the step's T
   std::shared_ptr<Transport> transport;
   int recv_rows_fixed = 0;          // capacity mode: receive rows of every layout
-  std::size_t stage_row_bytes = 0;  // bytes per stage row: H * 4 rounded up to 16 (FP32 rows fit)
+  std::size_t stage_row_bytes = 0;  // bytes per stage row: an FP32 row padded to 16 bytes, then its float's trailer
   Kokkos::View<Chunk16*, Mem> src_stage, dst_stage;
-  Kokkos::View<float*, Mem> src_stage_f, dst_stage_f;
+  Kokkos::View<float*, Mem> src_stage_f, dst_stage_f;  // floats that travel without rows (combine backward's dots)
   std::int64_t src_stage_rows = 0, dst_stage_rows = 0;
   bool capacity_mode() const {
     return config.max_recv_tokens_per_rank > 0 || config.layout == RecvLayout::ExpertMajorFixed;
@@ -165,7 +174,9 @@ struct EpHandleState {
     v.recv_base = a("recv_base", static_cast<std::int64_t>(s.R) * s.L);
     v.slot_row = a("slot_row", BK);
     v.slot_local = Kokkos::View<std::uint8_t*, Mem>("KokkosMoE::ep::slot_local", static_cast<std::size_t>(BK));
+    v.slot_kept = Kokkos::View<std::uint8_t*, Mem>("KokkosMoE::ep::slot_kept", static_cast<std::size_t>(BK));
     v.status = a("status", 4);
+    v.rank_status = a("rank_status", 2 * static_cast<std::int64_t>(s.R));
     if (group->capacity_mode()) {
       recv_expert_rows = group->recv_rows_fixed;
       stage_map_rows = s.R > 1 ? static_cast<std::int64_t>(s.R) * s.block : 0;
@@ -197,8 +208,8 @@ std::size_t handle_bytes(const EpGroupState<Exec>& g) {
   const std::size_t recv = g.capacity_mode() ? static_cast<std::size_t>(g.recv_rows_fixed) : BK;
   const std::size_t stage = g.capacity_mode() ? (R > 1 ? R * static_cast<std::size_t>(s.block) : 0) : BK;
   const std::size_t ints = BK + nch * E + nch * R + nch + (E + 1) + R + R * (E + 1) + 4 * E + (L + 1) + L + 3 * R * L +
-                           BK + recv + stage + 4;
-  return ints * sizeof(int) + B * R + BK;  // + token_in_rank and slot_local bytes
+                           BK + recv + stage + 4 + 2 * R;
+  return ints * sizeof(int) + B * R + 2 * BK;  // + token_in_rank, slot_local and slot_kept bytes
 }
 
 template <class Exec>
@@ -208,8 +219,8 @@ std::vector<const void*> handle_buffers(const EpHandleState<Exec>& h) {
           v.tokens_per_expert.data(), v.tokens_per_rank.data(), v.token_in_rank.data(), v.counts.data(),
           v.dest_base.data(),         v.dest_limit.data(),      v.send_base.data(),     v.send_limit.data(),
           v.expert_offsets.data(),    v.recv_count.data(),      v.src_base.data(),      v.src_limit.data(),
-          v.recv_base.data(),         v.slot_row.data(),        v.slot_local.data(),    v.recv_expert.data(),
-          v.stage_map.data(),         v.status.data()};
+          v.recv_base.data(),         v.slot_row.data(),        v.slot_local.data(),    v.slot_kept.data(),
+          v.recv_expert.data(),       v.stage_map.data(),       v.status.data(),        v.rank_status.data()};
 }
 
 template <class Exec>
@@ -290,7 +301,42 @@ std::shared_ptr<EpGroupState<Exec>> make_group_state(const Exec& exec, const Com
     ep_fail(fn, "exec", Rule::TransportMismatch,
             "the execution space runs on device " + std::to_string(ExecTraits<Exec>::device(exec)) +
                 " but the communicator's rank uses device " + std::to_string(t->device()));
-  check_group_config(fn, config, t->size());
+  // A configuration that is invalid on this rank alone must not leave the peers waiting in the digest exchange
+  // until their timeout: the rank still takes part, with an "invalid" marker, and every rank throws at once
+  // (docs/ep.md §2). Errors above this point need the communicator itself and stay local.
+  std::exception_ptr invalid;
+  try {
+    check_group_config(fn, config, t->size());
+  } catch (const InvalidArgument&) {
+    invalid = std::current_exception();
+  }
+  {
+    const int R = t->size();
+    Kokkos::View<std::uint64_t*, Mem> mine("KokkosMoE::ep::digest", 2), all("KokkosMoE::ep::digests", 2 * R);
+    auto hm = Kokkos::create_mirror_view(mine);
+    hm(0) = invalid ? 1u : 0u;
+    hm(1) = config_digest(config);
+    Kokkos::deep_copy(mine, hm);
+    Kokkos::fence();
+    t->allgather(fn, mine.data(), all.data(), 2 * sizeof(std::uint64_t), ExecTraits<Exec>::stream(exec));
+    t->wait(fn, ExecTraits<Exec>::stream(exec));
+    auto host = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), all);
+    if (invalid) std::rethrow_exception(invalid);
+    std::string bad, differ;
+    for (int r = 0; r < R; ++r) {
+      if (host(2 * r) != 0) bad += (bad.empty() ? "" : ", ") + std::to_string(r);
+      if (host(2 * r + 1) != host(1)) differ += (differ.empty() ? "" : ", ") + std::to_string(r);
+    }
+    if (!bad.empty())
+      ep_fail(fn, "config", Rule::CommConfigMismatch,
+              "rank(s) " + bad +
+                  " of the EP group passed an invalid EpGroupConfig (their own InvalidArgument names the field); "
+                  "every rank must pass the same valid config");
+    if (!differ.empty())
+      ep_fail(fn, "config", Rule::CommConfigMismatch,
+              "the ranks of the EP group passed different EpGroupConfig values: rank(s) " + differ +
+                  " differ from rank 0 (every rank must pass the same config)");
+  }
 
   auto g = std::make_shared<EpGroupState<Exec>>();
   g->config = config;
@@ -307,7 +353,7 @@ std::shared_ptr<EpGroupState<Exec>> make_group_state(const Exec& exec, const Com
   s.slab = s.fixed ? s.R * config.max_tokens_per_rank : 0;
   s.capacity = s.fixed ? 0 : config.max_recv_tokens_per_rank;
   const std::int64_t BK = static_cast<std::int64_t>(config.max_tokens_per_rank) * config.top_k;
-  g->stage_row_bytes = (static_cast<std::size_t>(config.hidden) * 4 + 15) / 16 * 16;
+  g->stage_row_bytes = stage_pitch(static_cast<std::size_t>(config.hidden) * 4, true);
   if (g->capacity_mode()) {
     g->recv_rows_fixed = s.fixed ? s.L * s.slab : config.max_recv_tokens_per_rank;
     s.block = static_cast<int>(BK < g->recv_rows_fixed ? BK : g->recv_rows_fixed);
@@ -315,23 +361,6 @@ std::shared_ptr<EpGroupState<Exec>> make_group_state(const Exec& exec, const Com
   } else {
     s.block = 0;
     g->src_stage_rows = g->dst_stage_rows = s.R > 1 ? BK : 0;
-  }
-
-  // Every rank must have passed the same configuration: compare digests (a mismatch throws on every rank).
-  {
-    Kokkos::View<std::uint64_t*, Mem> mine("KokkosMoE::ep::digest", 1), all("KokkosMoE::ep::digests", s.R);
-    Kokkos::deep_copy(mine, config_digest(config));
-    Kokkos::fence();
-    t->allgather(fn, mine.data(), all.data(), sizeof(std::uint64_t), ExecTraits<Exec>::stream(exec));
-    t->wait(fn, ExecTraits<Exec>::stream(exec));
-    auto host = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), all);
-    std::string differ;
-    for (int r = 0; r < s.R; ++r)
-      if (host(r) != host(0)) differ += (differ.empty() ? "" : ", ") + std::to_string(r);
-    if (!differ.empty())
-      ep_fail(fn, "config", Rule::CommConfigMismatch,
-              "the ranks of the EP group passed different EpGroupConfig values: rank(s) " + differ +
-                  " differ from rank 0 (every rank must pass the same config)");
   }
 
   const auto alloc_rows = [&](const char* name, std::int64_t rows) {
@@ -349,48 +378,38 @@ std::shared_ptr<EpGroupState<Exec>> make_group_state(const Exec& exec, const Com
 
 enum class Direction { Forward, Return };
 
-/// Moves stage rows (row_bytes each, 0 = none) and stage floats between the ranks: Forward from each source stage
-/// to the peers' destination stages, Return back. Host transports need the kernels finished first.
+/// Moves stage units of \p pitch bytes each (rows with their trailers, or bare floats) between the ranks: Forward
+/// from each rank's \p src buffer to the peers' \p dst buffers, Return from \p dst back to \p src. One library call:
+/// an equal-block all-to-all in capacity mode, one grouped exchange of exact segments in eager mode. Host
+/// transports need the kernels finished first.
 template <class Exec>
-void transfer(const Exec& exec, const char* fn, EpHandleState<Exec>& h, Direction dir, std::size_t row_bytes,
-              bool floats) {
+void transfer(const Exec& exec, const char* fn, EpHandleState<Exec>& h, Direction dir, void* src, void* dst,
+              std::size_t pitch) {
   EpGroupState<Exec>& g = *h.group;
   const EpShape& s = h.shape;
-  if (s.R == 1 || (row_bytes == 0 && !floats)) return;
+  if (s.R == 1 || pitch == 0) return;
   if (ExecTraits<Exec>::transport == CommTransport::Mpi) exec.fence();
   void* stream = ExecTraits<Exec>::stream(exec);
-  char* src_rows = reinterpret_cast<char*>(g.src_stage.data());
-  char* dst_rows = reinterpret_cast<char*>(g.dst_stage.data());
-  char* src_f = reinterpret_cast<char*>(g.src_stage_f.data());
-  char* dst_f = reinterpret_cast<char*>(g.dst_stage_f.data());
+  char* src_b = static_cast<char*>(src);
+  char* dst_b = static_cast<char*>(dst);
   const bool fwd = dir == Direction::Forward;
   if (g.capacity_mode()) {
-    const std::size_t block = static_cast<std::size_t>(s.block);
-    if (row_bytes > 0)
-      g.transport->alltoall(fn, fwd ? src_rows : dst_rows, fwd ? dst_rows : src_rows, block * row_bytes, stream);
-    if (floats) g.transport->alltoall(fn, fwd ? src_f : dst_f, fwd ? dst_f : src_f, block * sizeof(float), stream);
+    g.transport->alltoall(fn, fwd ? src_b : dst_b, fwd ? dst_b : src_b, static_cast<std::size_t>(s.block) * pitch,
+                          stream);
     return;
   }
   std::vector<PeerSegment> segs;
   for (int p = 0; p < s.R; ++p) {
     if (p == s.me) continue;
-    // Forward: send my source-stage rows for p, receive p's rows for me into the destination stage.
-    const std::size_t so = static_cast<std::size_t>(h.src_off[p]), sn = static_cast<std::size_t>(h.send_rows[p]);
-    const std::size_t d_o = static_cast<std::size_t>(h.dst_off[p]), dn = static_cast<std::size_t>(h.recv_rows_peer[p]);
-    if (row_bytes > 0) {
-      if (fwd) {
-        segs.push_back({p, src_rows + so * row_bytes, sn * row_bytes, dst_rows + d_o * row_bytes, dn * row_bytes});
-      } else {
-        segs.push_back({p, dst_rows + d_o * row_bytes, dn * row_bytes, src_rows + so * row_bytes, sn * row_bytes});
-      }
-    }
-    if (floats) {
-      const std::size_t f = sizeof(float);
-      if (fwd) {
-        segs.push_back({p, src_f + so * f, sn * f, dst_f + d_o * f, dn * f});
-      } else {
-        segs.push_back({p, dst_f + d_o * f, dn * f, src_f + so * f, sn * f});
-      }
+    // Forward: send my source-stage units for p, receive p's units for me into the destination stage.
+    const std::size_t so = static_cast<std::size_t>(h.src_off[p]) * pitch;
+    const std::size_t sn = static_cast<std::size_t>(h.send_rows[p]) * pitch;
+    const std::size_t d_o = static_cast<std::size_t>(h.dst_off[p]) * pitch;
+    const std::size_t dn = static_cast<std::size_t>(h.recv_rows_peer[p]) * pitch;
+    if (fwd) {
+      segs.push_back({p, src_b + so, sn, dst_b + d_o, dn});
+    } else {
+      segs.push_back({p, dst_b + d_o, dn, src_b + so, sn});
     }
   }
   g.transport->exchange(fn, segs, stream);
@@ -483,10 +502,28 @@ void require_layout(const char* fn, const EpHandleState<Exec>& h) {
   if (!h.laid_out) ep_fail(fn, "handle", Rule::HandleState, "the handle has no layout yet: call ep_layout first");
 }
 
-template <class Scalar, class Unit, class Mem>
-Unmanaged2<Unit, Mem> stage_rows_view(const Kokkos::View<Chunk16*, Mem>& stage, std::int64_t rows, int hidden) {
-  const int units = static_cast<int>(static_cast<std::int64_t>(hidden) * sizeof(Scalar) / sizeof(Unit));
-  return Unmanaged2<Unit, Mem>(reinterpret_cast<Unit*>(stage.data()), static_cast<std::size_t>(rows), units);
+/// The stage's rows as units, \p pitch bytes apart (the kernels take the row width from the row Views, never from
+/// the stage, so a trailer is not touched as row data).
+template <class Unit, class Mem>
+Unmanaged2<Unit, Mem> stage_rows_view(const Kokkos::View<Chunk16*, Mem>& stage, std::int64_t rows, std::size_t pitch) {
+  return Unmanaged2<Unit, Mem>(reinterpret_cast<Unit*>(stage.data()), static_cast<std::size_t>(rows),
+                               pitch / sizeof(Unit));
+}
+
+/// The trailer floats of the stage's rows of \p row_bytes each, \p pitch bytes apart (stage_pitch(row_bytes, true)).
+template <class T, class Mem>
+Strided1<T, Mem> stage_floats(const Kokkos::View<Chunk16*, Mem>& stage, std::int64_t rows, std::size_t row_bytes,
+                              std::size_t pitch) {
+  if (rows == 0 || stage.data() == nullptr) return Strided1<T, Mem>();
+  char* base = reinterpret_cast<char*>(stage.data()) + (row_bytes + 15) / 16 * 16;
+  return Strided1<T, Mem>(reinterpret_cast<T*>(base),
+                          Kokkos::LayoutStride(static_cast<std::size_t>(rows), pitch / sizeof(float)));
+}
+
+/// A contiguous float array as a stride-1 float View.
+template <class T, class Mem>
+Strided1<T, Mem> strided(T* p, std::size_t n) {
+  return Strided1<T, Mem>(p, Kokkos::LayoutStride(n, 1));
 }
 
 template <class Unit, class Mem, class View>
@@ -556,19 +593,21 @@ void dispatch(const Exec& exec, EpHandleState<Exec>& h, const XView& x, const WV
   ep_check_view(fn, "recv_x", recv_x, h.recv_rows, H, true);
   if (with_w) ep_check_view(fn, "recv_w", recv_w, h.recv_rows, 1, true);
   EpGroupState<Exec>& g = *h.group;
+  const std::size_t row_bytes = static_cast<std::size_t>(H) * sizeof(Scalar);
+  const std::size_t pitch = stage_pitch(row_bytes, true);
   with_unit<Scalar>(H, {x.data(), recv_x.data(), g.src_stage.data(), g.dst_stage.data()}, [&](auto unit) {
     using Unit = decltype(unit);
     const auto src_w = with_w ? floats2<Mem>(w) : Unmanaged2<const float, Mem>();
     const auto rw = with_w ? floats1_out<Mem>(recv_w) : Unmanaged1<float, Mem>();
     auto rx = rows_view<Unit, Mem>(recv_x, H);
     pack_forward<Exec, Unit>(exec, s, rows_view<Unit, Mem>(x, H), src_w, h.v, rx, rw,
-                             stage_rows_view<Scalar, Unit>(g.src_stage, g.src_stage_rows, H),
-                             Unmanaged1<float, Mem>(g.src_stage_f.data(), g.src_stage_f.extent(0)), h.recv_rows,
+                             stage_rows_view<Unit>(g.src_stage, g.src_stage_rows, pitch),
+                             stage_floats<float>(g.src_stage, g.src_stage_rows, row_bytes, pitch), h.recv_rows,
                              "KokkosMoE::ep_dispatch::pack");
-    transfer(exec, fn, h, Direction::Forward, static_cast<std::size_t>(H) * sizeof(Scalar), with_w);
+    transfer(exec, fn, h, Direction::Forward, g.src_stage.data(), g.dst_stage.data(), pitch);
     unpack_forward<Exec, Unit>(exec, s.R > 1 ? h.stage_rows : 0,
-                               stage_rows_view<Scalar, const Unit>(g.dst_stage, g.dst_stage_rows, H),
-                               Unmanaged1<const float, Mem>(g.dst_stage_f.data(), g.dst_stage_f.extent(0)), h.v, rx, rw,
+                               stage_rows_view<const Unit>(g.dst_stage, g.dst_stage_rows, pitch),
+                               stage_floats<const float>(g.dst_stage, g.dst_stage_rows, row_bytes, pitch), h.v, rx, rw,
                                "KokkosMoE::ep_dispatch::unpack");
   });
 }
@@ -600,16 +639,17 @@ void combine(const Exec& exec, EpHandleState<Exec>& h, CombineMode mode, const O
   if (weighted) ep_check_view(fn, "topk_w", w, s.T, s.K, false);
   ep_check_view(fn, "y", y, s.T, H, false);
   EpGroupState<Exec>& g = *h.group;
+  const std::size_t pitch = stage_pitch(static_cast<std::size_t>(H) * sizeof(Scalar), false);
   with_unit<Scalar>(H, {out.data(), y.data(), g.src_stage.data(), g.dst_stage.data()}, [&](auto unit) {
     using Unit = decltype(unit);
     pack_return<Exec, Unit>(exec, s.R > 1 ? h.stage_rows : 0, rows_view<Unit, Mem>(out, H),
                             Unmanaged1<const float, Mem>(), h.v,
-                            stage_rows_view<Scalar, Unit>(g.dst_stage, g.dst_stage_rows, H), Unmanaged1<float, Mem>(),
+                            stage_rows_view<Unit>(g.dst_stage, g.dst_stage_rows, pitch), Strided1<float, Mem>(),
                             "KokkosMoE::ep_combine::pack");
-    transfer(exec, fn, h, Direction::Return, static_cast<std::size_t>(H) * sizeof(Scalar), false);
+    transfer(exec, fn, h, Direction::Return, g.src_stage.data(), g.dst_stage.data(), pitch);
     reduce_return<Exec, Scalar, Unit>(
         exec, s, rows_view<Unit, Mem>(out, H), Unmanaged1<const float, Mem>(),
-        stage_rows_view<Scalar, const Unit>(g.src_stage, g.src_stage_rows, H), Unmanaged1<const float, Mem>(),
+        stage_rows_view<const Unit>(g.src_stage, g.src_stage_rows, pitch), Strided1<const float, Mem>(),
         weighted ? floats2<Mem>(w) : Unmanaged2<const float, Mem>(), h.v, rows_view<Unit, Mem>(y, H),
         Unmanaged2<float, Mem>(), "KokkosMoE::ep_combine::reduce");
   });
@@ -650,37 +690,36 @@ void combine_backward(const Exec& exec, EpHandleState<Exec>& h, CombineMode mode
     ep_check_view(fn, "grad_w", grad_w, s.T, s.K, false);
   }
   EpGroupState<Exec>& g = *h.group;
+  const std::size_t row_bytes = static_cast<std::size_t>(H) * sizeof(Scalar);
+  // Weighted: grad_y rows travel with their slot's weight in the row trailer, the dots come back as bare floats.
+  const std::size_t pitch = stage_pitch(row_bytes, weighted);
   with_unit<Scalar>(
       H, {grad_y.data(), grad_out.data(), out.data(), g.src_stage.data(), g.dst_stage.data()}, [&](auto unit) {
         using Unit = decltype(unit);
         auto go = rows_view<Unit, Mem>(grad_out, H);
-        auto src_stage = stage_rows_view<Scalar, Unit>(g.src_stage, g.src_stage_rows, H);
-        auto dst_stage = stage_rows_view<Scalar, Unit>(g.dst_stage, g.dst_stage_rows, H);
-        Unmanaged1<float, Mem> src_f(g.src_stage_f.data(), g.src_stage_f.extent(0));
-        Unmanaged1<float, Mem> dst_f(g.dst_stage_f.data(), g.dst_stage_f.extent(0));
-        const std::size_t row_bytes = static_cast<std::size_t>(H) * sizeof(Scalar);
+        auto src_stage = stage_rows_view<Unit>(g.src_stage, g.src_stage_rows, pitch);
+        auto dst_stage = stage_rows_view<const Unit>(g.dst_stage, g.dst_stage_rows, pitch);
         if (!weighted) {
           pack_forward<Exec, Unit>(exec, s, rows_view<Unit, Mem>(grad_y, H), Unmanaged2<const float, Mem>(), h.v, go,
-                                   Unmanaged1<float, Mem>(), src_stage, Unmanaged1<float, Mem>(), h.recv_rows,
+                                   Unmanaged1<float, Mem>(), src_stage, Strided1<float, Mem>(), h.recv_rows,
                                    "KokkosMoE::ep_combine_backward::pack");
-          transfer(exec, fn, h, Direction::Forward, row_bytes, false);
-          unpack_forward<Exec, Unit>(
-              exec, s.R > 1 ? h.stage_rows : 0,
-              Unmanaged2<const Unit, Mem>(dst_stage.data(), dst_stage.extent(0), dst_stage.extent(1)),
-              Unmanaged1<const float, Mem>(), h.v, go, Unmanaged1<float, Mem>(),
-              "KokkosMoE::ep_combine_backward::unpack");
+          transfer(exec, fn, h, Direction::Forward, g.src_stage.data(), g.dst_stage.data(), pitch);
+          unpack_forward<Exec, Unit>(exec, s.R > 1 ? h.stage_rows : 0, dst_stage, Strided1<const float, Mem>(), h.v, go,
+                                     Unmanaged1<float, Mem>(), "KokkosMoE::ep_combine_backward::unpack");
         } else {
           auto o = rows_view<Unit, Mem>(out, H);
-          combine_backward_source<Exec, Scalar, Unit>(exec, s, rows_view<Unit, Mem>(grad_y, H), floats2<Mem>(w), o, h.v,
-                                                      go, floats2_out<Mem>(grad_w), src_stage, src_f);
-          transfer(exec, fn, h, Direction::Forward, row_bytes, true);
+          combine_backward_source<Exec, Scalar, Unit>(
+              exec, s, rows_view<Unit, Mem>(grad_y, H), floats2<Mem>(w), o, h.v, go, floats2_out<Mem>(grad_w),
+              src_stage, stage_floats<float>(g.src_stage, g.src_stage_rows, row_bytes, pitch));
+          transfer(exec, fn, h, Direction::Forward, g.src_stage.data(), g.dst_stage.data(), pitch);
           combine_backward_expert<Exec, Scalar, Unit>(
-              exec, s.R > 1 ? h.stage_rows : 0,
-              Unmanaged2<const Unit, Mem>(dst_stage.data(), dst_stage.extent(0), dst_stage.extent(1)), dst_f, o, h.v,
-              go);
-          transfer(exec, fn, h, Direction::Return, 0, true);
-          combine_backward_scatter<Exec>(exec, s, Unmanaged1<const float, Mem>(src_f.data(), src_f.extent(0)), h.v,
-                                         floats2_out<Mem>(grad_w));
+              exec, s.R > 1 ? h.stage_rows : 0, dst_stage,
+              stage_floats<const float>(g.dst_stage, g.dst_stage_rows, row_bytes, pitch),
+              Unmanaged1<float, Mem>(g.dst_stage_f.data(), g.dst_stage_f.extent(0)), o, h.v, go);
+          transfer(exec, fn, h, Direction::Return, g.src_stage_f.data(), g.dst_stage_f.data(), sizeof(float));
+          combine_backward_scatter<Exec>(exec, s,
+                                         Unmanaged1<const float, Mem>(g.src_stage_f.data(), g.src_stage_f.extent(0)),
+                                         h.v, floats2_out<Mem>(grad_w));
         }
         if (weighted)  // the Sum path's pack zeroed them
           zero_invalid_rows<Exec, Unit>(exec, h.recv_rows, h.v, go, Unmanaged1<float, Mem>(),
@@ -719,17 +758,19 @@ void dispatch_backward(const Exec& exec, EpHandleState<Exec>& h, const GradRecvX
   }
   ep_check_view(fn, "grad_x", grad_x, s.T, H, false);
   EpGroupState<Exec>& g = *h.group;
+  const std::size_t row_bytes = static_cast<std::size_t>(H) * sizeof(Scalar);
+  const std::size_t pitch = stage_pitch(row_bytes, true);
   with_unit<Scalar>(H, {grad_recv_x.data(), grad_x.data(), g.src_stage.data(), g.dst_stage.data()}, [&](auto unit) {
     using Unit = decltype(unit);
     const auto grw = with_w ? floats1<Mem>(grad_recv_w) : Unmanaged1<const float, Mem>();
     pack_return<Exec, Unit>(exec, s.R > 1 ? h.stage_rows : 0, rows_view<Unit, Mem>(grad_recv_x, H), grw, h.v,
-                            stage_rows_view<Scalar, Unit>(g.dst_stage, g.dst_stage_rows, H),
-                            Unmanaged1<float, Mem>(g.dst_stage_f.data(), g.dst_stage_f.extent(0)),
+                            stage_rows_view<Unit>(g.dst_stage, g.dst_stage_rows, pitch),
+                            stage_floats<float>(g.dst_stage, g.dst_stage_rows, row_bytes, pitch),
                             "KokkosMoE::ep_dispatch_backward::pack");
-    transfer(exec, fn, h, Direction::Return, static_cast<std::size_t>(H) * sizeof(Scalar), with_w);
+    transfer(exec, fn, h, Direction::Return, g.src_stage.data(), g.dst_stage.data(), pitch);
     reduce_return<Exec, Scalar, Unit>(exec, s, rows_view<Unit, Mem>(grad_recv_x, H), grw,
-                                      stage_rows_view<Scalar, const Unit>(g.src_stage, g.src_stage_rows, H),
-                                      Unmanaged1<const float, Mem>(g.src_stage_f.data(), g.src_stage_f.extent(0)),
+                                      stage_rows_view<const Unit>(g.src_stage, g.src_stage_rows, pitch),
+                                      stage_floats<const float>(g.src_stage, g.src_stage_rows, row_bytes, pitch),
                                       Unmanaged2<const float, Mem>(), h.v, rows_view<Unit, Mem>(grad_x, H),
                                       with_w ? floats2_out<Mem>(grad_w) : Unmanaged2<float, Mem>(),
                                       "KokkosMoE::ep_dispatch_backward::reduce");
@@ -760,13 +801,31 @@ EpStatus synchronize(const Exec& exec, const EpHandleState<Exec>& h) {
     ep_fail("ep_layout", "topk_idx", Rule::ExpertIdRange,
             "topk_idx held expert ids outside [-1, num_experts = " + std::to_string(s.E) + ") on " + bad +
                 " (found at ep_synchronize; those slots were treated as -1)");
+  auto ranks = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), h.v.rank_status);
   st.recv_demand = status(2);
   st.dropped_slots = status(1);
-  if (st.dropped_slots > 0 && !g.config.drop_on_overflow) {
-    const std::int64_t cap = s.fixed ? s.slab : g.recv_rows_fixed;
-    throw CapacityOverflow("ep_layout", st.recv_demand, cap);
+  st.dropped_recv_slots = ranks(2 * s.me + 1);
+  if (g.config.drop_on_overflow) return st;
+  // Every rank holds every rank's receive drops (from the same counts), so every rank of the group throws here and
+  // none goes on alone into the next collective. The exception reports this rank's own overflow when it had one,
+  // else the lowest rank that overflowed.
+  const std::int64_t cap = s.fixed ? s.slab : g.recv_rows_fixed;
+  int first = -1;
+  std::string list;
+  for (int j = 0; j < s.R; ++j) {
+    const int dropped = ranks(2 * j + 1);
+    if (dropped == 0) continue;
+    if (first < 0) first = j;
+    list += (list.empty() ? "" : ", ") + std::string("rank ") + std::to_string(j) + " (demand " +
+            std::to_string(ranks(2 * j)) + ", " + std::to_string(dropped) + " slot(s) past the capacity)";
   }
-  return st;
+  if (first < 0) return st;
+  if (st.dropped_recv_slots > 0) first = s.me;
+  throw CapacityOverflow("ep_synchronize", ranks(2 * first), cap, first,
+                         std::string(s.fixed ? "an expert slab" : "the receive rows") + " of " + list +
+                             " overflowed in the last ep_layout of this handle" +
+                             (h.options.name.empty() ? std::string() : " ('" + h.options.name + "')") +
+                             "; this rank's own slots dropped: " + std::to_string(st.dropped_slots));
 }
 
 }  // namespace Impl

@@ -37,6 +37,10 @@ template <class T, class Mem>
 using Unmanaged1 = Kokkos::View<T*, Kokkos::LayoutRight, Mem, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
 template <class T, class Mem>
 using Unmanaged2 = Kokkos::View<T**, Kokkos::LayoutRight, Mem, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
+/// The per-row floats of a stage: the trailer of each stage row (weights travel in the same transfer as their rows),
+/// or a contiguous array (stride 1).
+template <class T, class Mem>
+using Strided1 = Kokkos::View<T*, Kokkos::LayoutStride, Mem, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
 
 /// Device-side metadata of one layer (the EpHandle's memory). Extents are the group's maxima.
 template <class Mem>
@@ -60,9 +64,11 @@ struct EpLayoutViews {
   Kokkos::View<int*, Mem> recv_base;  // [R*L] receive row of that slot
   Kokkos::View<int*, Mem> slot_row;   // [B*K] receive row (local) or source-stage row (remote); -1: none
   Kokkos::View<std::uint8_t*, Mem> slot_local;  // [B*K]
+  Kokkos::View<std::uint8_t*, Mem> slot_kept;   // [B*K] 1 iff the slot has an expert and was not dropped
   Kokkos::View<int*, Mem> recv_expert;          // [N] local expert of each receive row, -1 for padding and drops
   Kokkos::View<int*, Mem> stage_map;            // [S_dst] receive row of each destination-stage row, -1: none
   Kokkos::View<int*, Mem> status;               // [4] invalid ids, dropped slots, receive demand (rows), unused
+  Kokkos::View<int*, Mem> rank_status;          // [2R] every rank's receive demand and receive-side drops: (2j, 2j + 1)
 };
 
 /// The shape facts every layout kernel needs, by value.
@@ -210,6 +216,7 @@ void layout_offsets(const Exec& exec, const EpShape s, const EpLayoutViews<typen
   auto src_limit = v.src_limit;
   auto recv_base = v.recv_base;
   auto status = v.status;
+  auto rank_status = v.rank_status;
   const std::size_t shmem = 6 * Scratch::shmem_size(s.L);
   Kokkos::TeamPolicy<Exec> policy(exec, s.R, Kokkos::AUTO);
   Kokkos::parallel_for(
@@ -261,19 +268,40 @@ void layout_offsets(const Exec& exec, const EpShape s, const EpLayoutViews<typen
             send_base(e) = 0;
             send_limit(e) = 0;
             recv_count(l) = tot(l);
-            expert_offsets(l) = off(l);
+            // Capacity mode: offsets never point past the receive rows (docs/ep.md §4).
+            expert_offsets(l) = s.capacity > 0 && off(l) > s.capacity ? s.capacity : off(l);
           }
         });
-        if (j != s.me) return;
-        int largest = 0;
+        // Every rank learns every rank's demand and receive-side drops from the same counts, so that an overflow is
+        // reported on every rank of the group (docs/ep.md §5), not only where it happened.
+        int largest = 0, dropped = 0;
         Kokkos::parallel_reduce(
             Kokkos::TeamThreadRange(m, L), [&](int l, int& acc) { acc = tot(l) > acc ? tot(l) : acc; },
             Kokkos::Max<int>(largest));
+        Kokkos::parallel_reduce(
+            Kokkos::TeamThreadRange(m, L),
+            [&](int l, int& acc) {
+              int kept = tot(l);
+              if (s.fixed) {
+                kept = kept < s.slab ? kept : s.slab;
+              } else if (s.capacity > 0) {
+                const int room = s.capacity - off(l);
+                kept = room <= 0 ? 0 : (room < kept ? room : kept);
+              }
+              acc += tot(l) - kept;
+            },
+            dropped);
+        const int end = s.fixed ? L * s.slab : off(L - 1) + pad_to(tot(L - 1), s.align);
+        // Demand: rows the layout needs (padded) before any drop; for the fixed layout the largest expert.
+        const int demand = s.fixed ? largest : end;
         Kokkos::single(Kokkos::PerTeam(m), [&]() {
-          const int end = s.fixed ? L * s.slab : off(L - 1) + pad_to(tot(L - 1), s.align);
-          expert_offsets(L) = end;
-          // Demand: rows the layout needs (padded) before any drop; for the fixed layout the largest expert.
-          status(2) = s.fixed ? largest : end;
+          rank_status(2 * j) = demand;
+          rank_status(2 * j + 1) = dropped;
+        });
+        if (j != s.me) return;
+        Kokkos::single(Kokkos::PerTeam(m), [&]() {
+          expert_offsets(L) = s.capacity > 0 && end > s.capacity ? s.capacity : end;
+          status(2) = demand;
         });
         // Where each source's slots for each local expert sit in the destination stage and in the receive rows.
         int dst_off = 0;
@@ -298,10 +326,13 @@ void layout_offsets(const Exec& exec, const EpShape s, const EpLayoutViews<typen
               src_base(at) = start;
               src_limit(at) = start;
             } else {
+              // Capacity mode: a segment is clipped to its source's block, its start too, so that the bases stay
+              // ordered by (source, expert) for the search in layout_slots even where a source's slots for this
+              // rank overflow its block (those past the block are dropped on the sender).
               const int base = start + pre(l);
               const int end = base + count(i, e);
               const int block_end = s.eager() ? end : (i + 1) * s.block;
-              src_base(at) = base;
+              src_base(at) = base < block_end ? base : block_end;
               src_limit(at) = end < block_end ? end : block_end;
             }
           });
@@ -322,6 +353,7 @@ void layout_slots(const Exec& exec, const EpShape s, const IdxView& idx,
   auto send_limit = v.send_limit;
   auto slot_row = v.slot_row;
   auto slot_local = v.slot_local;
+  auto slot_kept = v.slot_kept;
   auto recv_expert = v.recv_expert;
   auto expert_offsets = v.expert_offsets;
   auto recv_count = v.recv_count;
@@ -358,6 +390,7 @@ void layout_slots(const Exec& exec, const EpShape s, const IdxView& idx,
           }
           slot_row(q) = row;
           slot_local(q) = local;
+          slot_kept(q) = row >= 0 ? 1 : 0;
         }
         if (q < recv_rows) {
           int owner = -1;
@@ -445,7 +478,7 @@ void pack_forward(const Exec& exec, const EpShape s, const Unmanaged2<const Unit
                   const Unmanaged2<Unit, typename Exec::memory_space>& local,
                   const Unmanaged1<float, typename Exec::memory_space>& local_f,
                   const Unmanaged2<Unit, typename Exec::memory_space>& stage,
-                  const Unmanaged1<float, typename Exec::memory_space>& stage_f, int zero_rows, const char* label) {
+                  const Strided1<float, typename Exec::memory_space>& stage_f, int zero_rows, const char* label) {
   using Team = typename Kokkos::TeamPolicy<Exec>::member_type;
   const int league = s.T > zero_rows ? s.T : zero_rows;
   if (league == 0) return;
@@ -495,7 +528,7 @@ void pack_forward(const Exec& exec, const EpShape s, const Unmanaged2<const Unit
 /// Dispatch direction, destination side: destination-stage row q goes to receive row stage_map(q).
 template <class Exec, class Unit>
 void unpack_forward(const Exec& exec, int stage_rows, const Unmanaged2<const Unit, typename Exec::memory_space>& stage,
-                    const Unmanaged1<const float, typename Exec::memory_space>& stage_f,
+                    const Strided1<const float, typename Exec::memory_space>& stage_f,
                     const EpLayoutViews<typename Exec::memory_space>& v,
                     const Unmanaged2<Unit, typename Exec::memory_space>& dst,
                     const Unmanaged1<float, typename Exec::memory_space>& dst_f, const char* label) {
@@ -539,7 +572,7 @@ void pack_return(const Exec& exec, int stage_rows, const Unmanaged2<const Unit, 
                  const Unmanaged1<const float, typename Exec::memory_space>& src_f,
                  const EpLayoutViews<typename Exec::memory_space>& v,
                  const Unmanaged2<Unit, typename Exec::memory_space>& stage,
-                 const Unmanaged1<float, typename Exec::memory_space>& stage_f, const char* label) {
+                 const Strided1<float, typename Exec::memory_space>& stage_f, const char* label) {
   using Team = typename Kokkos::TeamPolicy<Exec>::member_type;
   if (stage_rows == 0) return;
   const int units = static_cast<int>(src.extent(1));
@@ -561,7 +594,7 @@ template <class Exec, class Scalar, class Unit>
 void reduce_return(const Exec& exec, const EpShape s, const Unmanaged2<const Unit, typename Exec::memory_space>& local,
                    const Unmanaged1<const float, typename Exec::memory_space>& local_f,
                    const Unmanaged2<const Unit, typename Exec::memory_space>& stage,
-                   const Unmanaged1<const float, typename Exec::memory_space>& stage_f,
+                   const Strided1<const float, typename Exec::memory_space>& stage_f,
                    const Unmanaged2<const float, typename Exec::memory_space>& coef,
                    const EpLayoutViews<typename Exec::memory_space>& v,
                    const Unmanaged2<Unit, typename Exec::memory_space>& y,
@@ -637,7 +670,7 @@ void combine_backward_source(const Exec& exec, const EpShape s,
                              const Unmanaged2<Unit, typename Exec::memory_space>& grad_out,
                              const Unmanaged2<float, typename Exec::memory_space>& grad_w,
                              const Unmanaged2<Unit, typename Exec::memory_space>& stage,
-                             const Unmanaged1<float, typename Exec::memory_space>& stage_f) {
+                             const Strided1<float, typename Exec::memory_space>& stage_f) {
   using Team = typename Kokkos::TeamPolicy<Exec>::member_type;
   const std::int64_t slots = static_cast<std::int64_t>(s.T) * s.K;
   if (slots == 0) return;
@@ -665,12 +698,13 @@ void combine_backward_source(const Exec& exec, const EpShape s,
       });
 }
 
-/// Combine backward, Weighted, expert side: destination-stage row q holds grad_y of a remote slot and its weight:
-/// grad_out = w * g, and the slot's dot(g, out) replaces the weight in the float stage for the way back.
+/// Combine backward, Weighted, expert side: destination-stage row q holds grad_y of a remote slot and its weight
+/// (the row's trailer): grad_out = w * g, and the slot's dot(g, out) goes to dots(q) for the way back.
 template <class Exec, class Scalar, class Unit>
 void combine_backward_expert(const Exec& exec, int stage_rows,
                              const Unmanaged2<const Unit, typename Exec::memory_space>& stage,
-                             const Unmanaged1<float, typename Exec::memory_space>& stage_f,
+                             const Strided1<const float, typename Exec::memory_space>& stage_w,
+                             const Unmanaged1<float, typename Exec::memory_space>& dots,
                              const Unmanaged2<const Unit, typename Exec::memory_space>& out,
                              const EpLayoutViews<typename Exec::memory_space>& v,
                              const Unmanaged2<Unit, typename Exec::memory_space>& grad_out) {
@@ -684,9 +718,9 @@ void combine_backward_expert(const Exec& exec, int stage_rows,
         const int q = m.league_rank();
         const int row = stage_map(q);
         if (row < 0) return;
-        const float c = stage_f(q);
+        const float c = stage_w(q);
         const float d = scale_and_dot<Scalar, Unit>(m, units, c, stage, q, out, row, grad_out, row);
-        Kokkos::single(Kokkos::PerTeam(m), [&]() { stage_f(q) = d; });
+        Kokkos::single(Kokkos::PerTeam(m), [&]() { dots(q) = d; });
       });
 }
 
