@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# One device call of the router-design work (issue 13) on the GPU machine: the old and the new binaries side by side.
-#   gpu_router_session.sh OLD_DIR NEW_DIR OUT_DIR tests|bench|fulltier|te|ncu
+# Two builds of the router side by side on the GPU machine (A/B: an old and a new binary), one phase per device call.
+#   gpu_router_ab.sh OLD_DIR NEW_DIR OUT_DIR tests|bench|fulltier|te|ncu|ncutime
 # Each DIR holds KokkosMoE_CoreTests, KokkosMoE_RouterBenchmarks and libbenchmark.so.1debian of one commit (CUDA
 # build); OLD_DIR may lack the tests, and then the new digests are compared with the files in DIGEST_REF (a folder
 # of digest_<name>.<space>.txt recorded by an earlier run). tests: the new core suites on Serial + Cuda, per-output determinism digests of both binaries on every
@@ -20,10 +20,10 @@ out=$3
 phase=$4
 mkdir -p "$out"
 export NCCL_NVLS_ENABLE=0 OMP_PROC_BIND=false
-step() { echo "=== $(date -u +%H:%M:%S) $*" | tee -a "$out/session-log.txt"; }
+step() { echo "=== $(date -u +%H:%M:%S) $*" | tee -a "$out/steps.log"; }
 with() { local d=$1; shift; LD_LIBRARY_PATH="$d${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" "$@"; }
 
-step "device"; nvidia-smi -L | tee -a "$out/session-log.txt"
+step "device"; nvidia-smi -L | tee -a "$out/steps.log"
 
 if [ "$phase" = tests ]; then
   step "new core tests (Serial + Cuda)"
@@ -41,7 +41,7 @@ if [ "$phase" = tests ]; then
   for s in Serial Cuda; do
     r="$ref/digest_old.$s.txt"; [ "$ref" = "$out" ] || r="$ref/digest_new.$s.txt"
     n=$(diff "$r" "$out/digest_new.$s.txt" | grep -c '^<')
-    echo "$s: $(wc -l <"$out/digest_new.$s.txt") outputs, $n differ from $r" | tee -a "$out/session-log.txt"
+    echo "$s: $(wc -l <"$out/digest_new.$s.txt") outputs, $n differ from $r" | tee -a "$out/steps.log"
     diff "$r" "$out/digest_new.$s.txt" >"$out/digest_diff.$s.txt"
   done
   step "memcheck / racecheck (per-token functions, portable fallback, ties, non-finite)"

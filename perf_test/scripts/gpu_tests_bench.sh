@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# One batched GPU session (tests, sanitizers, topology check, main job, benchmarks, PyTorch reference), as run on the
-# project's H200 machine through the device tool. Usage: gpu_session.sh BIN_DIR OUT_DIR
+# The GPU machine's tests, sanitizers, topology check, main job, router benchmarks and PyTorch reference, in phases
+# that each fit one device call. Usage: gpu_tests_bench.sh BIN_DIR OUT_DIR [PHASE]
 # BIN_DIR holds the CUDA-build binaries (KokkosMoE_CoreTests, KokkosMoE_ShardingTests, KokkosMoE_ShardingLiveTest,
 # kokkosmoe-topo, kokkosmoe-plan, kokkosmoe-route, KokkosMoE_RouterBenchmarks, libbenchmark.so.1debian) plus
 # router_reference.py; every log and result lands in OUT_DIR. PHASE: tests (the fast GPU tier: the core suites on

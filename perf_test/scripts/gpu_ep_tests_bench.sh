@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# One device call of the comm/ (EP) work on the GPU machine: tests, sanitizers, the main job and the benchmarks.
-#   gpu_ep_session.sh BIN_DIR OUT_DIR [tests|bench|all]
+# The EP layer (comm/) on the GPU machine: tests, sanitizers, the main job, the benchmarks and ncu kernel durations.
+#   gpu_ep_tests_bench.sh BIN_DIR OUT_DIR [tests|bench|profile|all]
 # BIN_DIR holds the CUDA-build binaries KokkosMoE_CommTests, kokkosmoe-ep, KokkosMoE_CommBenchmarks (+
 # libbenchmark.so.1debian, libmpi_cxx.so.40). NCCL comes from PyTorch's environment there. Logs go to OUT_DIR.
 set -uo pipefail
@@ -13,12 +13,12 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_PROC_BIND=false KOKKOSMOE_COMM_TIMEOUT=120
 nccl_lib=$(dirname "$(find /opt/torch/.venv -name 'libnccl.so.2' 2>/dev/null | head -n 1)")
 export LD_LIBRARY_PATH="$bin:$nccl_lib:${LD_LIBRARY_PATH:-}"
-step() { printf '\n===== %s (%s)\n' "$*" "$(date -u +%H:%M:%S)" | tee -a "$out/session-log.txt"; }
+step() { printf '\n===== %s (%s)\n' "$*" "$(date -u +%H:%M:%S)" | tee -a "$out/steps.log"; }
 run1=(mpirun -np 1 --bind-to none -x LD_LIBRARY_PATH -x NCCL_NVLS_ENABLE -x KOKKOSMOE_COMM_TIMEOUT)
 
 step "machine"
 { nvidia-smi -L; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv; echo "NCCL from $nccl_lib"; \
-  ls "$nccl_lib"; date -u; } 2>&1 | tee -a "$out/session-log.txt"
+  ls "$nccl_lib"; date -u; } 2>&1 | tee -a "$out/steps.log"
 
 if [ "$phase" = tests ] || [ "$phase" = all ]; then
   step "EP suites on Serial + Cuda (NCCL, one rank)"
