@@ -1,21 +1,19 @@
 # Checks that every document the sources cite is in the repository (docs/conventions.md §6).
 #   cmake -DSOURCE_DIR=<repository root> -P KokkosMoE_CheckDocCitations.cmake
 #
-# Scans the tracked text files (git ls-files; a plain glob when the tree is not a git checkout), except
-# perf_test/results/ (records of past runs, which cite the documents as they were then), and fails on
+# Scans the tracked text files (git ls-files; a plain glob when the tree is not a git checkout), the results
+# READMEs of perf_test/results/ included, and fails on
 #  * a citation `docs/<name>.md` whose file does not exist,
 #  * a section `docs/<name>.md §N[.M...]` (also chained: `§5.1, §8`, `§10-§11`, `§5 and §7`) that the file does not
 #    have: a heading numbered N[.M] (`## 4. ...`, `### 5.1 ...`), or item M of the numbered list of section N
 #    (`docs/router.md §4.9` is rule 9 of §4),
 #  * a document named without `docs/` (`router.md §4`), by an old name (router-spec, style.md) or outside the
 #    repository (`../shared/docs/...`).
-# docs/ep.md is written by the comm component; while it does not exist, its citations are skipped and listed.
 
 cmake_minimum_required(VERSION 3.25)
 if(NOT SOURCE_DIR)
   message(FATAL_ERROR "KokkosMoE_CheckDocCitations: set -DSOURCE_DIR=<repository root>")
 endif()
-set(_pending_docs ep) # documents that may be cited before they exist (skipped, reported)
 
 # --- the files to scan ---------------------------------------------------------------------------------------
 set(_files)
@@ -32,7 +30,6 @@ if(NOT _files)
   list(FILTER _files EXCLUDE REGEX "^(build[^/]*|\\.git)/")
 endif()
 list(FILTER _files INCLUDE REGEX "(\\.(hpp|cpp|h|cu|cuh|cmake|in|py|sh|md|txt)|/Makefile|^\\.ci/run)$")
-list(FILTER _files EXCLUDE REGEX "^perf_test/results/")
 list(FILTER _files EXCLUDE REGEX "^cmake/KokkosMoE_CheckDocCitations\\.cmake$")
 
 # One list element per line of \p text: the characters CMake lists treat specially are replaced first.
@@ -81,11 +78,10 @@ endforeach()
 # --- the citations ---------------------------------------------------------------------------------------------
 set(_num "[0-9]+(\\.[0-9]+)*")
 set(_cite "docs/[A-Za-z0-9_-]+\\.md`?([ ]*§[ ]?${_num}([ ]*(,|-|–|and|or|/)[ ]*§[ ]?${_num})*)?")
-string(JOIN "|" _names_re ${_doc_names} ${_pending_docs} router-spec style)
+string(JOIN "|" _names_re ${_doc_names} router-spec style)
 set(_bare "(^|[^/A-Za-z0-9_.-])(${_names_re})\\.md")
 set(_errors 0)
 set(_checked 0)
-set(_skipped)
 foreach(_f IN LISTS _files)
   if(NOT EXISTS ${SOURCE_DIR}/${_f} OR IS_DIRECTORY ${SOURCE_DIR}/${_f})
     continue()
@@ -104,17 +100,8 @@ foreach(_f IN LISTS _files)
     set(_where "${_f}:${_lineno}")
     # Old names and documents outside the repository.
     if(_line MATCHES "router-spec|\\.\\./shared/docs/")
-      set(_shared "")
-      if(_line MATCHES "\\.\\./shared/docs/([A-Za-z0-9_-]+)\\.md")
-        set(_shared ${CMAKE_MATCH_1})
-      endif()
-      if(_shared IN_LIST _pending_docs AND NOT EXISTS ${SOURCE_DIR}/docs/${_shared}.md AND NOT _line MATCHES
-                                                                                               "router-spec")
-        list(APPEND _skipped "${_where}: ../shared/docs/${_shared}.md (docs/${_shared}.md not written yet)")
-      else()
-        message("${_where}: cites a document outside the repository or by an old name; cite docs/<name>.md §N")
-        math(EXPR _errors "${_errors} + 1")
-      endif()
+      message("${_where}: cites a document outside the repository or by an old name; cite docs/<name>.md §N")
+      math(EXPR _errors "${_errors} + 1")
     endif()
     string(REGEX REPLACE "\\.\\./shared/docs/[A-Za-z0-9_-]+\\.md" "" _plain "${_line}")
     string(REGEX MATCHALL "${_bare}" _bares "${_plain}")
@@ -131,12 +118,8 @@ foreach(_f IN LISTS _files)
       set(_name ${CMAKE_MATCH_1})
       math(EXPR _checked "${_checked} + 1")
       if(NOT EXISTS ${SOURCE_DIR}/docs/${_name}.md)
-        if(_name IN_LIST _pending_docs)
-          list(APPEND _skipped "${_where}: ${_c}")
-        else()
-          message("${_where}: ${_c}: docs/${_name}.md does not exist")
-          math(EXPR _errors "${_errors} + 1")
-        endif()
+        message("${_where}: ${_c}: docs/${_name}.md does not exist")
+        math(EXPR _errors "${_errors} + 1")
         continue()
       endif()
       string(REGEX MATCHALL "§[ ]?${_num}" _sections "${_c}")
@@ -152,11 +135,7 @@ foreach(_f IN LISTS _files)
 endforeach()
 
 list(LENGTH _files _nfiles)
-list(LENGTH _skipped _nskipped)
-foreach(_s IN LISTS _skipped)
-  message("skipped (pending document): ${_s}")
-endforeach()
 if(_errors GREATER 0)
   message(FATAL_ERROR "doc citations: ${_errors} problem(s) in ${_nfiles} files")
 endif()
-message("doc citations: OK (${_checked} citations in ${_nfiles} files, ${_nskipped} skipped)")
+message("doc citations: OK (${_checked} citations in ${_nfiles} files)")

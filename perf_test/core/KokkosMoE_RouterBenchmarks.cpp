@@ -1,7 +1,7 @@
 /*
  * KokkosMoE: Mixture-of-Experts routing for Kokkos. SPDX-License-Identifier: Apache-2.0
  */
-// Router benchmarks (issue 2 item 10, issue 3 item 5): presets deepseek-v3 (with a random FP32 bias), qwen3-moe,
+// Router benchmarks: presets deepseek-v3 (with a random FP32 bias), qwen3-moe,
 // mixtral and large (E = 1024, k = 32); float and bf16_t; forward (dense TE-compatible, bitmap, compact), backward
 // (dense Bytemap, compact), aux scores forward/backward, aux loss forward/backward; Implementation::Auto and, where
 // the default execution space has a specialization (Kokkos::Cuda), Implementation::Portable (the generic Kokkos

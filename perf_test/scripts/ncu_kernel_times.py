@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Old-vs-new device durations per native kernel from two Nsight Compute summaries.
 
-gpu_router_session.sh OLD NEW OUT ncutime writes OUT/ncutime_old.txt and OUT/ncutime_new.txt
+gpu_router_ab.sh OLD NEW OUT ncutime writes OUT/ncutime_old.txt and OUT/ncutime_new.txt
 (`ncu --metrics gpu__time_duration.sum --print-summary per-kernel`). This script joins them on kernel name and grid
 size and prints min / average duration of each and the ratio of the averages:
 

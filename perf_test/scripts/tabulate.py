@@ -3,7 +3,7 @@
 """Tabulates KokkosMoE router benchmarks (Google Benchmark JSON) beside the PyTorch reference (router_reference.py).
 
 Writes a markdown table (microseconds, GB/s, fraction of the copy baseline, speedup over torch eager and
-torch.compile, the target checks of issue 3 on a GPU) and, when matplotlib is importable, a PNG plot.
+torch.compile, the benchmark target checks on a GPU) and, when matplotlib is importable, a PNG plot.
 Only the Python standard library is required.
 
   python3 tabulate.py --bench kokkosmoe.json [--bench more.json] [--torch torch.json] \\
@@ -236,7 +236,7 @@ def main(argv=None):
         md.append(md_table(["preset", "op", "dtype", "impl", "T", "warm µs", "cold µs", "warm frac", "cold frac"],
                            table))
 
-    # --- targets of issue 3 ---
+    # --- benchmark targets ---
     on_gpu = ctx.get("gpu", "none") not in ("none", "")
     if rows and (args.targets == "on" or (args.targets == "auto" and on_gpu)):
         md.append(targets_section(rows, trows, t_floor, copy))
@@ -254,8 +254,8 @@ def main(argv=None):
 
 
 def targets_section(rows, trows, t_floor, copy):
-    """The benchmark targets of issue 3 (item 5), each with its measured value and met / missed."""
-    lines, checks = ["## Targets (issue 3)\n"], []
+    """The benchmark targets, each with its measured value and met / missed."""
+    lines, checks = ["## Targets\n"], []
 
     def get(op, pr, dt, T, impl="auto"):
         return rows.get((op, pr, dt, impl, "warm", T))
@@ -306,7 +306,7 @@ def targets_section(rows, trows, t_floor, copy):
         worst = max(ratios)
         add("generic Kokkos path within 2x of the specialization (worst case)", fnum(worst, 2) + "x", worst <= 2.0)
     if not checks:
-        return "## Targets (issue 3)\n\nNo case of the target sets in these results.\n"
+        return "## Targets\n\nNo case of the target sets in these results.\n"
     met = sum(1 for c in checks if c[2] == "met")
     lines.append("%d of %d checks met (t_floor %s µs, copy %s GB/s).\n" % (met, len(checks), fnum(t_floor, 2),
                                                                           fnum(copy, 1)))

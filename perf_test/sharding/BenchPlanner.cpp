@@ -1,7 +1,7 @@
 /*
  * KokkosMoE: Mixture-of-Experts routing for Kokkos. SPDX-License-Identifier: Apache-2.0
  */
-// Planner speed (issue 5, issue 14): one make_plan() for realistic fabrics of 1..1024 GPUs must take < 10 ms, and for
+// Planner speed: one make_plan() for realistic fabrics of 1..1024 GPUs must take < 10 ms, and for
 // any NVLink graph of up to 128 GPUs < 1 s.
 //
 //   KokkosMoE_PlannerBenchmarks [--benchmark_filter=...]
@@ -85,7 +85,7 @@ void BM_MakePlan(benchmark::State& state, const char* preset) {
   state.SetLabel(std::string(preset) + ", " + std::to_string(gpus) + " GPUs");
 }
 
-// Realistic fabrics other than HGX-8 (issue 14), each times enough nodes for ~1024 GPUs: a 16-GPU DGX-2-like node
+// Realistic fabrics other than HGX-8, each times enough nodes for ~1024 GPUs: a 16-GPU DGX-2-like node
 // (12 NVSwitches, two baseboards), the 8+2 mixed host (8 NVSwitch GPUs, 2 PCIe-only ones left out), the DGX-1
 // cube mesh, and a 72-GPU NVL72-like NVSwitch domain (one complete graph per node).
 NvlinkTopology fabric(int which) {
@@ -150,7 +150,7 @@ void BM_MakePlanFabric(benchmark::State& state) {
                  std::to_string(req.cluster.num_nodes * req.cluster.node.num_gpus()) + " GPUs");
 }
 
-// Any NVLink graph up to 128 GPUs (issue 14; budget 1 s): one node whose pairs are direct-linked with probability
+// Any NVLink graph up to 128 GPUs (budget 1 s): one node whose pairs are direct-linked with probability
 // density/100 (1-4 links each, seeded), NUMA by halves, cliques left to the planner.
 void BM_MakePlanRandomGraph(benchmark::State& state) {
   const int n = static_cast<int>(state.range(0));

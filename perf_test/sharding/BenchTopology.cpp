@@ -1,7 +1,7 @@
 /*
  * KokkosMoE: Mixture-of-Experts routing for Kokkos. SPDX-License-Identifier: Apache-2.0
  */
-// Detection time of the topology model (issue 4): from an hwloc XML fixture (goal <= 5 ms) and live (goal
+// Detection time of the topology model: from an hwloc XML fixture (goal <= 5 ms) and live (goal
 // <= 100 ms). Live detection on a machine without NVML or GPUs measures the hwloc-only path and says so in its label.
 //
 //   KokkosMoE_ShardingBenchmarks [--benchmark_filter=...]

@@ -3,9 +3,10 @@
  */
 // The full tier of docs/router.md §16.3 (FP32 forward, every routing output kind, against the double-precision
 // oracle) at the reference's token counts. Hours on the 2-core CPU machine, minutes on a GPU host, so it runs only
-// when KOKKOSMOE_TEST_TIER=full (the GPU session sets it); otherwise every case reports as skipped. It runs the
-// library's default implementation (the Cuda specialization on a GPU); the generic path and the backward run the
-// scaled grid of RouterGrid.hpp in every tier. Not a ctest entry: run it with --run_test=router_full_tier.
+// when KOKKOSMOE_TEST_TIER=full (the fulltier phase of perf_test/scripts/gpu_tests_bench.sh sets it); otherwise every
+// case reports as skipped. It runs the library's default implementation (the Cuda specialization on a GPU); the
+// generic path and the backward run the scaled grid of RouterGrid.hpp in every tier. Not a ctest entry: run it with
+// --run_test=router_full_tier.
 
 #include <KokkosMoE_EnableDeviceTypes.hpp>
 

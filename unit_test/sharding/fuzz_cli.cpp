@@ -1,7 +1,7 @@
 /*
  * KokkosMoE: Mixture-of-Experts routing for Kokkos. SPDX-License-Identifier: Apache-2.0
  */
-// libFuzzer target over the shared command-line parser (issue 14). The input is an argv: NUL-separated arguments;
+// libFuzzer target over the shared command-line parser. The input is an argv: NUL-separated arguments;
 // its first byte picks the Kokkos version the parser validates --kokkos-* flags for (none, 3.4.1, 4.6.0). Every
 // typed accessor of every flag is called. Any exception other than CliUsageError, a crash or a sanitizer report is a
 // finding, as is an error message that is not one printable line. Seeds: unit_test/sharding/fuzz_corpus/cli.

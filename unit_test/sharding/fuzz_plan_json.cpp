@@ -1,7 +1,7 @@
 /*
  * KokkosMoE: Mixture-of-Experts routing for Kokkos. SPDX-License-Identifier: Apache-2.0
  */
-// libFuzzer target over the plan JSON reader (issue 14). Any exception other than InvalidArgument, a crash, a
+// libFuzzer target over the plan JSON reader. Any exception other than InvalidArgument, a crash, a
 // sanitizer report or a broken invariant (a plan that was read must survive plan_to_json -> plan_from_json and be
 // printable) is a finding. Seeds: unit_test/sharding/fuzz_corpus/plan_json (plans of the fixtures).
 

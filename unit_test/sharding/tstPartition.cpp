@@ -20,7 +20,7 @@
 
 #include "tstPartitionHelpers.hpp"
 
-// Virtual-mesh execution runs the shards on host backends (issue 5: "on the host"), so these cases take the
+// Virtual-mesh execution runs the shards on host backends, so these cases take the
 // host-accessible entries of KOKKOSMOE_DEVICE_TYPES only.
 template <class Tuple>
 struct KokkosMoEHostDevices;

@@ -1,7 +1,7 @@
 /*
  * KokkosMoE: Mixture-of-Experts routing for Kokkos. SPDX-License-Identifier: Apache-2.0
  */
-// Hostile and huge planner inputs (issue 14): every request gives a finite plan that survives JSON, or an
+// Hostile and huge planner inputs: every request gives a finite plan that survives JSON, or an
 // InvalidArgument naming the field; plans are the same from several threads.
 
 #include <KokkosMoE_Planner.hpp>
@@ -61,7 +61,7 @@ bool all_finite(const Plan& p) {
   return true;
 }
 
-// The property of issue 14: finite everywhere, and JSON gives back the same plan.
+// The property under test: finite everywhere, and JSON gives back the same plan.
 void check_plan(const Plan& p, const std::string& what) {
   BOOST_TEST(all_finite(p), what);
   const std::string text = plan_to_json(p);

@@ -1,7 +1,7 @@
 /*
  * KokkosMoE: Mixture-of-Experts routing for Kokkos. SPDX-License-Identifier: Apache-2.0
  */
-// The same XML gives the same model or the same error whichever XML importer hwloc uses (issue 14): the loader
+// The same XML gives the same model or the same error whichever XML importer hwloc uses: the loader
 // hands hwloc its own canonical form of the document (KokkosMoE_Topology_XmlCheck.cpp). ctest runs this suite, and
 // every other topology suite, twice: as installed (hwloc's libxml2 importer where libhwloc-plugins is present) and
 // with HWLOC_LIBXML_IMPORT=0 (hwloc's built-in importer). Each case below once differed between the two.

@@ -1,7 +1,7 @@
 /*
  * KokkosMoE: Mixture-of-Experts routing for Kokkos. SPDX-License-Identifier: Apache-2.0
  */
-// Nothing vanishes silently from a topology (issue 14): every GPU of the input is in the model or named in an error
+// Nothing vanishes silently from a topology: every GPU of the input is in the model or named in an error
 // or a warning; NVSwitches are recognized by subtype in fixtures (docs/topology.md §5.2).
 
 #include <KokkosMoE_Topology.hpp>

@@ -128,8 +128,9 @@ __device__ __forceinline__ unsigned map_chunk_flags(const BwdParams& P, long lon
 }
 
 // ------------------------------------------------------------------------------------------------------------
-// (one chunk per lane: at least 6 blocks per SM, so that ptxas keeps everything in <= 80 registers; left to
-// itself it picked 72 and spilled; several chunks per lane need the registers)
+// Launch bounds: one chunk per lane asks for at least 6 blocks per SM, which allows 80 registers, enough for ptxas
+// to keep the kernel's rows without spilling (without the bound it allocates fewer and spills); several chunks per
+// lane need more registers than a multi-block bound leaves.
 template <int GI, int GO, int TPT, int NC, int W>
 __global__ void __launch_bounds__(128, NC == 1 ? 6 : 1) bwd_dense(const BwdParams P) {
   using TI = Ty<GI>;

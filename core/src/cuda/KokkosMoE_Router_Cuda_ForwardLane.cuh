@@ -184,10 +184,10 @@ __device__ __forceinline__ void lane_select_exact(const unsigned* kbuf, const bo
 }
 
 template <int DT, int TPT, int NC, int W, int K>
-// Register budget: 64 per thread for one chunk per lane (8 blocks of 128 per SM); 128 with several chunks, except
-// 4 chunks of 16-bit logits: 5 blocks (96 registers; ptxas spills 8-24 bytes). Those are the fastest block counts
-// per shape on the H200: one more block pays for a few spilled bytes with 16-bit logits, not with f32 or with the
-// larger spills of 6 blocks (perf_test/results/h200/selfcheck/RESULTS.md).
+// Blocks per SM, the fastest count per shape on the H200: 8 blocks of 128 threads for one chunk per lane (its rows
+// fit in 64 registers); 4 with several chunks, so that every chunk's row stays in registers (up to 128); 5 for 4
+// chunks of 16-bit logits, where the fifth resident block is worth the few bytes its 96-register cap spills. With
+// f32 logits, or at 6 blocks, the spills cost more than the extra block gains.
 __global__ void __launch_bounds__(128, NC == 1 ? 8 : (NC == 4 && DT != kDtF32 ? 5 : 4))
     topk_fwd_lane(const FwdParams P) {
   using TT = Ty<DT>;

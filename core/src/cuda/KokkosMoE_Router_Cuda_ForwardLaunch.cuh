@@ -81,8 +81,8 @@ cudaError_t launch_rounds(FwdParams& P, const Queue* q) {
 /// Kernel choice between the two register kernels, which give bit-identical outputs: the rounds kernel needs
 /// k <= TPT and pays off when a lane owns >= 16 experts (k rounds of one redux each are cheaper than the candidate
 /// kernel's threshold search over that many keys per lane); with 8 experts per lane the candidate/threshold kernel
-/// is at least as fast, so it runs there and whenever k > TPT (the H200 measurements behind the choice are in
-/// perf_test/results/h200/selfcheck/RESULTS.md). The small-E 4-wide path in fwd_launch always uses the rounds
+/// is at least as fast, so it runs there and whenever k > TPT (measured on the H200 with perf_test/core/selfcheck;
+/// the results are in commit a331d46). The small-E 4-wide path in fwd_launch always uses the rounds
 /// kernel. TestSeam::cuda_forward_kernel.threshold_kernel_only makes tests run the candidate kernel instead.
 template <int DT, int TPT, int NC, int W>
 cudaError_t launch_best(FwdParams& P, const Queue* q) {

@@ -4,10 +4,13 @@
 #ifndef KOKKOSMOE_ROUTER_ARGS_HPP
 #define KOKKOSMOE_ROUTER_ARGS_HPP
 
-// Canonical, type-erased operands of the router operations. The public entry points validate their Views and
-// lower them to these raw-pointer structs; every implementation (the portable Kokkos kernels and the native CUDA
-// kernels) consumes them. One canonical form keeps template instantiations few (the kokkos-kernels pattern) and
-// gives the native .cu kernels an interface that needs neither Kokkos nor the View types.
+// The raw-pointer argument structs of the native CUDA kernels (cuda/*.cu), and the enums and constants that every
+// implementation shares. cuda/KokkosMoE_Router_CudaSpec.hpp lowers the typed canonical operands
+// (impl/KokkosMoE_Router_Operands.hpp) to these structs, so that the .cu kernels need neither Kokkos nor the View
+// types and compile with nvcc alone. The portable kernels never see the structs; they take from this file only
+// RoutingOutput, bitmap_row_bytes and the aux-loss row chunking (and the workspace size it implies), which fix the
+// output layout and the summation order on every backend. DType tags the element type behind a void pointer here,
+// and names types in the validation messages.
 //
 // Everything here is validated already: implementations never re-check (docs/router.md §4). All tensors are
 // row-major and contiguous; row offsets are 64-bit.

@@ -2,7 +2,7 @@
  * KokkosMoE: Mixture-of-Experts routing for Kokkos. SPDX-License-Identifier: Apache-2.0
  */
 // GPU self-check of the native CUDA router kernels (no Kokkos): a development harness, not part of the library.
-// Results and how they were run: perf_test/results/h200/selfcheck/RESULTS.md.
+// Current results: perf_test/results/h200/README.md.
 //
 // Built with the CUDA kernels (KokkosMoE_ENABLE_CUDA) as perf_test/KokkosMoE_CudaSelfcheck.
 // Run: ./KokkosMoE_CudaSelfcheck [--quick] [--no-perf] [--only NAME]
@@ -1591,18 +1591,18 @@ static void perf_variants(double bw) {
       const char* nm;
       void (*f)(const CKD::FwdParams&);
     };
-    // lane-kernel chunk widths (the test seam's lane_width), then the register kernels of run 1 and 2
+    // lane-kernel chunk widths (the test seam's lane_width), then the register kernels (rounds, candidate/threshold)
     std::vector<Var> vs;
     if (sh.E == 256) {
       vs = {{"lane W8 TPT32 (default)", [](const CKD::FwdParams& q) { launch_lane_w(q, 8); }},
-            {"rounds TPT32xV8 (run 2)",
+            {"rounds TPT32xV8 (register)",
              [](const CKD::FwdParams& q) { launch_variant<CKD::kDtBF16, 32, 1, 8, true>(q, 4); }},
-            {"general TPT32xV8 (run 1)",
+            {"general TPT32xV8 (register)",
              [](const CKD::FwdParams& q) { launch_variant<CKD::kDtBF16, 32, 1, 8, false>(q, 4); }}};
     } else {
       vs = {{"lane W8 TPT16 (default)", [](const CKD::FwdParams& q) { launch_lane_w(q, 8); }},
             {"lane W4 TPT32", [](const CKD::FwdParams& q) { launch_lane_w(q, 4); }},
-            {"rounds TPT16xV8 (run 2)",
+            {"rounds TPT16xV8 (register)",
              [](const CKD::FwdParams& q) { launch_variant<CKD::kDtBF16, 16, 1, 8, true>(q, 4); }}};
     }
     for (const Var& v : vs) {

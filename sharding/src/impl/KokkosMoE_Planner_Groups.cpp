@@ -10,10 +10,11 @@
 // the largest clique), (3) is a binary search over the distinct pair rates (feasibility is monotone in the
 // threshold), (4) ascends from a lower bound. Candidate sets are bit sets.
 //
-// Bounded time (issue 14: 24 s for a random 96-GPU NVLink graph before): every probe shares one step budget
-// (EpGroupOptions::step_limit, 200000 steps, ~10-50 ms). Past it the best solution found so far is kept -- a greedy
-// one (the lowest undecided GPU with the companions that keep its slowest pair fastest) when the exact search found
-// none -- and search_limited is reported: the groups are valid NVLink groups, perhaps fewer or slower than optimal.
+// Bounded time (an unbounded exact search takes 24 s on a random 96-GPU NVLink graph): every probe shares one step
+// budget (EpGroupOptions::step_limit, 200000 steps, ~10-50 ms). Past it the best solution found so far is kept -- a
+// greedy one (the lowest undecided GPU with the companions that keep its slowest pair fastest) when the exact search
+// found none -- and search_limited is reported: the groups are valid NVLink groups, perhaps fewer or slower than
+// optimal.
 
 #include <impl/KokkosMoE_Planner_Internal.hpp>
 

@@ -178,7 +178,7 @@ PlanCandidate candidate_from(const json& j, const std::string& path) {
   c.nvlink_clique_groups = field<bool>(j, "nvlink_clique_groups", path);
   c.nodes_per_group = field<int>(j, "nodes_per_group", path);
   c.node_groups = int_lists(array_field(j, "node_groups", path), path + ".node_groups");
-  // Written since issue 14; absent in older files: every GPU used.
+  // Optional: a plan file without them uses every GPU.
   if (j.contains("gpus_used")) c.gpus_used = field<int>(j, "gpus_used", path);
   if (j.contains("unused_gpus")) c.unused_gpus = int_list(array_field(j, "unused_gpus", path), path + ".unused_gpus");
   if (!j.contains("traffic")) bad(path + ".traffic", "missing");

@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# The EP layer (comm/) on the GPU machine: tests, sanitizers, the main job, the benchmarks and ncu kernel durations.
+#   gpu_ep_tests_bench.sh BIN_DIR OUT_DIR [tests|bench|profile|all]
+# BIN_DIR holds the CUDA-build binaries KokkosMoE_CommTests, kokkosmoe-ep, KokkosMoE_CommBenchmarks (+
+# libbenchmark.so.1debian, libmpi_cxx.so.40). NCCL comes from PyTorch's environment there. Logs go to OUT_DIR.
+set -uo pipefail
+bin=$(cd "$1" && pwd)
+out=$2
+phase=${3:-all}
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+mkdir -p "$out"
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_PROC_BIND=false KOKKOSMOE_COMM_TIMEOUT=120
+nccl_lib=$(dirname "$(find /opt/torch/.venv -name 'libnccl.so.2' 2>/dev/null | head -n 1)")
+export LD_LIBRARY_PATH="$bin:$nccl_lib:${LD_LIBRARY_PATH:-}"
+step() { printf '\n===== %s (%s)\n' "$*" "$(date -u +%H:%M:%S)" | tee -a "$out/steps.log"; }
+mpi1=(mpirun -np 1 --bind-to none -x LD_LIBRARY_PATH -x NCCL_NVLS_ENABLE -x KOKKOSMOE_COMM_TIMEOUT)
+
+step "machine"
+{ nvidia-smi -L; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv; echo "NCCL from $nccl_lib"; \
+  ls "$nccl_lib"; date -u; } 2>&1 | tee -a "$out/steps.log"
+
+if [ "$phase" = tests ] || [ "$phase" = all ]; then
+  step "EP suites on Serial + Cuda (NCCL, one rank)"
+  timeout 300 "${mpi1[@]}" "$bin/KokkosMoE_CommTests" --report_level=short --log_level=warning >"$out/comm-tests.log" 2>&1
+  echo "exit $?" | tee -a "$out/comm-tests.log"; tail -8 "$out/comm-tests.log"
+  step "multi-GPU suites through the launcher on one GPU (must report skipped with the gate's reason)"
+  bash "$here/unit_test/comm/multi_gpu_launch.sh" 2 60 -- "$bin/KokkosMoE_CommTests" --run_test=ep_setup \
+    >"$out/multi-gpu-dry-run.log" 2>&1
+  echo "launcher exit $? (77 = skipped)" | tee -a "$out/multi-gpu-dry-run.log"; cat "$out/multi-gpu-dry-run.log"
+  step "compute-sanitizer memcheck over the Cuda EP cases"
+  timeout 400 "${mpi1[@]}" compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 9 "$bin/KokkosMoE_CommTests" \
+    --run_test='*/*Cuda*' --report_level=short >"$out/memcheck.log" 2>&1
+  echo "exit $?" | tee -a "$out/memcheck.log"; grep -E "ERROR SUMMARY|test cases|exit" "$out/memcheck.log"
+  step "compute-sanitizer racecheck over the Cuda dispatch/combine cases"
+  timeout 400 "${mpi1[@]}" compute-sanitizer --tool racecheck --error-exitcode 9 "$bin/KokkosMoE_CommTests" \
+    --run_test='ep_dispatch_combine/*Cuda*' --report_level=short >"$out/racecheck.log" 2>&1
+  echo "exit $?" | tee -a "$out/racecheck.log"; grep -E "RACECHECK SUMMARY|ERROR SUMMARY|test cases|exit" "$out/racecheck.log"
+  step "main job: kokkosmoe-ep, DeepSeek-V3, 4096 tokens, bf16 (eager, then capacity)"
+  timeout 120 "${mpi1[@]}" "$bin/kokkosmoe-ep" --tokens 4096 --iters 5 2>&1 | tee "$out/ep.txt"
+  timeout 120 "${mpi1[@]}" "$bin/kokkosmoe-ep" --tokens 4096 --iters 5 --capacity 40000 2>&1 | tee -a "$out/ep.txt"
+fi
+
+if [ "$phase" = bench ] || [ "$phase" = all ]; then
+  step "EP benchmarks (prefill 4096 and decode 128 tokens)"
+  (cd "$bin" && timeout 300 "${mpi1[@]}" ./KokkosMoE_CommBenchmarks --benchmark_out="$out/h200_comm.json" \
+    --benchmark_out_format=json) >"$out/bench.log" 2>&1
+  echo "exit $?" | tee -a "$out/bench.log"; grep -E "^ep/" "$out/bench.log" | cut -c1-220
+fi
+
+if [ "$phase" = profile ] || [ "$phase" = all ]; then
+  step "ncu: kernel durations of the layout, dispatch and combine (capacity mode, decode and prefill)"
+  for shape in 128 4096; do
+    (cd "$bin" && timeout 240 ncu --metrics gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed \
+      --print-summary per-kernel --kernel-name regex:'.*' --launch-skip 0 --launch-count 400 \
+      ./KokkosMoE_CommBenchmarks --kokkosmoe_ep_tokens=$shape \
+      --benchmark_filter="ep/(layout|dispatch|combine)/capacity") >"$out/ncu-$shape.txt" 2>&1
+    echo "ncu exit $? (T = $shape)"
+    grep -E "KokkosMoE|gpu__time_duration|dram__throughput|Kernel|ncclDevKernel" "$out/ncu-$shape.txt" | head -60
+  done
+fi
