@@ -108,6 +108,18 @@ RankInputs explicit_inputs(const EpGroupConfig& c, int rank, const std::vector<i
   return in;
 }
 
+/// Capacity mode at its smallest: L local experts per rank, hidden 8, top-1, 2 tokens per rank, one receive row.
+EpGroupConfig tiny_capacity_config(int R, int L) {
+  EpGroupConfig c;
+  c.ep_size = R;
+  c.num_experts = L * R;
+  c.hidden = 8;
+  c.top_k = 1;
+  c.max_tokens_per_rank = 2;
+  c.max_recv_tokens_per_rank = 1;
+  return c;
+}
+
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
@@ -668,19 +680,14 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(drop_on_overflow, DeviceType, KOKKOSMOE_DEVICE_TYP
 // The minimal case of a kept row that was never written (3 ranks; any R >= 2 runs it): E = 4R, K = 1, B = 2,
 // capacity 1, drop on overflow. Rank 0 routes nothing, rank 1 sends its 2 tokens to expert 1, rank 2 one token to
 // expert 0 (experts 0 and 1 live on rank 0). Rank 0 keeps rank 2's row in row 0; rank 2's combine returns the
-// expert's output for it. Before the segment clip of layout_offsets, row 0 kept a sentinel at 3, 5 and 6 ranks.
+// expert's output for it. The segments of rank 1's overflowing slots must not hide rank 2's segment from the
+// receive side's search (3, 5 and 6 ranks are where they did).
 BOOST_AUTO_TEST_CASE_TEMPLATE(kept_rows_arrive_at_every_world_size, DeviceType, KOKKOSMOE_DEVICE_TYPES) {
   using Exec = typename DeviceType::execution_space;
   Exec exec;
   const Communicator& comm = ep_comm<Exec>();
   const int R = comm.size(), me = comm.rank();
-  EpGroupConfig c;
-  c.ep_size = R;
-  c.num_experts = 4 * R;
-  c.hidden = 8;
-  c.top_k = 1;
-  c.max_tokens_per_rank = 2;
-  c.max_recv_tokens_per_rank = 1;
+  EpGroupConfig c = tiny_capacity_config(R, 4);
   c.drop_on_overflow = true;
   std::vector<RankInputs> in;
   for (int r = 0; r < R; ++r) {
@@ -721,13 +728,7 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(overflow_raises_on_every_rank, DeviceType, KOKKOSM
   Exec exec;
   const Communicator& comm = ep_comm<Exec>();
   const int R = comm.size(), me = comm.rank();
-  EpGroupConfig c;
-  c.ep_size = R;
-  c.num_experts = 2 * R;
-  c.hidden = 8;
-  c.top_k = 1;
-  c.max_tokens_per_rank = 2;
-  c.max_recv_tokens_per_rank = 1;
+  EpGroupConfig c = tiny_capacity_config(R, 2);
   const int victim = 1 % R;       // rank 1, or rank 0 itself at one rank
   const int expert = victim * 2;  // its first local expert
   std::vector<RankInputs> in;
