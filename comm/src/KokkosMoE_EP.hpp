@@ -92,10 +92,13 @@ class EpHandle {
   /// Tokens of the last layout.
   int num_tokens() const { return m_state->shape.T; }
   /// [R] tokens this rank sends to each rank (a token counts once per destination rank), on the device.
-  Kokkos::View<const int*, memory_space> tokens_per_rank() const { return m_state->v.tokens_per_rank; }
+  Kokkos::View<const int*, memory_space> tokens_per_rank() const {
+    const int E = m_state->shape.E;
+    return Kokkos::subview(m_state->v.gather_send, std::make_pair(E + 1, E + 1 + m_state->shape.R));
+  }
   /// [E] this rank's (token, slot) pairs per expert; equals the column sums of the routing map.
   Kokkos::View<const int*, memory_space> tokens_per_expert() const {
-    return Kokkos::subview(m_state->v.tokens_per_expert, std::make_pair(0, m_state->shape.E));
+    return Kokkos::subview(m_state->v.gather_send, std::make_pair(0, m_state->shape.E));
   }
   /// [T * R] 1 iff token t sends to rank r (row-major [T, R]).
   Kokkos::View<const std::uint8_t*, memory_space> token_in_rank() const {

@@ -193,23 +193,33 @@ inline StepOutputs expected_step(const EpGroupConfig& c, const std::vector<RankI
     }
   }
   const RankInputs& mine = in[me];
-  const int T = mine.T;
+  const int T = mine.T, R = c.ep_size;
   e.y.assign(static_cast<std::size_t>(T) * H, 0.0f);
   e.grad_x.assign(static_cast<std::size_t>(T) * H, 0.0f);
   e.grad_w_combine.assign(static_cast<std::size_t>(T) * K, 0.0f);
   e.grad_w_dispatch.assign(static_cast<std::size_t>(T) * K, 0.0f);
+  // y and grad_x (docs/ep.md §3.3, §3.4): each rank that holds kept slots of the token sums them in k order in FP32
+  // and rounds to the row type; the token's rank adds these partials in ascending rank order from +0 and rounds.
   for (int t = 0; t < T; ++t) {
     for (int h = 0; h < H; ++h) {
       float acc = 0.0f, gacc = 0.0f;
-      for (int k = 0; k < K; ++k) {
-        const std::size_t q = static_cast<std::size_t>(t) * K + k;
-        if (o.slot_row[me][q] < 0) continue;
-        const int ex = mine.idx[q];
-        const float cf = mode == CombineMode::Weighted ? mine.w[q] : 1.0f;
-        const float ov = expert_fn(mine.x[static_cast<std::size_t>(t) * H + h], ex, bf16);
-        acc += cf * ov;
-        const float go = row(cf * upstream_grad(me, t, h, bf16));
-        gacc += row(go * expert_slope(ex));
+      for (int r = 0; r < R; ++r) {
+        float part = 0.0f, gpart = 0.0f;
+        bool any = false;
+        for (int k = 0; k < K; ++k) {
+          const std::size_t q = static_cast<std::size_t>(t) * K + k;
+          if (o.slot_row[me][q] < 0 || mine.idx[q] / L != r) continue;
+          any = true;
+          const int ex = mine.idx[q];
+          const float cf = mode == CombineMode::Weighted ? mine.w[q] : 1.0f;
+          const float ov = expert_fn(mine.x[static_cast<std::size_t>(t) * H + h], ex, bf16);
+          part += cf * ov;
+          const float go = row(cf * upstream_grad(me, t, h, bf16));
+          gpart += row(go * expert_slope(ex));
+        }
+        if (!any) continue;
+        acc += row(part);
+        gacc += row(gpart);
       }
       e.y[static_cast<std::size_t>(t) * H + h] = row(acc);
       e.grad_x[static_cast<std::size_t>(t) * H + h] = row(gacc);
@@ -228,7 +238,7 @@ inline StepOutputs expected_step(const EpGroupConfig& c, const std::vector<RankI
     }
   }
   // Layout outputs of this rank.
-  const int R = c.ep_size, E = c.num_experts;
+  const int E = c.num_experts;
   e.tokens_per_expert.assign(E, 0);
   e.tokens_per_rank.assign(R, 0);
   e.token_in_rank.assign(static_cast<std::size_t>(T) * R, 0);

@@ -586,20 +586,13 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(no_stray_communication, DeviceType, KOKKOSMOE_DEVI
     run_step<Exec, float>(exec, group, handle, in[comm.rank()], CombineMode::Weighted);
     const CommStats after = group.stats();
     const int R = comm.size();
-    // One count exchange; dispatch, combine, dispatch backward: one transfer each; Weighted combine backward: two.
+    // One count exchange and the layout's meta; dispatch and dispatch backward: one transfer each; the Weighted
+    // combine and combine backward: two each (the weights to the experts' ranks, then the rows back; the rows with
+    // their weights, then the dots back). Weights and weight gradients ride in their rows' trailers (docs/ep.md §3).
     BOOST_TEST(after.allgathers - before.allgathers == 1);
-    if (R == 1) {
-      BOOST_TEST(after.exchanges - before.exchanges == 0);
-      BOOST_TEST(after.alltoalls - before.alltoalls == 0);
-    } else if (capacity) {
-      // Weights travel in their rows' transfer (docs/ep.md §3.2): dispatch 1, combine 1, Weighted combine
-      // backward 2 (rows with weights, then the dots), dispatch backward 1.
-      BOOST_TEST(after.alltoalls - before.alltoalls == 5);
-      BOOST_TEST(after.exchanges - before.exchanges == 0);
-    } else {
-      BOOST_TEST(after.exchanges - before.exchanges == 5);
-      BOOST_TEST(after.alltoalls - before.alltoalls == 0);
-    }
+    const std::int64_t transfers = R == 1 ? 0 : 7;
+    BOOST_TEST(after.alltoalls - before.alltoalls == (capacity ? transfers : 0));
+    BOOST_TEST(after.exchanges - before.exchanges == (capacity ? 0 : transfers));
   }
 }
 

@@ -96,15 +96,25 @@ void ep_check_view(const char* fn, const char* name, const View& v, std::int64_t
 
 inline bool aligned16(const void* p) { return (reinterpret_cast<std::uintptr_t>(p) & 15u) == 0; }
 
-/// Bytes between consecutive stage rows of \p row_bytes each. An operation whose slots carry a float (dispatch's
-/// weight, the dispatch backward's weight gradient, the Weighted combine backward's weight) puts it in a 16-byte
-/// trailer after the row padded to 16 bytes, so that rows and floats are one transfer (docs/ep.md §3.2); the
-/// pitch depends on the operation only, never on whether a rank's float View is empty, so peers always agree.
-inline std::size_t stage_pitch(std::size_t row_bytes, bool with_floats) {
-  return with_floats ? (row_bytes + 15) / 16 * 16 + 16 : row_bytes;
+inline std::size_t pad16(std::size_t bytes) { return (bytes + 15) / 16 * 16; }
+
+/// Bytes between consecutive token rows of \p row_bytes each in a stage or window: the row padded to 16 bytes, then,
+/// for an operation whose token rows carry their slots' floats (dispatch's weights, the Weighted combine backward's
+/// weights, the dispatch backward's weight gradients), a trailer of K floats padded to 16 bytes (docs/ep.md §3.2).
+/// The pitch depends on the operation only, never on whether a rank's float View is empty, so peers always agree.
+inline std::size_t token_pitch(std::size_t row_bytes, int top_k, bool with_floats) {
+  return pad16(row_bytes) + (with_floats ? pad16(static_cast<std::size_t>(top_k) * sizeof(float)) : 0);
 }
 
 // ----- state -------------------------------------------------------------------------------------------------------
+
+/// Where each kind of token row for (or back to) each peer is written: one address per peer. The message transports
+/// write into their own stages (every entry is the same local buffer, moved by the transfer); direct writes go to
+/// the peers' windows.
+template <class Mem>
+struct EpPeers {
+  Kokkos::View<std::uintptr_t*, Mem> fwd, ret, fwd_f, ret_f, meta;
+};
 
 template <class Exec>
 struct EpGroupState {
@@ -113,23 +123,17 @@ struct EpGroupState {
   EpShape shape;  // T = 0 here; the handle's copy carries the step's T
   std::shared_ptr<Transport> transport;
   int recv_rows_fixed = 0;          // capacity mode: receive rows of every layout
-  std::size_t stage_row_bytes = 0;  // bytes per stage row: an FP32 row padded to 16 bytes, then its float's trailer
+  std::size_t stage_pitch_max = 0;  // an FP32 row padded to 16 bytes plus the K floats' trailer
+  std::int64_t stage_rows = 0;      // token rows per stage: R * B (0 at R = 1): at most B per peer
+  // Message transports: the source stage (forward sends, returned rows) and the destination stage (arrivals, return
+  // sends), each R * B token rows; float rows (combine's weights, the combine backward's dots) and the layout's
+  // meta (K ints per token row) have their own.
   Kokkos::View<Chunk16*, Mem> src_stage, dst_stage;
-  Kokkos::View<float*, Mem> src_stage_f, dst_stage_f;  // floats that travel without rows (combine backward's dots)
-  std::int64_t src_stage_rows = 0, dst_stage_rows = 0;
+  Kokkos::View<float*, Mem> src_flt, dst_flt;
+  Kokkos::View<int*, Mem> src_meta;
+  EpPeers<Mem> peers;
   bool capacity_mode() const {
     return config.max_recv_tokens_per_rank > 0 || config.layout == RecvLayout::ExpertMajorFixed;
-  }
-
-  void ensure_dst_stage(std::int64_t rows) {
-    if (rows <= dst_stage_rows) return;
-    // Eager mode only: the exact remote receive count is known after the layout's one host wait.
-    const std::int64_t grown = rows + rows / 4;
-    dst_stage = Kokkos::View<Chunk16*, Mem>(Kokkos::view_alloc(Kokkos::WithoutInitializing, "KokkosMoE::ep::dst_stage"),
-                                            static_cast<std::size_t>(grown) * stage_row_bytes / 16);
-    dst_stage_f =
-        Kokkos::View<float*, Mem>(Kokkos::view_alloc(Kokkos::WithoutInitializing, "KokkosMoE::ep::dst_stage_f"), grown);
-    dst_stage_rows = grown;
   }
 };
 
@@ -140,87 +144,94 @@ struct EpHandleState {
   EpHandleOptions options;
   EpLayoutViews<Mem> v;
   EpShape shape;
-  int recv_rows = 0;   // rows of the receive Views the last layout needs
-  int stage_rows = 0;  // destination-stage rows in use (eager: exact remote receives; capacity: R * block)
-  std::vector<std::int64_t> send_rows, recv_rows_peer, src_off, dst_off;  // eager, per peer, in rows
+  int recv_rows = 0;          // rows of the receive Views the last layout needs
+  std::int64_t arrivals = 0;  // arrival indices in use (eager: exact; capacity: R * B)
+  std::vector<std::int64_t> send_tok, recv_tok, send_off, recv_off;  // eager, per peer, in token rows
   bool laid_out = false, backward_done = true;
-  std::int64_t recv_expert_rows = 0, stage_map_rows = 0;
+  std::int64_t recv_rows_alloc = 0;
 
   EpHandleState(std::shared_ptr<EpGroupState<Exec>> g, const EpHandleOptions& o) : group(std::move(g)), options(o) {
     const EpShape& s = group->shape;
     const EpGroupConfig& c = group->config;
-    const std::int64_t BK = static_cast<std::int64_t>(c.max_tokens_per_rank) * c.top_k;
+    const std::int64_t B = c.max_tokens_per_rank, BK = B * c.top_k, RB = static_cast<std::int64_t>(s.R) * B;
     const int nch = (c.max_tokens_per_rank + s.chunk - 1) / s.chunk;
     auto a = [](const char* n, std::int64_t len) {
       return Kokkos::View<int*, Mem>(std::string("KokkosMoE::ep::") + n, static_cast<std::size_t>(len));
+    };
+    auto bytes = [](const char* n, std::int64_t len) {
+      return Kokkos::View<std::uint8_t*, Mem>(std::string("KokkosMoE::ep::") + n, static_cast<std::size_t>(len));
     };
     v.local_pos = a("local_pos", BK);
     v.chunk_prefix = a("chunk_prefix", static_cast<std::int64_t>(nch) * s.E);
     v.chunk_tokens = a("chunk_tokens", static_cast<std::int64_t>(nch) * s.R);
     v.chunk_bad = a("chunk_bad", nch);
-    v.tokens_per_expert = a("tokens_per_expert", s.E + 1);
-    v.tokens_per_rank = a("tokens_per_rank", s.R);
-    v.token_in_rank = Kokkos::View<std::uint8_t*, Mem>("KokkosMoE::ep::token_in_rank",
-                                                       static_cast<std::size_t>(c.max_tokens_per_rank) * s.R);
+    v.tok_local = a("tok_local", B * s.R);
+    v.gather_send = a("gather_send", s.E + 1 + s.R);
+    v.gathered = a("gathered", static_cast<std::int64_t>(s.R) * (s.E + 1 + s.R));
+    v.token_in_rank = bytes("token_in_rank", B * s.R);
+    v.tok_pos = a("tok_pos", B * s.R);
     v.counts = a("counts", static_cast<std::int64_t>(s.R) * (s.E + 1));
     v.dest_base = a("dest_base", s.E);
     v.dest_limit = a("dest_limit", s.E);
-    v.send_base = a("send_base", s.E);
-    v.send_limit = a("send_limit", s.E);
     v.expert_offsets = a("expert_offsets", s.L + 1);
     v.recv_count = a("recv_count", s.L);
-    v.src_base = a("src_base", static_cast<std::int64_t>(s.R) * s.L);
-    v.src_limit = a("src_limit", static_cast<std::int64_t>(s.R) * s.L);
-    v.recv_base = a("recv_base", static_cast<std::int64_t>(s.R) * s.L);
+    v.send_base = a("send_base", s.R);
+    v.fwd_base = a("fwd_base", s.R);
+    v.arrive_base = a("arrive_base", s.R);
+    v.arrive_count = a("arrive_count", s.R);
+    v.ret_base = a("ret_base", s.R);
     v.slot_row = a("slot_row", BK);
-    v.slot_local = Kokkos::View<std::uint8_t*, Mem>("KokkosMoE::ep::slot_local", static_cast<std::size_t>(BK));
-    v.slot_kept = Kokkos::View<std::uint8_t*, Mem>("KokkosMoE::ep::slot_kept", static_cast<std::size_t>(BK));
+    v.slot_rank = a("slot_rank", BK);
+    v.slot_kept = bytes("slot_kept", BK);
+    v.fwd_rows = a("fwd_rows", s.R > 1 ? RB * c.top_k : 0);
+    v.arrive_rank = a("arrive_rank", s.R > 1 ? RB : 0);
     v.status = a("status", 4);
     v.rank_status = a("rank_status", 2 * static_cast<std::int64_t>(s.R));
-    if (group->capacity_mode()) {
-      recv_expert_rows = group->recv_rows_fixed;
-      stage_map_rows = s.R > 1 ? static_cast<std::int64_t>(s.R) * s.block : 0;
-    } else {
-      recv_expert_rows = BK;
-      stage_map_rows = BK;
-    }
-    v.recv_expert = a("recv_expert", recv_expert_rows);
-    v.stage_map = a("stage_map", stage_map_rows);
+    recv_rows_alloc = group->capacity_mode() ? group->recv_rows_fixed : BK;
+    alloc_recv_maps();
   }
 
-  void ensure_eager_rows(std::int64_t recv, std::int64_t stage) {
-    if (recv > recv_expert_rows) {
-      recv_expert_rows = recv + recv / 4;
-      v.recv_expert = Kokkos::View<int*, Mem>("KokkosMoE::ep::recv_expert", static_cast<std::size_t>(recv_expert_rows));
-    }
-    if (stage > stage_map_rows) {
-      stage_map_rows = stage + stage / 4;
-      v.stage_map = Kokkos::View<int*, Mem>("KokkosMoE::ep::stage_map", static_cast<std::size_t>(stage_map_rows));
-    }
+  void alloc_recv_maps() {
+    auto a = [](const char* n, std::int64_t len) {
+      return Kokkos::View<int*, Mem>(std::string("KokkosMoE::ep::") + n, static_cast<std::size_t>(len));
+    };
+    v.recv_expert = a("recv_expert", recv_rows_alloc);
+    v.recv_src = a("recv_src", recv_rows_alloc);
+    v.recv_k = a("recv_k", recv_rows_alloc);
+  }
+
+  /// Eager mode only: the exact receive rows are known after the layout's one host wait.
+  void ensure_eager_rows(std::int64_t recv) {
+    if (recv <= recv_rows_alloc) return;
+    recv_rows_alloc = recv + recv / 4;
+    alloc_recv_maps();
   }
 };
 
+/// Device bytes of one handle (docs/ep.md §6): B = max_tokens_per_rank, nch = ceil(B / chunk), N = the receive
+/// rows (capacity: the capacity; eager: B * K, grown on demand).
 template <class Exec>
 std::size_t handle_bytes(const EpGroupState<Exec>& g) {
   const EpShape& s = g.shape;
   const std::size_t B = static_cast<std::size_t>(g.config.max_tokens_per_rank), BK = B * s.K;
   const std::size_t nch = (B + s.chunk - 1) / s.chunk, R = s.R, E = s.E, L = s.L;
-  const std::size_t recv = g.capacity_mode() ? static_cast<std::size_t>(g.recv_rows_fixed) : BK;
-  const std::size_t stage = g.capacity_mode() ? (R > 1 ? R * static_cast<std::size_t>(s.block) : 0) : BK;
-  const std::size_t ints = BK + nch * E + nch * R + nch + (E + 1) + R + R * (E + 1) + 4 * E + (L + 1) + L + 3 * R * L +
-                           BK + recv + stage + 4 + 2 * R;
-  return ints * sizeof(int) + B * R + 2 * BK;  // + token_in_rank, slot_local and slot_kept bytes
+  const std::size_t N = g.capacity_mode() ? static_cast<std::size_t>(g.recv_rows_fixed) : BK;
+  const std::size_t RB = R > 1 ? R * B : 0;
+  const std::size_t ints = BK + nch * E + nch * R + nch + 2 * B * R + (E + 1 + R) + R * (E + 1 + R) + R * (E + 1) +
+                           2 * E + (L + 1) + L + 5 * R + 2 * BK + RB * s.K + RB + 3 * N + 4 + 2 * R;
+  return ints * sizeof(int) + B * R + BK;  // + token_in_rank and slot_kept bytes
 }
 
 template <class Exec>
 std::vector<const void*> handle_buffers(const EpHandleState<Exec>& h) {
   const auto& v = h.v;
-  return {v.local_pos.data(),         v.chunk_prefix.data(),    v.chunk_tokens.data(),  v.chunk_bad.data(),
-          v.tokens_per_expert.data(), v.tokens_per_rank.data(), v.token_in_rank.data(), v.counts.data(),
-          v.dest_base.data(),         v.dest_limit.data(),      v.send_base.data(),     v.send_limit.data(),
-          v.expert_offsets.data(),    v.recv_count.data(),      v.src_base.data(),      v.src_limit.data(),
-          v.recv_base.data(),         v.slot_row.data(),        v.slot_local.data(),    v.slot_kept.data(),
-          v.recv_expert.data(),       v.stage_map.data(),       v.status.data(),        v.rank_status.data()};
+  return {
+      v.local_pos.data(),   v.chunk_prefix.data(), v.chunk_tokens.data(),   v.chunk_bad.data(),   v.tok_local.data(),
+      v.gather_send.data(), v.gathered.data(),     v.token_in_rank.data(),  v.tok_pos.data(),     v.counts.data(),
+      v.dest_base.data(),   v.dest_limit.data(),   v.expert_offsets.data(), v.recv_count.data(),  v.send_base.data(),
+      v.fwd_base.data(),    v.arrive_base.data(),  v.arrive_count.data(),   v.ret_base.data(),    v.slot_row.data(),
+      v.slot_rank.data(),   v.slot_kept.data(),    v.fwd_rows.data(),       v.arrive_rank.data(), v.recv_expert.data(),
+      v.recv_src.data(),    v.recv_k.data(),       v.status.data(),         v.rank_status.data()};
 }
 
 template <class Exec>
@@ -352,25 +363,33 @@ std::shared_ptr<EpGroupState<Exec>> make_group_state(const Exec& exec, const Com
   s.fixed = config.layout == RecvLayout::ExpertMajorFixed;
   s.slab = s.fixed ? s.R * config.max_tokens_per_rank : 0;
   s.capacity = s.fixed ? 0 : config.max_recv_tokens_per_rank;
-  const std::int64_t BK = static_cast<std::int64_t>(config.max_tokens_per_rank) * config.top_k;
-  g->stage_row_bytes = stage_pitch(static_cast<std::size_t>(config.hidden) * 4, true);
-  if (g->capacity_mode()) {
-    g->recv_rows_fixed = s.fixed ? s.L * s.slab : config.max_recv_tokens_per_rank;
-    s.block = static_cast<int>(BK < g->recv_rows_fixed ? BK : g->recv_rows_fixed);
-    g->src_stage_rows = g->dst_stage_rows = s.R > 1 ? static_cast<std::int64_t>(s.R) * s.block : 0;
-  } else {
-    s.block = 0;
-    g->src_stage_rows = g->dst_stage_rows = s.R > 1 ? BK : 0;
-  }
-
-  const auto alloc_rows = [&](const char* name, std::int64_t rows) {
+  s.B = config.max_tokens_per_rank;
+  s.capacity_mode = g->capacity_mode();
+  if (s.capacity_mode) g->recv_rows_fixed = s.fixed ? s.L * s.slab : config.max_recv_tokens_per_rank;
+  g->stage_pitch_max = token_pitch(static_cast<std::size_t>(config.hidden) * sizeof(float), s.K, true);
+  g->stage_rows = s.R > 1 ? static_cast<std::int64_t>(s.R) * s.B : 0;
+  const auto alloc_rows = [&](const char* name) {
     return Kokkos::View<Chunk16*, Mem>(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string(name)),
-                                       static_cast<std::size_t>(rows) * g->stage_row_bytes / 16);
+                                       static_cast<std::size_t>(g->stage_rows) * g->stage_pitch_max / 16);
   };
-  g->src_stage = alloc_rows("KokkosMoE::ep::src_stage", g->src_stage_rows);
-  g->dst_stage = alloc_rows("KokkosMoE::ep::dst_stage", g->dst_stage_rows);
-  g->src_stage_f = Kokkos::View<float*, Mem>("KokkosMoE::ep::src_stage_f", static_cast<std::size_t>(g->src_stage_rows));
-  g->dst_stage_f = Kokkos::View<float*, Mem>("KokkosMoE::ep::dst_stage_f", static_cast<std::size_t>(g->dst_stage_rows));
+  const std::size_t floats = static_cast<std::size_t>(g->stage_rows) * s.K;
+  g->src_stage = alloc_rows("KokkosMoE::ep::src_stage");
+  g->dst_stage = alloc_rows("KokkosMoE::ep::dst_stage");
+  g->src_flt = Kokkos::View<float*, Mem>("KokkosMoE::ep::src_flt", floats);
+  g->dst_flt = Kokkos::View<float*, Mem>("KokkosMoE::ep::dst_flt", floats);
+  g->src_meta = Kokkos::View<int*, Mem>("KokkosMoE::ep::src_meta", floats);
+  auto table = [&](const char* name, const void* p) {
+    Kokkos::View<std::uintptr_t*, Mem> t(std::string("KokkosMoE::ep::peers_") + name, static_cast<std::size_t>(s.R));
+    Kokkos::deep_copy(t, reinterpret_cast<std::uintptr_t>(p));
+    return t;
+  };
+  // Message transports: every token row is written into this rank's own stage; the transfer moves it.
+  g->peers.fwd = table("fwd", g->src_stage.data());
+  g->peers.ret = table("ret", g->dst_stage.data());
+  g->peers.fwd_f = table("fwd_f", g->src_flt.data());
+  g->peers.ret_f = table("ret_f", g->dst_flt.data());
+  g->peers.meta = table("meta", g->src_meta.data());
+  Kokkos::fence();
   return g;
 }
 
@@ -378,34 +397,32 @@ std::shared_ptr<EpGroupState<Exec>> make_group_state(const Exec& exec, const Com
 
 enum class Direction { Forward, Return };
 
-/// Moves stage units of \p pitch bytes each (rows with their trailers, or bare floats) between the ranks: Forward
-/// from each rank's \p src buffer to the peers' \p dst buffers, Return from \p dst back to \p src. One library call:
-/// an equal-block all-to-all in capacity mode, one grouped exchange of exact segments in eager mode. Host
-/// transports need the kernels finished first.
+/// Moves token rows of \p pitch bytes each between the ranks: Forward from each rank's \p src buffer (its token rows
+/// for rank r from index S(me, r)) to the peers' \p dst buffers (rank i's rows from index A(me, i)), Return the
+/// reverse. One library call: an equal-block all-to-all of B token rows per peer in capacity mode, one grouped
+/// exchange of exact segments in eager mode. Host transports need the kernels finished first.
 template <class Exec>
-void transfer(const Exec& exec, const char* fn, EpHandleState<Exec>& h, Direction dir, void* src, void* dst,
+void transfer(const Exec& exec, const char* fn, EpHandleState<Exec>& h, Direction dir, const void* src, const void* dst,
               std::size_t pitch) {
   EpGroupState<Exec>& g = *h.group;
   const EpShape& s = h.shape;
   if (s.R == 1 || pitch == 0) return;
   if (ExecTraits<Exec>::transport == CommTransport::Mpi) exec.fence();
   void* stream = ExecTraits<Exec>::stream(exec);
-  char* src_b = static_cast<char*>(src);
-  char* dst_b = static_cast<char*>(dst);
+  char* src_b = static_cast<char*>(const_cast<void*>(src));
+  char* dst_b = static_cast<char*>(const_cast<void*>(dst));
   const bool fwd = dir == Direction::Forward;
-  if (g.capacity_mode()) {
-    g.transport->alltoall(fn, fwd ? src_b : dst_b, fwd ? dst_b : src_b, static_cast<std::size_t>(s.block) * pitch,
-                          stream);
+  if (s.capacity_mode) {
+    g.transport->alltoall(fn, fwd ? src_b : dst_b, fwd ? dst_b : src_b, static_cast<std::size_t>(s.B) * pitch, stream);
     return;
   }
   std::vector<PeerSegment> segs;
   for (int p = 0; p < s.R; ++p) {
     if (p == s.me) continue;
-    // Forward: send my source-stage units for p, receive p's units for me into the destination stage.
-    const std::size_t so = static_cast<std::size_t>(h.src_off[p]) * pitch;
-    const std::size_t sn = static_cast<std::size_t>(h.send_rows[p]) * pitch;
-    const std::size_t d_o = static_cast<std::size_t>(h.dst_off[p]) * pitch;
-    const std::size_t dn = static_cast<std::size_t>(h.recv_rows_peer[p]) * pitch;
+    const std::size_t so = static_cast<std::size_t>(h.send_off[p]) * pitch;
+    const std::size_t sn = static_cast<std::size_t>(h.send_tok[p]) * pitch;
+    const std::size_t d_o = static_cast<std::size_t>(h.recv_off[p]) * pitch;
+    const std::size_t dn = static_cast<std::size_t>(h.recv_tok[p]) * pitch;
     if (fwd) {
       segs.push_back({p, src_b + so, sn, dst_b + d_o, dn});
     } else {
@@ -441,16 +458,18 @@ void layout(const Exec& exec, EpHandleState<Exec>& h, const IdxView& idx) {
   h.shape.T = static_cast<int>(idx.extent(0));
   const EpShape& s = h.shape;
   void* stream = ExecTraits<Exec>::stream(exec);
+  const int W = s.E + 1 + s.R;
 
   layout_count(exec, s, idx, h.v);
   if (ExecTraits<Exec>::transport == CommTransport::Mpi) exec.fence();
-  g.transport->allgather(fn, h.v.tokens_per_expert.data(), h.v.counts.data(), sizeof(int) * (s.E + 1), stream);
+  g.transport->allgather(fn, h.v.gather_send.data(), h.v.gathered.data(), sizeof(int) * W, stream);
 
-  if (!g.capacity_mode()) {
+  if (!s.capacity_mode) {
     // Eager: the one host wait of the step, bounded by the communicator's timeout.
     g.transport->wait(fn, stream);
-    auto m = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), h.v.counts);
-    auto cnt = [&](int i, int e) { return static_cast<std::int64_t>(m(static_cast<std::size_t>(i) * (s.E + 1) + e)); };
+    auto m = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), h.v.gathered);
+    auto cnt = [&](int i, int e) { return static_cast<std::int64_t>(m(static_cast<std::size_t>(i) * W + e)); };
+    auto tok = [&](int i, int r) { return cnt(i, s.E + 1 + r); };
     std::string bad;
     for (int i = 0; i < s.R; ++i)
       if (cnt(i, s.E) > 0)
@@ -459,10 +478,10 @@ void layout(const Exec& exec, EpHandleState<Exec>& h, const IdxView& idx) {
     if (!bad.empty())
       ep_fail(fn, "topk_idx", Rule::ExpertIdRange,
               "topk_idx holds expert ids outside [-1, num_experts = " + std::to_string(s.E) + ") on " + bad);
-    h.send_rows.assign(s.R, 0);
-    h.recv_rows_peer.assign(s.R, 0);
-    h.src_off.assign(s.R, 0);
-    h.dst_off.assign(s.R, 0);
+    h.send_tok.assign(s.R, 0);
+    h.recv_tok.assign(s.R, 0);
+    h.send_off.assign(s.R, 0);
+    h.recv_off.assign(s.R, 0);
     std::int64_t padded = 0, so = 0, d_o = 0;
     for (int l = 0; l < s.L; ++l) {
       std::int64_t n = 0;
@@ -471,28 +490,30 @@ void layout(const Exec& exec, EpHandleState<Exec>& h, const IdxView& idx) {
     }
     for (int p = 0; p < s.R; ++p) {
       if (p == s.me) continue;
-      for (int l = 0; l < s.L; ++l) {
-        h.send_rows[p] += cnt(s.me, p * s.L + l);
-        h.recv_rows_peer[p] += cnt(p, s.me * s.L + l);
-      }
-      h.src_off[p] = so;
-      h.dst_off[p] = d_o;
-      so += h.send_rows[p];
-      d_o += h.recv_rows_peer[p];
+      h.send_tok[p] = tok(s.me, p);
+      h.recv_tok[p] = tok(p, s.me);
+      h.send_off[p] = so;
+      h.recv_off[p] = d_o;
+      so += h.send_tok[p];
+      d_o += h.recv_tok[p];
     }
     if (padded > std::numeric_limits<int>::max())
       throw CommError(fn, s.me, s.R, CommFailure::Library,
                       "the layout needs " + std::to_string(padded) + " receive rows, more than 2^31 - 1");
-    g.ensure_dst_stage(d_o);
-    h.ensure_eager_rows(padded, d_o);
+    h.ensure_eager_rows(padded);
     h.recv_rows = static_cast<int>(padded);
-    h.stage_rows = static_cast<int>(d_o);
+    h.arrivals = d_o;
   } else {
     h.recv_rows = g.recv_rows_fixed;
-    h.stage_rows = static_cast<int>(g.dst_stage_rows);
+    h.arrivals = g.stage_rows;
   }
   layout_offsets(exec, s, h.v);
-  layout_slots(exec, s, idx, h.v, h.recv_rows, h.stage_rows);
+  layout_slots(exec, s, idx, h.v, h.recv_rows);
+  // The receivers learn which of their rows each arriving token feeds: K ints per token row, one transfer.
+  const std::size_t meta_pitch = static_cast<std::size_t>(s.K) * sizeof(int);
+  meta_pack(exec, s, h.v, PeerRows<typename Exec::memory_space>{g.peers.meta, h.v.fwd_base, meta_pitch});
+  transfer(exec, fn, h, Direction::Forward, g.src_meta.data(), h.v.fwd_rows.data(), meta_pitch);
+  meta_scatter(exec, s, h.v);
   h.laid_out = true;
   h.backward_done = !h.options.training;
 }
@@ -500,30 +521,6 @@ void layout(const Exec& exec, EpHandleState<Exec>& h, const IdxView& idx) {
 template <class Exec>
 void require_layout(const char* fn, const EpHandleState<Exec>& h) {
   if (!h.laid_out) ep_fail(fn, "handle", Rule::HandleState, "the handle has no layout yet: call ep_layout first");
-}
-
-/// The stage's rows as units, \p pitch bytes apart (the kernels take the row width from the row Views, never from
-/// the stage, so a trailer is not touched as row data).
-template <class Unit, class Mem>
-Unmanaged2<Unit, Mem> stage_rows_view(const Kokkos::View<Chunk16*, Mem>& stage, std::int64_t rows, std::size_t pitch) {
-  return Unmanaged2<Unit, Mem>(reinterpret_cast<Unit*>(stage.data()), static_cast<std::size_t>(rows),
-                               pitch / sizeof(Unit));
-}
-
-/// The trailer floats of the stage's rows of \p row_bytes each, \p pitch bytes apart (stage_pitch(row_bytes, true)).
-template <class T, class Mem>
-Strided1<T, Mem> stage_floats(const Kokkos::View<Chunk16*, Mem>& stage, std::int64_t rows, std::size_t row_bytes,
-                              std::size_t pitch) {
-  if (rows == 0 || stage.data() == nullptr) return Strided1<T, Mem>();
-  char* base = reinterpret_cast<char*>(stage.data()) + (row_bytes + 15) / 16 * 16;
-  return Strided1<T, Mem>(reinterpret_cast<T*>(base),
-                          Kokkos::LayoutStride(static_cast<std::size_t>(rows), pitch / sizeof(float)));
-}
-
-/// A contiguous float array as a stride-1 float View.
-template <class T, class Mem>
-Strided1<T, Mem> strided(T* p, std::size_t n) {
-  return Strided1<T, Mem>(p, Kokkos::LayoutStride(n, 1));
 }
 
 template <class Unit, class Mem, class View>
@@ -564,6 +561,24 @@ void with_unit(int hidden, std::initializer_list<const void*> ptrs, F&& f) {
   }
 }
 
+/// Where arrivals and returned rows sit in this rank's memory (the message transports' stages).
+template <class Exec>
+const char* arrived(const EpGroupState<Exec>& g) {
+  return reinterpret_cast<const char*>(g.dst_stage.data());
+}
+template <class Exec>
+const char* returned(const EpGroupState<Exec>& g) {
+  return reinterpret_cast<const char*>(g.src_stage.data());
+}
+template <class Exec>
+const char* arrived_f(const EpGroupState<Exec>& g) {
+  return reinterpret_cast<const char*>(g.dst_flt.data());
+}
+template <class Exec>
+const char* returned_f(const EpGroupState<Exec>& g) {
+  return reinterpret_cast<const char*>(g.src_flt.data());
+}
+
 // ----- dispatch ----------------------------------------------------------------------------------------------------
 
 template <class Exec, class XView, class WView, class RecvXView, class RecvWView>
@@ -594,21 +609,18 @@ void dispatch(const Exec& exec, EpHandleState<Exec>& h, const XView& x, const WV
   if (with_w) ep_check_view(fn, "recv_w", recv_w, h.recv_rows, 1, true);
   EpGroupState<Exec>& g = *h.group;
   const std::size_t row_bytes = static_cast<std::size_t>(H) * sizeof(Scalar);
-  const std::size_t pitch = stage_pitch(row_bytes, true);
-  with_unit<Scalar>(H, {x.data(), recv_x.data(), g.src_stage.data(), g.dst_stage.data()}, [&](auto unit) {
+  const std::size_t pitch = token_pitch(row_bytes, s.K, true);
+  with_unit<Scalar>(H, {x.data(), recv_x.data()}, [&](auto unit) {
     using Unit = decltype(unit);
     const auto src_w = with_w ? floats2<Mem>(w) : Unmanaged2<const float, Mem>();
     const auto rw = with_w ? floats1_out<Mem>(recv_w) : Unmanaged1<float, Mem>();
     auto rx = rows_view<Unit, Mem>(recv_x, H);
-    pack_forward<Exec, Unit>(exec, s, rows_view<Unit, Mem>(x, H), src_w, h.v, rx, rw,
-                             stage_rows_view<Unit>(g.src_stage, g.src_stage_rows, pitch),
-                             stage_floats<float>(g.src_stage, g.src_stage_rows, row_bytes, pitch), h.recv_rows,
-                             "KokkosMoE::ep_dispatch::pack");
+    pack_tokens<Exec, Scalar, Unit>(exec, s, rows_view<Unit, Mem>(x, H), src_w, true, false, h.v, rx, rw,
+                                    PeerRows<Mem>{g.peers.fwd, h.v.fwd_base, pitch}, pad16(row_bytes),
+                                    "KokkosMoE::ep_dispatch::pack");
     transfer(exec, fn, h, Direction::Forward, g.src_stage.data(), g.dst_stage.data(), pitch);
-    unpack_forward<Exec, Unit>(exec, s.R > 1 ? h.stage_rows : 0,
-                               stage_rows_view<const Unit>(g.dst_stage, g.dst_stage_rows, pitch),
-                               stage_floats<const float>(g.dst_stage, g.dst_stage_rows, row_bytes, pitch), h.v, rx, rw,
-                               "KokkosMoE::ep_dispatch::unpack");
+    expand_arrivals<Exec, Scalar, Unit>(exec, h.recv_rows, LocalRows{arrived(g), pitch}, pad16(row_bytes), false, h.v,
+                                        rx, rw, "KokkosMoE::ep_dispatch::expand");
   });
 }
 
@@ -639,19 +651,24 @@ void combine(const Exec& exec, EpHandleState<Exec>& h, CombineMode mode, const O
   if (weighted) ep_check_view(fn, "topk_w", w, s.T, s.K, false);
   ep_check_view(fn, "y", y, s.T, H, false);
   EpGroupState<Exec>& g = *h.group;
-  const std::size_t pitch = stage_pitch(static_cast<std::size_t>(H) * sizeof(Scalar), false);
-  with_unit<Scalar>(H, {out.data(), y.data(), g.src_stage.data(), g.dst_stage.data()}, [&](auto unit) {
+  const std::size_t pitch = token_pitch(static_cast<std::size_t>(H) * sizeof(Scalar), s.K, false);
+  const std::size_t fpitch = static_cast<std::size_t>(s.K) * sizeof(float);
+  if (weighted) {
+    // The expert's rank weighs the slots it reduces: the K weights of each token row go there first.
+    pack_weights(exec, s, floats2<Mem>(w), h.v, PeerRows<Mem>{g.peers.fwd_f, h.v.fwd_base, fpitch});
+    transfer(exec, fn, h, Direction::Forward, g.src_flt.data(), g.dst_flt.data(), fpitch);
+  }
+  with_unit<Scalar>(H, {out.data(), y.data()}, [&](auto unit) {
     using Unit = decltype(unit);
-    pack_return<Exec, Unit>(exec, s.R > 1 ? h.stage_rows : 0, rows_view<Unit, Mem>(out, H),
-                            Unmanaged1<const float, Mem>(), h.v,
-                            stage_rows_view<Unit>(g.dst_stage, g.dst_stage_rows, pitch), Strided1<float, Mem>(),
-                            "KokkosMoE::ep_combine::pack");
+    reduce_arrivals<Exec, Scalar, Unit>(
+        exec, s, h.arrivals, rows_view<Unit, Mem>(out, H), weighted ? LocalRows{arrived_f(g), fpitch} : LocalRows{},
+        Unmanaged1<const float, Mem>(), h.v, PeerRows<Mem>{g.peers.ret, h.v.ret_base, pitch}, 0,
+        "KokkosMoE::ep_combine::reduce_experts");
     transfer(exec, fn, h, Direction::Return, g.src_stage.data(), g.dst_stage.data(), pitch);
-    reduce_return<Exec, Scalar, Unit>(
-        exec, s, rows_view<Unit, Mem>(out, H), Unmanaged1<const float, Mem>(),
-        stage_rows_view<const Unit>(g.src_stage, g.src_stage_rows, pitch), Strided1<const float, Mem>(),
-        weighted ? floats2<Mem>(w) : Unmanaged2<const float, Mem>(), h.v, rows_view<Unit, Mem>(y, H),
-        Unmanaged2<float, Mem>(), "KokkosMoE::ep_combine::reduce");
+    reduce_ranks<Exec, Scalar, Unit>(
+        exec, s, rows_view<Unit, Mem>(out, H), weighted ? floats2<Mem>(w) : Unmanaged2<const float, Mem>(),
+        Unmanaged1<const float, Mem>(), LocalRows{returned(g), pitch}, 0, h.v, rows_view<Unit, Mem>(y, H),
+        Unmanaged2<float, Mem>(), "KokkosMoE::ep_combine::reduce_ranks");
   });
 }
 
@@ -691,40 +708,32 @@ void combine_backward(const Exec& exec, EpHandleState<Exec>& h, CombineMode mode
   }
   EpGroupState<Exec>& g = *h.group;
   const std::size_t row_bytes = static_cast<std::size_t>(H) * sizeof(Scalar);
-  // Weighted: grad_y rows travel with their slot's weight in the row trailer, the dots come back as bare floats.
-  const std::size_t pitch = stage_pitch(row_bytes, weighted);
-  with_unit<Scalar>(
-      H, {grad_y.data(), grad_out.data(), out.data(), g.src_stage.data(), g.dst_stage.data()}, [&](auto unit) {
-        using Unit = decltype(unit);
-        auto go = rows_view<Unit, Mem>(grad_out, H);
-        auto src_stage = stage_rows_view<Unit>(g.src_stage, g.src_stage_rows, pitch);
-        auto dst_stage = stage_rows_view<const Unit>(g.dst_stage, g.dst_stage_rows, pitch);
-        if (!weighted) {
-          pack_forward<Exec, Unit>(exec, s, rows_view<Unit, Mem>(grad_y, H), Unmanaged2<const float, Mem>(), h.v, go,
-                                   Unmanaged1<float, Mem>(), src_stage, Strided1<float, Mem>(), h.recv_rows,
-                                   "KokkosMoE::ep_combine_backward::pack");
-          transfer(exec, fn, h, Direction::Forward, g.src_stage.data(), g.dst_stage.data(), pitch);
-          unpack_forward<Exec, Unit>(exec, s.R > 1 ? h.stage_rows : 0, dst_stage, Strided1<const float, Mem>(), h.v, go,
-                                     Unmanaged1<float, Mem>(), "KokkosMoE::ep_combine_backward::unpack");
-        } else {
-          auto o = rows_view<Unit, Mem>(out, H);
-          combine_backward_source<Exec, Scalar, Unit>(
-              exec, s, rows_view<Unit, Mem>(grad_y, H), floats2<Mem>(w), o, h.v, go, floats2_out<Mem>(grad_w),
-              src_stage, stage_floats<float>(g.src_stage, g.src_stage_rows, row_bytes, pitch));
-          transfer(exec, fn, h, Direction::Forward, g.src_stage.data(), g.dst_stage.data(), pitch);
-          combine_backward_expert<Exec, Scalar, Unit>(
-              exec, s.R > 1 ? h.stage_rows : 0, dst_stage,
-              stage_floats<const float>(g.dst_stage, g.dst_stage_rows, row_bytes, pitch),
-              Unmanaged1<float, Mem>(g.dst_stage_f.data(), g.dst_stage_f.extent(0)), o, h.v, go);
-          transfer(exec, fn, h, Direction::Return, g.src_stage_f.data(), g.dst_stage_f.data(), sizeof(float));
-          combine_backward_scatter<Exec>(exec, s,
-                                         Unmanaged1<const float, Mem>(g.src_stage_f.data(), g.src_stage_f.extent(0)),
-                                         h.v, floats2_out<Mem>(grad_w));
-        }
-        if (weighted)  // the Sum path's pack zeroed them
-          zero_invalid_rows<Exec, Unit>(exec, h.recv_rows, h.v, go, Unmanaged1<float, Mem>(),
-                                        "KokkosMoE::ep_combine_backward::padding");
-      });
+  // Weighted: grad_y travels with the token's weights in its trailer, and the dots come back as K floats per token.
+  const std::size_t pitch = token_pitch(row_bytes, s.K, weighted);
+  const std::size_t fpitch = static_cast<std::size_t>(s.K) * sizeof(float);
+  with_unit<Scalar>(H, {grad_y.data(), grad_out.data(), out.data()}, [&](auto unit) {
+    using Unit = decltype(unit);
+    auto go = rows_view<Unit, Mem>(grad_out, H);
+    auto gy = rows_view<Unit, Mem>(grad_y, H);
+    const PeerRows<Mem> dst{g.peers.fwd, h.v.fwd_base, pitch};
+    if (!weighted) {
+      pack_tokens<Exec, Scalar, Unit>(exec, s, gy, Unmanaged2<const float, Mem>(), true, false, h.v, go,
+                                      Unmanaged1<float, Mem>(), dst, 0, "KokkosMoE::ep_combine_backward::pack");
+      transfer(exec, fn, h, Direction::Forward, g.src_stage.data(), g.dst_stage.data(), pitch);
+      expand_arrivals<Exec, Scalar, Unit>(exec, h.recv_rows, LocalRows{arrived(g), pitch}, 0, false, h.v, go,
+                                          Unmanaged1<float, Mem>(), "KokkosMoE::ep_combine_backward::expand");
+      return;
+    }
+    auto o = rows_view<Unit, Mem>(out, H);
+    local_dots<Exec, Scalar, Unit>(exec, s, gy, floats2<Mem>(w), o, h.v, go, floats2_out<Mem>(grad_w));
+    pack_tokens<Exec, Scalar, Unit>(exec, s, gy, floats2<Mem>(w), false, false, h.v, go, Unmanaged1<float, Mem>(), dst,
+                                    pad16(row_bytes), "KokkosMoE::ep_combine_backward::pack");
+    transfer(exec, fn, h, Direction::Forward, g.src_stage.data(), g.dst_stage.data(), pitch);
+    expand_with_dots<Exec, Scalar, Unit>(exec, h.recv_rows, LocalRows{arrived(g), pitch}, pad16(row_bytes), o, h.v,
+                                         PeerRows<Mem>{g.peers.ret_f, h.v.ret_base, fpitch}, go);
+    transfer(exec, fn, h, Direction::Return, g.src_flt.data(), g.dst_flt.data(), fpitch);
+    scatter_dots<Exec>(exec, s, LocalRows{returned_f(g), fpitch}, h.v, floats2_out<Mem>(grad_w));
+  });
 }
 
 // ----- dispatch backward -------------------------------------------------------------------------------------------
@@ -759,21 +768,19 @@ void dispatch_backward(const Exec& exec, EpHandleState<Exec>& h, const GradRecvX
   ep_check_view(fn, "grad_x", grad_x, s.T, H, false);
   EpGroupState<Exec>& g = *h.group;
   const std::size_t row_bytes = static_cast<std::size_t>(H) * sizeof(Scalar);
-  const std::size_t pitch = stage_pitch(row_bytes, true);
-  with_unit<Scalar>(H, {grad_recv_x.data(), grad_x.data(), g.src_stage.data(), g.dst_stage.data()}, [&](auto unit) {
+  const std::size_t pitch = token_pitch(row_bytes, s.K, true);
+  with_unit<Scalar>(H, {grad_recv_x.data(), grad_x.data()}, [&](auto unit) {
     using Unit = decltype(unit);
     const auto grw = with_w ? floats1<Mem>(grad_recv_w) : Unmanaged1<const float, Mem>();
-    pack_return<Exec, Unit>(exec, s.R > 1 ? h.stage_rows : 0, rows_view<Unit, Mem>(grad_recv_x, H), grw, h.v,
-                            stage_rows_view<Unit>(g.dst_stage, g.dst_stage_rows, pitch),
-                            stage_floats<float>(g.dst_stage, g.dst_stage_rows, row_bytes, pitch),
-                            "KokkosMoE::ep_dispatch_backward::pack");
+    auto grx = rows_view<Unit, Mem>(grad_recv_x, H);
+    reduce_arrivals<Exec, Scalar, Unit>(exec, s, h.arrivals, grx, LocalRows{}, grw, h.v,
+                                        PeerRows<Mem>{g.peers.ret, h.v.ret_base, pitch}, pad16(row_bytes),
+                                        "KokkosMoE::ep_dispatch_backward::reduce_experts");
     transfer(exec, fn, h, Direction::Return, g.src_stage.data(), g.dst_stage.data(), pitch);
-    reduce_return<Exec, Scalar, Unit>(exec, s, rows_view<Unit, Mem>(grad_recv_x, H), grw,
-                                      stage_rows_view<const Unit>(g.src_stage, g.src_stage_rows, pitch),
-                                      stage_floats<const float>(g.src_stage, g.src_stage_rows, row_bytes, pitch),
-                                      Unmanaged2<const float, Mem>(), h.v, rows_view<Unit, Mem>(grad_x, H),
-                                      with_w ? floats2_out<Mem>(grad_w) : Unmanaged2<float, Mem>(),
-                                      "KokkosMoE::ep_dispatch_backward::reduce");
+    reduce_ranks<Exec, Scalar, Unit>(exec, s, grx, Unmanaged2<const float, Mem>(), grw, LocalRows{returned(g), pitch},
+                                     pad16(row_bytes), h.v, rows_view<Unit, Mem>(grad_x, H),
+                                     with_w ? floats2_out<Mem>(grad_w) : Unmanaged2<float, Mem>(),
+                                     "KokkosMoE::ep_dispatch_backward::reduce_ranks");
   });
   h.backward_done = true;
 }

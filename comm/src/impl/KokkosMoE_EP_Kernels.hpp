@@ -4,11 +4,14 @@
 #ifndef KOKKOSMOE_EP_KERNELS_HPP
 #define KOKKOSMOE_EP_KERNELS_HPP
 
-// The portable kernels of the EP layer (docs/ep.md §3): layout, pack, unpack, return pack and reduce, as Kokkos
-// parallel patterns that run on every backend. Slots are the (token, k) pairs with a valid expert id. Every slot
-// either stays on this rank ("local": the pack writes straight into the receive rows) or goes through the source
-// stage (rows ordered by expert, then source token, then k) to the peer's destination stage, from where the unpack
-// scatters it into the expert-major receive rows. No atomics decide a position, so the layout is deterministic.
+// The portable kernels of the EP layer (docs/ep.md §3): layout, pack, expand, reduce, as Kokkos parallel patterns
+// that run on every backend. Slots are the (token, k) pairs with a valid expert id. A slot whose expert is on this
+// rank is written by the pack kernel straight into the receive rows. Every other token travels once per destination
+// rank ("token rows": the row with a trailer of its K slot floats) to its position in the peer's arrival space, from
+// where the peer expands it into the expert-major receive rows; the way back reduces a token's slots on the expert's
+// rank first and returns one row per (token, rank). Where a token row goes is a peer address table plus an index
+// base per peer: the sender's own source stage for the message transports, the peer's window for direct writes. No
+// atomics decide a position, so the layout is deterministic.
 
 #include <Kokkos_Core.hpp>
 #include <kokkos_ext/KokkosMoE_Float16.hpp>
@@ -37,50 +40,54 @@ template <class T, class Mem>
 using Unmanaged1 = Kokkos::View<T*, Kokkos::LayoutRight, Mem, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
 template <class T, class Mem>
 using Unmanaged2 = Kokkos::View<T**, Kokkos::LayoutRight, Mem, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
-/// The per-row floats of a stage: the trailer of each stage row (weights travel in the same transfer as their rows),
-/// or a contiguous array (stride 1).
-template <class T, class Mem>
-using Strided1 = Kokkos::View<T*, Kokkos::LayoutStride, Mem, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
 
-/// Device-side metadata of one layer (the EpHandle's memory). Extents are the group's maxima.
+/// Device-side metadata of one layer (the EpHandle's memory). Extents are the group's maxima; "arrival index" a is
+/// the position of a token row from a peer in this rank's arrival space ([0, R * B)).
 template <class Mem>
 struct EpLayoutViews {
   Kokkos::View<int*, Mem> local_pos;               // [B*K] rank of the slot among this chunk's slots of its expert
   Kokkos::View<int*, Mem> chunk_prefix;            // [nchunks*E] exclusive prefix over chunks, per expert
-  Kokkos::View<int*, Mem> chunk_tokens;            // [nchunks*R] tokens of the chunk sending to rank r
+  Kokkos::View<int*, Mem> chunk_tokens;            // [nchunks*R] tokens of the chunk sending to rank r, then prefix
   Kokkos::View<int*, Mem> chunk_bad;               // [nchunks] invalid ids in the chunk
-  Kokkos::View<int*, Mem> tokens_per_expert;       // [E+1] this rank's slots per expert, then its invalid ids (payload)
-  Kokkos::View<int*, Mem> tokens_per_rank;         // [R]
+  Kokkos::View<int*, Mem> tok_local;               // [B*R] rank of token t among its chunk's tokens for rank r
+  Kokkos::View<int*, Mem> gather_send;             // [E+1+R] slots per expert, invalid ids, tokens per rank
+  Kokkos::View<int*, Mem> gathered;                // [R*(E+1+R)] every rank's gather_send
   Kokkos::View<std::uint8_t*, Mem> token_in_rank;  // [B*R]
-  Kokkos::View<int*, Mem> counts;                  // [R*(E+1)] all-gathered tokens_per_expert: counts(i*(E+1) + e)
+  Kokkos::View<int*, Mem> tok_pos;                 // [B*R] position of token t among this rank's tokens for r, -1
+  Kokkos::View<int*, Mem> counts;                  // [R*(E+1)] slots from rank i to expert e: counts(i*(E+1) + e)
   Kokkos::View<int*, Mem> dest_base;               // [E] receive row on rank e/L of this rank's first slot of expert e
   Kokkos::View<int*, Mem> dest_limit;              // [E] rows >= this are dropped (capacity)
-  Kokkos::View<int*, Mem> send_base;               // [E] source-stage row of this rank's first slot of expert e
-  Kokkos::View<int*, Mem> send_limit;              // [E] source-stage rows >= this are dropped (capacity: block end)
   Kokkos::View<int*, Mem> expert_offsets;          // [L+1] receive rows of local expert l: [off(l), off(l) + count(l))
   Kokkos::View<int*, Mem> recv_count;              // [L] slots received per local expert (demand, before any drop)
-  Kokkos::View<int*, Mem> src_base;                // [R*L] destination-stage row of source i's first slot for expert l
-  Kokkos::View<int*, Mem> src_limit;  // [R*L] end of that segment (clipped to the peer block in capacity mode)
-  Kokkos::View<int*, Mem> recv_base;  // [R*L] receive row of that slot
-  Kokkos::View<int*, Mem> slot_row;   // [B*K] receive row (local) or source-stage row (remote); -1: none
-  Kokkos::View<std::uint8_t*, Mem> slot_local;  // [B*K]
-  Kokkos::View<std::uint8_t*, Mem> slot_kept;   // [B*K] 1 iff the slot has an expert and was not dropped
-  Kokkos::View<int*, Mem> recv_expert;          // [N] local expert of each receive row, -1 for padding and drops
-  Kokkos::View<int*, Mem> stage_map;            // [S_dst] receive row of each destination-stage row, -1: none
-  Kokkos::View<int*, Mem> status;               // [4] invalid ids, dropped slots, receive demand (rows), unused
-  Kokkos::View<int*, Mem> rank_status;          // [2R] every rank's receive demand and receive-side drops: (2j, 2j + 1)
+  Kokkos::View<int*, Mem> send_base;               // [R] this rank's source-stage index of its first token for r
+  Kokkos::View<int*, Mem> fwd_base;                // [R] index of its first token row for r at r's end of the wire
+  Kokkos::View<int*, Mem> arrive_base;             // [R] arrival index of the first token row from rank i
+  Kokkos::View<int*, Mem> arrive_count;            // [R] token rows from rank i (0 for this rank)
+  Kokkos::View<int*, Mem> ret_base;                // [R] index of the first return row for rank i at i's end
+  Kokkos::View<int*, Mem> slot_row;   // [B*K] receive row of the slot on its expert's rank; -1: none or dropped
+  Kokkos::View<int*, Mem> slot_rank;  // [B*K] rank of the slot's expert, -1 for an empty or invalid slot
+  Kokkos::View<std::uint8_t*, Mem> slot_kept;  // [B*K] 1 iff the slot has an expert and was not dropped
+  Kokkos::View<int*, Mem> fwd_rows;            // [R*B*K] per arrival index, the K receive rows it feeds (-1 none)
+  Kokkos::View<int*, Mem> arrive_rank;         // [R*B] source rank of each arrival index, -1 unused
+  Kokkos::View<int*, Mem> recv_expert;         // [N] local expert of each receive row, -1 for padding and drops
+  Kokkos::View<int*, Mem> recv_src;            // [N] arrival index feeding receive row q, -1: local or none
+  Kokkos::View<int*, Mem> recv_k;              // [N] the slot k of that arrival
+  Kokkos::View<int*, Mem> status;              // [4] invalid ids, dropped slots, receive demand (rows), unused
+  Kokkos::View<int*, Mem> rank_status;         // [2R] every rank's receive demand and receive-side drops: (2j, 2j + 1)
 };
 
 /// The shape facts every layout kernel needs, by value.
 struct EpShape {
   int T = 0, K = 0, E = 0, L = 0, R = 0, me = 0;
-  int align = 1;       // A
-  bool fixed = false;  // ExpertMajorFixed: expert l owns rows [l*slab, (l+1)*slab)
-  int slab = 0;        // fixed: R*B
-  int capacity = 0;    // > 0: receive rows of the padded layout (capacity mode); 0: eager
-  int block = 0;       // capacity mode: rows per peer block of the stages
-  int chunk = 32;      // tokens per layout team (layout_chunk(K))
-  KOKKOS_INLINE_FUNCTION bool eager() const { return capacity == 0 && !fixed; }
+  int B = 0;                   // max_tokens_per_rank: token rows per peer at most
+  int align = 1;               // A
+  bool fixed = false;          // ExpertMajorFixed: expert l owns rows [l*slab, (l+1)*slab)
+  int slab = 0;                // fixed: R*B
+  int capacity = 0;            // > 0: receive rows of the padded layout (capacity mode); 0: eager
+  int chunk = 32;              // tokens per layout team (layout_chunk(K))
+  bool capacity_mode = false;  // capacity or fixed: peer blocks of B token rows (index i * B + p)
+  bool windows = false;        // direct writes into the peers' windows
+  KOKKOS_INLINE_FUNCTION bool eager() const { return !capacity_mode; }
 };
 
 KOKKOS_INLINE_FUNCTION int pad_to(int n, int a) { return a <= 1 ? n : (n + a - 1) / a * a; }
@@ -97,6 +104,7 @@ void layout_count(const Exec& exec, const EpShape s, const IdxView& idx,
   auto chunk_tokens = v.chunk_tokens;
   auto chunk_bad = v.chunk_bad;
   auto token_in_rank = v.token_in_rank;
+  auto tok_local = v.tok_local;
   if (nch > 0) {
     // The chunk's ids are staged in scratch; each slot's rank among the chunk's slots of its expert is a count of
     // earlier equal ids there (no serial walk through global memory), and the histogram takes scratch atomics.
@@ -148,6 +156,17 @@ void layout_count(const Exec& exec, const EpShape s, const IdxView& idx,
             }
           });
           m.team_barrier();
+          // A token's rank among the chunk's tokens for rank r: a count of earlier tokens of the chunk (no atomics).
+          Kokkos::parallel_for(Kokkos::TeamThreadRange(m, (t1 - t0) * s.R), [&](int j) {
+            const int jt = j / s.R, r = j % s.R;
+            const std::int64_t at = static_cast<std::int64_t>(t0 + jt) * s.R + r;
+            int pos = -1;
+            if (token_in_rank(at)) {
+              pos = 0;
+              for (int i = 0; i < jt; ++i) pos += token_in_rank(static_cast<std::int64_t>(t0 + i) * s.R + r);
+            }
+            tok_local(at) = pos;
+          });
           Kokkos::single(Kokkos::PerTeam(m), [&]() { chunk_bad(c) = bad; });
           Kokkos::parallel_for(Kokkos::TeamThreadRange(m, s.E),
                                [&](int e) { chunk_prefix(static_cast<std::int64_t>(c) * s.E + e) = cnt(e); });
@@ -155,36 +174,33 @@ void layout_count(const Exec& exec, const EpShape s, const IdxView& idx,
                                [&](int r) { chunk_tokens(static_cast<std::int64_t>(c) * s.R + r) = tok(r); });
         });
   }
-  // K2: exclusive prefix over chunks per expert (teams e < E), per-rank token totals (teams E..E+R), invalid ids
-  // (the last team). A team scan, so that no thread walks the chunks serially through global memory.
-  auto per_expert = v.tokens_per_expert;
-  auto per_rank = v.tokens_per_rank;
+  // K2: exclusive prefix over chunks per expert (teams e < E) and per destination rank (teams E..E+R), invalid ids
+  // (the last team). A team scan, so that no thread walks the chunks serially through global memory. The totals form
+  // the vector every rank all-gathers: slots per expert, invalid ids, tokens per rank.
+  auto send = v.gather_send;
   auto status = v.status;
   Kokkos::parallel_for(
       "KokkosMoE::ep_layout::prefix", light(Kokkos::TeamPolicy<Exec>(exec, s.E + s.R + 1, Kokkos::AUTO)),
       KOKKOS_LAMBDA(const Team& m) {
         const int i = m.league_rank();
-        if (i < s.E) {
+        if (i < s.E + s.R) {
+          const bool expert = i < s.E;
+          const int stride = expert ? s.E : s.R, col = expert ? i : i - s.E;
+          auto& prefix = expert ? chunk_prefix : chunk_tokens;
+          const int out = expert ? i : s.E + 1 + col;
           if (nch == 0) {
-            Kokkos::single(Kokkos::PerTeam(m), [&]() { per_expert(i) = 0; });
+            Kokkos::single(Kokkos::PerTeam(m), [&]() { send(out) = 0; });
             return;
           }
           Kokkos::parallel_scan(Kokkos::TeamThreadRange(m, nch), [&](int c, int& part, bool final) {
-            const std::int64_t at = static_cast<std::int64_t>(c) * s.E + i;
-            const int n = chunk_prefix(at);
+            const std::int64_t at = static_cast<std::int64_t>(c) * stride + col;
+            const int n = prefix(at);
             if (final) {
-              chunk_prefix(at) = part;
-              if (c == nch - 1) per_expert(i) = part + n;
+              prefix(at) = part;
+              if (c == nch - 1) send(out) = part + n;
             }
             part += n;
           });
-        } else if (i < s.E + s.R) {
-          const int r = i - s.E;
-          int run = 0;
-          Kokkos::parallel_reduce(
-              Kokkos::TeamThreadRange(m, nch),
-              [&](int c, int& acc) { acc += chunk_tokens(static_cast<std::int64_t>(c) * s.R + r); }, run);
-          Kokkos::single(Kokkos::PerTeam(m), [&]() { per_rank(r) = run; });
         } else {
           int bad = 0;
           Kokkos::parallel_reduce(
@@ -193,46 +209,63 @@ void layout_count(const Exec& exec, const EpShape s, const IdxView& idx,
             status(0) = bad;
             status(1) = 0;
             status(3) = 0;
-            per_expert(s.E) = bad;  // travels with the counts: every rank learns of every rank's invalid ids
+            send(s.E) = bad;  // travels with the counts: every rank learns of every rank's invalid ids
           });
         }
       });
 }
 
-/// K3: offsets from the all-gathered counts (every rank derives every peer's offsets: no second exchange). One team
-/// per destination rank j; the prefixes over its local experts are team scans in scratch memory.
+/// K3: offsets from the all-gathered vectors (every rank derives every peer's offsets: no second count exchange).
+/// One team per destination rank j; the prefixes over its local experts are team scans in scratch memory.
 template <class Exec>
 void layout_offsets(const Exec& exec, const EpShape s, const EpLayoutViews<typename Exec::memory_space>& v) {
   using Team = typename Kokkos::TeamPolicy<Exec>::member_type;
   using Scratch = Kokkos::View<int*, typename Exec::scratch_memory_space, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
+  auto gathered = v.gathered;
   auto counts = v.counts;
   auto dest_base = v.dest_base;
   auto dest_limit = v.dest_limit;
-  auto send_base = v.send_base;
-  auto send_limit = v.send_limit;
   auto expert_offsets = v.expert_offsets;
   auto recv_count = v.recv_count;
-  auto src_base = v.src_base;
-  auto src_limit = v.src_limit;
-  auto recv_base = v.recv_base;
+  auto send_base = v.send_base;
+  auto fwd_base = v.fwd_base;
+  auto arrive_base = v.arrive_base;
+  auto arrive_count = v.arrive_count;
+  auto ret_base = v.ret_base;
   auto status = v.status;
   auto rank_status = v.rank_status;
-  const std::size_t shmem = 6 * Scratch::shmem_size(s.L);
+  const std::size_t shmem = 4 * Scratch::shmem_size(s.L);
   Kokkos::TeamPolicy<Exec> policy(exec, s.R, Kokkos::AUTO);
   Kokkos::parallel_for(
       "KokkosMoE::ep_layout::offsets", light(policy.set_scratch_size(0, Kokkos::PerTeam(shmem))),
       KOKKOS_LAMBDA(const Team& m) {
-        const int j = m.league_rank(), L = s.L, E = s.E;
+        const int j = m.league_rank(), L = s.L, E = s.E, W = s.E + 1 + s.R;
         constexpr int kNone = 2147483647;
-        auto count = [&](int i, int ee) { return counts(static_cast<std::int64_t>(i) * (E + 1) + ee); };
-        Scratch tot(m.team_scratch(0), L), mine(m.team_scratch(0), L), off(m.team_scratch(0), L),
-            blk(m.team_scratch(0), L), run(m.team_scratch(0), L), pre(m.team_scratch(0), L);
+        auto count = [&](int i, int ee) { return gathered(static_cast<std::int64_t>(i) * W + ee); };
+        auto tok = [&](int i, int r) { return gathered(static_cast<std::int64_t>(i) * W + E + 1 + r); };
+        // Index of source i's first token row for rank r in i's source stage (S) and in r's arrival space (A).
+        auto S = [&](int i, int r) {
+          if (!s.eager()) return r * s.B;
+          int n = 0;
+          for (int q = 0; q < r; ++q) n += q == i ? 0 : tok(i, q);
+          return n;
+        };
+        auto A = [&](int r, int i) {
+          if (!s.eager()) return i * s.B;
+          int n = 0;
+          for (int q = 0; q < i; ++q) n += q == r ? 0 : tok(q, r);
+          return n;
+        };
+        Scratch tot(m.team_scratch(0), L), off(m.team_scratch(0), L), run(m.team_scratch(0), L),
+            unused(m.team_scratch(0), L);
+        Kokkos::parallel_for(Kokkos::TeamThreadRange(m, E + 1),
+                             [&](int ee) { counts(static_cast<std::int64_t>(j) * (E + 1) + ee) = count(j, ee); });
         Kokkos::parallel_for(Kokkos::TeamThreadRange(m, L), [&](int l) {
           int n = 0;
           for (int i = 0; i < s.R; ++i) n += count(i, j * L + l);
           tot(l) = n;
-          mine(l) = count(s.me, j * L + l);
           run(l) = 0;
+          unused(l) = 0;
         });
         m.team_barrier();
         Kokkos::parallel_scan(Kokkos::TeamThreadRange(m, L), [&](int l, int& part, bool final) {
@@ -240,37 +273,25 @@ void layout_offsets(const Exec& exec, const EpShape s, const EpLayoutViews<typen
           if (final) off(l) = part;
           part += n;
         });
-        Kokkos::parallel_scan(Kokkos::TeamThreadRange(m, L), [&](int l, int& part, bool final) {
-          if (final) blk(l) = part;
-          part += mine(l);
-        });
         m.team_barrier();
-        // Eager: this rank's remote slots for ranks before j come first in its source stage.
-        int remote_before = 0;
-        if (s.eager() && j != s.me) {
-          Kokkos::parallel_reduce(
-              Kokkos::TeamThreadRange(m, j * L),
-              [&](int ee, int& acc) {
-                if (ee / L != s.me) acc += count(s.me, ee);
-              },
-              remote_before);
-        }
         Kokkos::parallel_for(Kokkos::TeamThreadRange(m, L), [&](int l) {
           const int e = j * L + l;
           int before_me = 0;
           for (int i = 0; i < s.me; ++i) before_me += count(i, e);
           dest_base(e) = off(l) + before_me;
           dest_limit(e) = s.fixed ? off(l) + s.slab : (s.capacity > 0 ? s.capacity : kNone);
-          if (j != s.me) {
-            send_base(e) = s.eager() ? remote_before + blk(l) : j * s.block + blk(l);
-            send_limit(e) = s.eager() ? kNone : (j + 1) * s.block;
-          } else {
-            send_base(e) = 0;
-            send_limit(e) = 0;
+          if (j == s.me) {
             recv_count(l) = tot(l);
             // Capacity mode: offsets never point past the receive rows (docs/ep.md §4).
             expert_offsets(l) = s.capacity > 0 && off(l) > s.capacity ? s.capacity : off(l);
           }
+        });
+        Kokkos::single(Kokkos::PerTeam(m), [&]() {
+          send_base(j) = S(s.me, j);
+          fwd_base(j) = s.windows ? A(j, s.me) : S(s.me, j);
+          arrive_base(j) = A(s.me, j);
+          arrive_count(j) = j == s.me ? 0 : tok(j, s.me);
+          ret_base(j) = s.windows ? S(j, s.me) : A(s.me, j);
         });
         // Every rank learns every rank's demand and receive-side drops from the same counts, so that an overflow is
         // reported on every rank of the group (docs/ep.md §5), not only where it happened.
@@ -297,100 +318,61 @@ void layout_offsets(const Exec& exec, const EpShape s, const EpLayoutViews<typen
         Kokkos::single(Kokkos::PerTeam(m), [&]() {
           rank_status(2 * j) = demand;
           rank_status(2 * j + 1) = dropped;
+          if (j == s.me) {
+            expert_offsets(L) = s.capacity > 0 && end > s.capacity ? s.capacity : end;
+            status(2) = demand;
+          }
         });
-        if (j != s.me) return;
-        Kokkos::single(Kokkos::PerTeam(m), [&]() {
-          expert_offsets(L) = s.capacity > 0 && end > s.capacity ? s.capacity : end;
-          status(2) = demand;
-        });
-        // Where each source's slots for each local expert sit in the destination stage and in the receive rows.
-        int dst_off = 0;
-        for (int i = 0; i < s.R; ++i) {
-          m.team_barrier();
-          int row_sum = 0;
-          Kokkos::parallel_scan(Kokkos::TeamThreadRange(m, L), [&](int l, int& part, bool final) {
-            if (final) pre(l) = part;
-            part += count(i, s.me * L + l);
-          });
-          Kokkos::parallel_reduce(
-              Kokkos::TeamThreadRange(m, L), [&](int l, int& acc) { acc += count(i, s.me * L + l); }, row_sum);
-          m.team_barrier();
-          Kokkos::parallel_for(Kokkos::TeamThreadRange(m, L), [&](int l) {
-            const int e = s.me * L + l;
-            const std::int64_t at = static_cast<std::int64_t>(i) * L + l;
-            recv_base(at) = off(l) + run(l);
-            run(l) += count(i, e);
-            const int start = s.eager() ? dst_off : i * s.block;
-            if (i == s.me) {
-              // Local slots never pass through the stages: an empty segment keeps the bases ordered.
-              src_base(at) = start;
-              src_limit(at) = start;
-            } else {
-              // Capacity mode: a segment is clipped to its source's block, its start too, so that the bases stay
-              // ordered by (source, expert) for the search in layout_slots even where a source's slots for this
-              // rank overflow its block (those past the block are dropped on the sender).
-              const int base = start + pre(l);
-              const int end = base + count(i, e);
-              const int block_end = s.eager() ? end : (i + 1) * s.block;
-              src_base(at) = base < block_end ? base : block_end;
-              src_limit(at) = end < block_end ? end : block_end;
-            }
-          });
-          if (i != s.me) dst_off += row_sum;
-        }
       });
 }
 
-/// K4: each slot's row, the receive rows' expert ids and the destination-stage map.
+/// K4: each slot's receive row on its expert's rank, each token's position per destination rank, and this rank's
+/// receive rows' expert ids (their arrival sources are cleared for meta_scatter).
 template <class Exec, class IdxView>
 void layout_slots(const Exec& exec, const EpShape s, const IdxView& idx,
-                  const EpLayoutViews<typename Exec::memory_space>& v, int recv_rows, int stage_rows) {
+                  const EpLayoutViews<typename Exec::memory_space>& v, int recv_rows) {
   auto local_pos = v.local_pos;
   auto chunk_prefix = v.chunk_prefix;
+  auto chunk_tokens = v.chunk_tokens;
+  auto tok_local = v.tok_local;
+  auto tok_pos = v.tok_pos;
   auto dest_base = v.dest_base;
   auto dest_limit = v.dest_limit;
-  auto send_base = v.send_base;
-  auto send_limit = v.send_limit;
   auto slot_row = v.slot_row;
-  auto slot_local = v.slot_local;
+  auto slot_rank = v.slot_rank;
   auto slot_kept = v.slot_kept;
   auto recv_expert = v.recv_expert;
+  auto recv_src = v.recv_src;
   auto expert_offsets = v.expert_offsets;
   auto recv_count = v.recv_count;
-  auto stage_map = v.stage_map;
-  auto src_base = v.src_base;
-  auto src_end = v.src_limit;
-  auto recv_base = v.recv_base;
   auto status = v.status;
   const std::int64_t slots = static_cast<std::int64_t>(s.T) * s.K;
+  const std::int64_t pairs = static_cast<std::int64_t>(s.T) * s.R;
   std::int64_t n = slots;
   n = recv_rows > n ? recv_rows : n;
-  n = stage_rows > n ? stage_rows : n;
+  n = pairs > n ? pairs : n;
   Kokkos::parallel_for(
       "KokkosMoE::ep_layout::slots", light(Kokkos::RangePolicy<Exec>(exec, 0, n)), KOKKOS_LAMBDA(std::int64_t q) {
         const int L = s.L;
         if (q < slots) {
           const int pos = local_pos(q);
-          int row = -1;
-          std::uint8_t local = 0;
+          int row = -1, rank = -1;
           if (pos >= 0) {
             const int e = static_cast<int>(idx(q / s.K, q % s.K));
             const int c = static_cast<int>(q / s.K) / s.chunk;
-            const int within = chunk_prefix(static_cast<std::int64_t>(c) * s.E + e) + pos;
-            const int dest = dest_base(e) + within;
-            const bool dropped = dest >= dest_limit(e);
-            if (e / L == s.me) {
-              local = 1;
-              row = dropped ? -1 : dest;
-            } else {
-              const int srow = send_base(e) + within;
-              row = (dropped || srow >= send_limit(e)) ? -1 : srow;
-            }
+            const int dest = dest_base(e) + chunk_prefix(static_cast<std::int64_t>(c) * s.E + e) + pos;
+            rank = e / L;
+            row = dest >= dest_limit(e) ? -1 : dest;
             if (row < 0) Kokkos::atomic_add(&status(1), 1);
           }
           slot_row(q) = row;
-          slot_local(q) = local;
+          slot_rank(q) = rank;
           slot_kept(q) = row >= 0 ? 1 : 0;
+        }
+        if (q < pairs) {
+          const int local = tok_local(q);
+          const int t = static_cast<int>(q / s.R), r = static_cast<int>(q % s.R);
+          tok_pos(q) = local < 0 ? -1 : chunk_tokens(static_cast<std::int64_t>(t / s.chunk) * s.R + r) + local;
         }
         if (q < recv_rows) {
           int owner = -1;
@@ -409,26 +391,89 @@ void layout_slots(const Exec& exec, const EpShape s, const IdxView& idx,
             if (q < row_end && q < dest_limit(e)) owner = lo;
           }
           recv_expert(q) = owner;
+          recv_src(q) = -1;
         }
-        if (q < stage_rows) {
-          // The last (source, expert) segment starting at or before q; segments are ordered by source then expert.
-          const int nseg = s.R * L;
-          int lo = 0, hi = nseg;
-          while (hi - lo > 1) {
-            const int mid = (lo + hi) / 2;
-            if (src_base(mid) <= q) {
-              lo = mid;
-            } else {
-              hi = mid;
-            }
+      });
+}
+
+/// A peer address table: rows for rank r go to peer(r) + (base(r) + p) * pitch bytes (the sender's source stage for
+/// the message transports, the peer's window for direct writes).
+template <class Mem>
+struct PeerRows {
+  Kokkos::View<const std::uintptr_t*, Mem> peer;
+  Kokkos::View<const int*, Mem> base;
+  std::size_t pitch = 0;
+  template <class T>
+  KOKKOS_INLINE_FUNCTION T* at(int r, int p) const {
+    return reinterpret_cast<T*>(peer(r) + (static_cast<std::size_t>(base(r)) + static_cast<std::size_t>(p)) * pitch);
+  }
+};
+
+/// Rows in this rank's memory, `pitch` bytes apart (arrivals, returned rows).
+struct LocalRows {
+  const char* base = nullptr;
+  std::size_t pitch = 0;
+  template <class T>
+  KOKKOS_INLINE_FUNCTION const T* at(std::int64_t i) const {
+    return reinterpret_cast<const T*>(base + static_cast<std::size_t>(i) * pitch);
+  }
+};
+
+/// K5 (sender): for every token and remote rank it reaches, the K receive rows of its slots there (-1 where the slot
+/// is elsewhere, empty or dropped): what the peer needs to expand and reduce the token's row.
+template <class Exec>
+void meta_pack(const Exec& exec, const EpShape s, const EpLayoutViews<typename Exec::memory_space>& v,
+               const PeerRows<typename Exec::memory_space>& dst) {
+  const std::int64_t pairs = static_cast<std::int64_t>(s.T) * s.R;
+  if (pairs == 0 || s.R == 1) return;
+  auto tok_pos = v.tok_pos;
+  auto slot_row = v.slot_row;
+  auto slot_rank = v.slot_rank;
+  Kokkos::parallel_for(
+      "KokkosMoE::ep_layout::meta", light(Kokkos::RangePolicy<Exec>(exec, 0, pairs)), KOKKOS_LAMBDA(std::int64_t q) {
+        const int t = static_cast<int>(q / s.R), r = static_cast<int>(q % s.R);
+        const int p = tok_pos(q);
+        if (r == s.me || p < 0) return;
+        int* out = dst.template at<int>(r, p);
+        for (int k = 0; k < s.K; ++k) {
+          const std::int64_t sq = static_cast<std::int64_t>(t) * s.K + k;
+          out[k] = slot_rank(sq) == r ? slot_row(sq) : -1;
+        }
+      });
+}
+
+/// K6 (receiver): the arrival index and slot of every remotely fed receive row, and the source of every arrival
+/// index, from the arrived meta (fwd_rows). Each receive row has exactly one slot, so the scatter has no conflicts.
+template <class Exec>
+void meta_scatter(const Exec& exec, const EpShape s, const EpLayoutViews<typename Exec::memory_space>& v) {
+  const std::int64_t n = static_cast<std::int64_t>(s.R) * s.B;
+  if (s.R == 1) return;
+  auto arrive_base = v.arrive_base;
+  auto arrive_count = v.arrive_count;
+  auto arrive_rank = v.arrive_rank;
+  auto fwd_rows = v.fwd_rows;
+  auto recv_src = v.recv_src;
+  auto recv_k = v.recv_k;
+  Kokkos::parallel_for(
+      "KokkosMoE::ep_layout::expand_map", light(Kokkos::RangePolicy<Exec>(exec, 0, n)), KOKKOS_LAMBDA(std::int64_t a) {
+        // The last source whose arrival block starts at or before a (bases ascend with the source rank).
+        int lo = 0, hi = s.R;
+        while (hi - lo > 1) {
+          const int mid = (lo + hi) / 2;
+          if (arrive_base(mid) <= a) {
+            lo = mid;
+          } else {
+            hi = mid;
           }
-          int target = -1;
-          if (src_base(lo) <= q && q < src_end(lo)) {
-            const int l = lo % L;
-            const int row = recv_base(lo) + static_cast<int>(q - src_base(lo));
-            target = row < dest_limit(s.me * L + l) ? row : -1;
-          }
-          stage_map(q) = target;
+        }
+        const bool valid = a >= arrive_base(lo) && a < arrive_base(lo) + arrive_count(lo);
+        arrive_rank(a) = valid ? lo : -1;
+        if (!valid) return;
+        for (int k = 0; k < s.K; ++k) {
+          const int row = fwd_rows(a * s.K + k);
+          if (row < 0) continue;
+          recv_src(row) = static_cast<int>(a);
+          recv_k(row) = k;
         }
       });
 }
@@ -467,175 +512,6 @@ struct UnitOps<bf16_t, Chunk16> {
   }
 };
 
-/// Dispatch direction, source side: token t's row is read once and written to the receive row (local slots) or
-/// the source-stage row (remote slots) of each of its slots; the slot's float (the top-k weight) travels alongside
-/// when \p src_f is non-empty. Team q also zeroes receive row q when it holds no slot (padding, drops) and
-/// \p zero_rows > q, so that one launch covers both.
-template <class Exec, class Unit>
-void pack_forward(const Exec& exec, const EpShape s, const Unmanaged2<const Unit, typename Exec::memory_space>& src,
-                  const Unmanaged2<const float, typename Exec::memory_space>& src_f,
-                  const EpLayoutViews<typename Exec::memory_space>& v,
-                  const Unmanaged2<Unit, typename Exec::memory_space>& local,
-                  const Unmanaged1<float, typename Exec::memory_space>& local_f,
-                  const Unmanaged2<Unit, typename Exec::memory_space>& stage,
-                  const Strided1<float, typename Exec::memory_space>& stage_f, int zero_rows, const char* label) {
-  using Team = typename Kokkos::TeamPolicy<Exec>::member_type;
-  const int league = s.T > zero_rows ? s.T : zero_rows;
-  if (league == 0) return;
-  // Either View may be empty (no tokens; nothing received): the row width comes from the other one.
-  const int units = static_cast<int>(src.extent(1) > 0 ? src.extent(1) : local.extent(1));
-  const bool with_f = src_f.extent(0) > 0;
-  const bool zero_f = local_f.extent(0) > 0;
-  auto slot_row = v.slot_row;
-  auto slot_local = v.slot_local;
-  auto recv_expert = v.recv_expert;
-  Kokkos::parallel_for(
-      label, light(Kokkos::TeamPolicy<Exec>(exec, league, Kokkos::AUTO)), KOKKOS_LAMBDA(const Team& m) {
-        const int t = m.league_rank();
-        if (t < s.T) {
-          const std::int64_t q0 = static_cast<std::int64_t>(t) * s.K;
-          Kokkos::parallel_for(Kokkos::TeamThreadRange(m, units), [&](int u) {
-            const Unit val = src(t, u);
-            for (int k = 0; k < s.K; ++k) {
-              const int row = slot_row(q0 + k);
-              if (row < 0) continue;
-              if (slot_local(q0 + k)) {
-                local(row, u) = val;
-              } else {
-                stage(row, u) = val;
-              }
-            }
-          });
-          if (with_f) {
-            Kokkos::parallel_for(Kokkos::TeamThreadRange(m, s.K), [&](int k) {
-              const int row = slot_row(q0 + k);
-              if (row < 0) return;
-              if (slot_local(q0 + k)) {
-                local_f(row) = src_f(t, k);
-              } else {
-                stage_f(row) = src_f(t, k);
-              }
-            });
-          }
-        }
-        if (t < zero_rows && recv_expert(t) < 0) {
-          Kokkos::parallel_for(Kokkos::TeamThreadRange(m, units), [&](int u) { local(t, u) = Unit{}; });
-          if (zero_f) Kokkos::single(Kokkos::PerTeam(m), [&]() { local_f(t) = 0.0f; });
-        }
-      });
-}
-
-/// Dispatch direction, destination side: destination-stage row q goes to receive row stage_map(q).
-template <class Exec, class Unit>
-void unpack_forward(const Exec& exec, int stage_rows, const Unmanaged2<const Unit, typename Exec::memory_space>& stage,
-                    const Strided1<const float, typename Exec::memory_space>& stage_f,
-                    const EpLayoutViews<typename Exec::memory_space>& v,
-                    const Unmanaged2<Unit, typename Exec::memory_space>& dst,
-                    const Unmanaged1<float, typename Exec::memory_space>& dst_f, const char* label) {
-  using Team = typename Kokkos::TeamPolicy<Exec>::member_type;
-  if (stage_rows == 0) return;
-  const int units = static_cast<int>(dst.extent(1));
-  const bool with_f = dst_f.extent(0) > 0;
-  auto stage_map = v.stage_map;
-  Kokkos::parallel_for(
-      label, light(Kokkos::TeamPolicy<Exec>(exec, stage_rows, Kokkos::AUTO)), KOKKOS_LAMBDA(const Team& m) {
-        const int q = m.league_rank();
-        const int row = stage_map(q);
-        if (row < 0) return;
-        Kokkos::parallel_for(Kokkos::TeamThreadRange(m, units), [&](int u) { dst(row, u) = stage(q, u); });
-        if (with_f) Kokkos::single(Kokkos::PerTeam(m), [&]() { dst_f(row) = stage_f(q); });
-      });
-}
-
-/// Receive rows that hold no slot (alignment padding, dropped slots) are zeroed, rows and floats.
-template <class Exec, class Unit>
-void zero_invalid_rows(const Exec& exec, int recv_rows, const EpLayoutViews<typename Exec::memory_space>& v,
-                       const Unmanaged2<Unit, typename Exec::memory_space>& dst,
-                       const Unmanaged1<float, typename Exec::memory_space>& dst_f, const char* label) {
-  using Team = typename Kokkos::TeamPolicy<Exec>::member_type;
-  if (recv_rows == 0) return;
-  const int units = static_cast<int>(dst.extent(1));
-  const bool with_f = dst_f.extent(0) > 0;
-  auto recv_expert = v.recv_expert;
-  Kokkos::parallel_for(
-      label, light(Kokkos::TeamPolicy<Exec>(exec, recv_rows, Kokkos::AUTO)), KOKKOS_LAMBDA(const Team& m) {
-        const int row = m.league_rank();
-        if (recv_expert(row) >= 0) return;
-        Kokkos::parallel_for(Kokkos::TeamThreadRange(m, units), [&](int u) { dst(row, u) = Unit{}; });
-        if (with_f) Kokkos::single(Kokkos::PerTeam(m), [&]() { dst_f(row) = 0.0f; });
-      });
-}
-
-/// Return direction, destination side: receive row stage_map(q) goes to destination-stage row q.
-template <class Exec, class Unit>
-void pack_return(const Exec& exec, int stage_rows, const Unmanaged2<const Unit, typename Exec::memory_space>& src,
-                 const Unmanaged1<const float, typename Exec::memory_space>& src_f,
-                 const EpLayoutViews<typename Exec::memory_space>& v,
-                 const Unmanaged2<Unit, typename Exec::memory_space>& stage,
-                 const Strided1<float, typename Exec::memory_space>& stage_f, const char* label) {
-  using Team = typename Kokkos::TeamPolicy<Exec>::member_type;
-  if (stage_rows == 0) return;
-  const int units = static_cast<int>(src.extent(1));
-  const bool with_f = src_f.extent(0) > 0;
-  auto stage_map = v.stage_map;
-  Kokkos::parallel_for(
-      label, light(Kokkos::TeamPolicy<Exec>(exec, stage_rows, Kokkos::AUTO)), KOKKOS_LAMBDA(const Team& m) {
-        const int q = m.league_rank();
-        const int row = stage_map(q);
-        if (row < 0) return;
-        Kokkos::parallel_for(Kokkos::TeamThreadRange(m, units), [&](int u) { stage(q, u) = src(row, u); });
-        if (with_f) Kokkos::single(Kokkos::PerTeam(m), [&]() { stage_f(q) = src_f(row); });
-      });
-}
-
-/// Return direction, source side: y[t] = sum over valid k, in k order, of c(t,k) * row(slot(t,k)) in FP32, with
-/// c = coef(t,k) when \p coef is non-empty, else 1; the slot's float lands in out_f(t,k) (0 for invalid slots).
-template <class Exec, class Scalar, class Unit>
-void reduce_return(const Exec& exec, const EpShape s, const Unmanaged2<const Unit, typename Exec::memory_space>& local,
-                   const Unmanaged1<const float, typename Exec::memory_space>& local_f,
-                   const Unmanaged2<const Unit, typename Exec::memory_space>& stage,
-                   const Strided1<const float, typename Exec::memory_space>& stage_f,
-                   const Unmanaged2<const float, typename Exec::memory_space>& coef,
-                   const EpLayoutViews<typename Exec::memory_space>& v,
-                   const Unmanaged2<Unit, typename Exec::memory_space>& y,
-                   const Unmanaged2<float, typename Exec::memory_space>& out_f, const char* label) {
-  using Team = typename Kokkos::TeamPolicy<Exec>::member_type;
-  using Ops = UnitOps<Scalar, Unit>;
-  if (s.T == 0) return;
-  const int units = static_cast<int>(y.extent(1));
-  const bool with_coef = coef.extent(0) > 0;
-  const bool with_rows = units > 0;
-  const bool with_f = out_f.extent(0) > 0;
-  auto slot_row = v.slot_row;
-  auto slot_local = v.slot_local;
-  Kokkos::parallel_for(
-      label, light(Kokkos::TeamPolicy<Exec>(exec, s.T, Kokkos::AUTO)), KOKKOS_LAMBDA(const Team& m) {
-        const int t = m.league_rank();
-        const std::int64_t q0 = static_cast<std::int64_t>(t) * s.K;
-        if (with_rows) {
-          Kokkos::parallel_for(Kokkos::TeamThreadRange(m, units), [&](int u) {
-            float acc[Ops::n];
-            for (int i = 0; i < Ops::n; ++i) acc[i] = 0.0f;
-            for (int k = 0; k < s.K; ++k) {
-              const int row = slot_row(q0 + k);
-              if (row < 0) continue;
-              const float c = with_coef ? coef(t, k) : 1.0f;
-              float val[Ops::n];
-              Ops::load(slot_local(q0 + k) ? local(row, u) : stage(row, u), val);
-              for (int i = 0; i < Ops::n; ++i) acc[i] += c * val[i];
-            }
-            Ops::store(acc, y(t, u));
-          });
-        }
-        if (with_f) {
-          Kokkos::parallel_for(Kokkos::TeamThreadRange(m, s.K), [&](int k) {
-            const int row = slot_row(q0 + k);
-            out_f(t, k) = row < 0 ? 0.0f : (slot_local(q0 + k) ? local_f(row) : stage_f(row));
-          });
-        }
-      });
-}
-
 /// Combine backward, Weighted, one slot: dst(rd, :) = c * g(rg, :) and the FP32 dot(g(rg, :), out(ro, :)), in one
 /// pass over the units (a team reduction in a fixed order). Both the source and the expert side use it.
 template <class Scalar, class Unit, class Member, class G, class O, class D>
@@ -659,86 +535,384 @@ KOKKOS_INLINE_FUNCTION float scale_and_dot(const Member& m, int units, float c, 
   return sum;
 }
 
-/// Combine backward, Weighted, source side: local slots get grad_out = w * grad_y[t] and
-/// grad_w = dot(grad_y[t], out[row]) here; remote slots send grad_y[t] with w (the expert side finishes them).
+/// The targets of token t's row, built by one thread of the team in scratch: its kept local slots (receive row,
+/// coefficient) and one address per remote rank it reaches (the rank's first kept slot decides; the row goes once).
+template <class Mem, class Member, class Ptrs, class Ints, class Floats>
+KOKKOS_INLINE_FUNCTION void token_targets(const Member& m, const EpShape& s, const EpLayoutViews<Mem>& v, int t,
+                                          const Unmanaged2<const float, Mem>& w, const PeerRows<Mem>& dst,
+                                          const Ptrs& ptr, const Ints& lrow, const Floats& lcoef, int* counts) {
+  Kokkos::single(Kokkos::PerTeam(m), [&]() {
+    int nl = 0, nr = 0;
+    const std::int64_t q0 = static_cast<std::int64_t>(t) * s.K;
+    for (int k = 0; k < s.K; ++k) {
+      const int row = v.slot_row(q0 + k), r = v.slot_rank(q0 + k);
+      if (row < 0) continue;
+      if (r == s.me) {
+        lrow(nl) = row;
+        lcoef(nl) = w.extent(0) > 0 ? w(t, k) : 1.0f;
+        ++nl;
+        continue;
+      }
+      bool first = true;
+      for (int k2 = 0; k2 < k; ++k2) first = first && !(v.slot_rank(q0 + k2) == r && v.slot_row(q0 + k2) >= 0);
+      if (first) {
+        ptr(nr) = reinterpret_cast<std::uintptr_t>(
+            dst.template at<char>(r, v.tok_pos(static_cast<std::int64_t>(t) * s.R + r)));
+        ++nr;
+      }
+    }
+    counts[0] = nl;
+    counts[1] = nr;
+  });
+}
+
+/// Forward direction, source side (dispatch, combine backward): token t's row is read once and written to the
+/// receive row of each kept local slot (times its coefficient w(t,k) when \p scale_local) and once to every remote
+/// rank it reaches, with a trailer of its K floats w(t,k) when \p trailer_off > 0. The local slots' floats go to
+/// \p local_f when it is non-empty.
 template <class Exec, class Scalar, class Unit>
-void combine_backward_source(const Exec& exec, const EpShape s,
-                             const Unmanaged2<const Unit, typename Exec::memory_space>& grad_y,
-                             const Unmanaged2<const float, typename Exec::memory_space>& w,
-                             const Unmanaged2<const Unit, typename Exec::memory_space>& out,
-                             const EpLayoutViews<typename Exec::memory_space>& v,
-                             const Unmanaged2<Unit, typename Exec::memory_space>& grad_out,
-                             const Unmanaged2<float, typename Exec::memory_space>& grad_w,
-                             const Unmanaged2<Unit, typename Exec::memory_space>& stage,
-                             const Strided1<float, typename Exec::memory_space>& stage_f) {
+void pack_tokens(const Exec& exec, const EpShape s, const Unmanaged2<const Unit, typename Exec::memory_space>& src,
+                 const Unmanaged2<const float, typename Exec::memory_space>& w, bool write_local, bool scale_local,
+                 const EpLayoutViews<typename Exec::memory_space>& v,
+                 const Unmanaged2<Unit, typename Exec::memory_space>& local,
+                 const Unmanaged1<float, typename Exec::memory_space>& local_f,
+                 const PeerRows<typename Exec::memory_space>& dst, std::size_t trailer_off, const char* label) {
+  using Mem = typename Exec::memory_space;
+  using Team = typename Kokkos::TeamPolicy<Exec>::member_type;
+  using Ops = UnitOps<Scalar, Unit>;
+  using SPtr = Kokkos::View<std::uintptr_t*, typename Exec::scratch_memory_space, Kokkos::MemoryUnmanaged>;
+  using SInt = Kokkos::View<int*, typename Exec::scratch_memory_space, Kokkos::MemoryUnmanaged>;
+  using SFlt = Kokkos::View<float*, typename Exec::scratch_memory_space, Kokkos::MemoryUnmanaged>;
+  if (s.T == 0) return;
+  const int units = static_cast<int>(src.extent(1));
+  const bool with_f = local_f.extent(0) > 0, with_w = w.extent(0) > 0;
+  const std::size_t shmem = SPtr::shmem_size(s.K) + SInt::shmem_size(s.K + 2) + SFlt::shmem_size(s.K);
+  Kokkos::TeamPolicy<Exec> policy(exec, s.T, Kokkos::AUTO);
+  Kokkos::parallel_for(
+      label, light(policy.set_scratch_size(0, Kokkos::PerTeam(shmem))), KOKKOS_LAMBDA(const Team& m) {
+        const int t = m.league_rank();
+        SPtr ptr(m.team_scratch(0), s.K);
+        SInt lrow(m.team_scratch(0), s.K + 2);
+        SFlt lcoef(m.team_scratch(0), s.K);
+        token_targets<Mem>(m, s, v, t, w, dst, ptr, lrow, lcoef, &lrow(s.K));
+        m.team_barrier();
+        const int nl = write_local ? lrow(s.K) : 0, nr = lrow(s.K + 1);
+        Kokkos::parallel_for(Kokkos::TeamThreadRange(m, units), [&](int u) {
+          const Unit val = src(t, u);
+          for (int i = 0; i < nl; ++i) {
+            if (scale_local) {
+              float f[Ops::n];
+              Ops::load(val, f);
+              for (int j = 0; j < Ops::n; ++j) f[j] *= lcoef(i);
+              Ops::store(f, local(lrow(i), u));
+            } else {
+              local(lrow(i), u) = val;
+            }
+          }
+          for (int i = 0; i < nr; ++i) reinterpret_cast<Unit*>(ptr(i))[u] = val;
+        });
+        if (trailer_off > 0) {
+          Kokkos::parallel_for(Kokkos::TeamThreadRange(m, nr * s.K), [&](int j) {
+            const int k = j % s.K;
+            reinterpret_cast<float*>(ptr(j / s.K) + trailer_off)[k] = with_w ? w(t, k) : 0.0f;
+          });
+        }
+        if (with_f) Kokkos::parallel_for(Kokkos::TeamThreadRange(m, nl), [&](int i) { local_f(lrow(i)) = lcoef(i); });
+      });
+}
+
+/// Combine's Weighted weights, source side: the K floats w(t,k) of each token, once per remote rank it reaches.
+template <class Exec>
+void pack_weights(const Exec& exec, const EpShape s, const Unmanaged2<const float, typename Exec::memory_space>& w,
+                  const EpLayoutViews<typename Exec::memory_space>& v,
+                  const PeerRows<typename Exec::memory_space>& dst) {
+  const std::int64_t pairs = static_cast<std::int64_t>(s.T) * s.R;
+  if (pairs == 0 || s.R == 1) return;
+  auto tok_pos = v.tok_pos;
+  Kokkos::parallel_for(
+      "KokkosMoE::ep_combine::weights", light(Kokkos::RangePolicy<Exec>(exec, 0, pairs)),
+      KOKKOS_LAMBDA(std::int64_t q) {
+        const int t = static_cast<int>(q / s.R), r = static_cast<int>(q % s.R);
+        const int p = tok_pos(q);
+        if (r == s.me || p < 0) return;
+        float* out = dst.template at<float>(r, p);
+        for (int k = 0; k < s.K; ++k) out[k] = w(t, k);
+      });
+}
+
+/// Forward direction, destination side: receive row q fed by arrival a = recv_src(q) gets the arrived row (times the
+/// slot's trailer float when \p scale), and dst_f(q) that float; rows without a slot (padding, drops) are zeroed;
+/// local rows were written by the pack.
+template <class Exec, class Scalar, class Unit>
+void expand_arrivals(const Exec& exec, int recv_rows, const LocalRows in, std::size_t trailer_off, bool scale,
+                     const EpLayoutViews<typename Exec::memory_space>& v,
+                     const Unmanaged2<Unit, typename Exec::memory_space>& dst,
+                     const Unmanaged1<float, typename Exec::memory_space>& dst_f, const char* label) {
+  using Team = typename Kokkos::TeamPolicy<Exec>::member_type;
+  using Ops = UnitOps<Scalar, Unit>;
+  if (recv_rows == 0) return;
+  const int units = static_cast<int>(dst.extent(1));
+  const bool with_f = dst_f.extent(0) > 0;
+  auto recv_src = v.recv_src;
+  auto recv_k = v.recv_k;
+  auto recv_expert = v.recv_expert;
+  Kokkos::parallel_for(
+      label, light(Kokkos::TeamPolicy<Exec>(exec, recv_rows, Kokkos::AUTO)), KOKKOS_LAMBDA(const Team& m) {
+        const int q = m.league_rank();
+        const int a = recv_src(q);
+        if (a < 0) {
+          if (recv_expert(q) >= 0) return;  // a local slot: the pack wrote it
+          Kokkos::parallel_for(Kokkos::TeamThreadRange(m, units), [&](int u) { dst(q, u) = Unit{}; });
+          if (with_f) Kokkos::single(Kokkos::PerTeam(m), [&]() { dst_f(q) = 0.0f; });
+          return;
+        }
+        const char* row = in.at<char>(a);
+        const float c = trailer_off > 0 ? reinterpret_cast<const float*>(row + trailer_off)[recv_k(q)] : 1.0f;
+        const Unit* r = reinterpret_cast<const Unit*>(row);
+        Kokkos::parallel_for(Kokkos::TeamThreadRange(m, units), [&](int u) {
+          if (scale) {
+            float f[Ops::n];
+            Ops::load(r[u], f);
+            for (int j = 0; j < Ops::n; ++j) f[j] *= c;
+            Ops::store(f, dst(q, u));
+          } else {
+            dst(q, u) = r[u];
+          }
+        });
+        if (with_f) Kokkos::single(Kokkos::PerTeam(m), [&]() { dst_f(q) = c; });
+      });
+}
+
+/// Return direction, expert side (combine, dispatch backward): for every arrival a, the FP32 sum in k order of
+/// c_k * src(row_k) over the rows it fed (c_k = the arrived weight when \p coef is given, else 1), rounded to the row
+/// type, goes back once to its source rank, with a trailer of extra_f(row_k) per slot when \p trailer_off > 0.
+template <class Exec, class Scalar, class Unit>
+void reduce_arrivals(const Exec& exec, const EpShape s, std::int64_t arrivals,
+                     const Unmanaged2<const Unit, typename Exec::memory_space>& src, const LocalRows coef,
+                     const Unmanaged1<const float, typename Exec::memory_space>& extra_f,
+                     const EpLayoutViews<typename Exec::memory_space>& v,
+                     const PeerRows<typename Exec::memory_space>& ret, std::size_t trailer_off, const char* label) {
+  using Team = typename Kokkos::TeamPolicy<Exec>::member_type;
+  using Ops = UnitOps<Scalar, Unit>;
+  if (arrivals == 0) return;
+  const int units = static_cast<int>(src.extent(1));
+  const bool with_coef = coef.base != nullptr, with_f = extra_f.extent(0) > 0;
+  auto arrive_rank = v.arrive_rank;
+  auto arrive_base = v.arrive_base;
+  auto fwd_rows = v.fwd_rows;
+  Kokkos::parallel_for(
+      label, light(Kokkos::TeamPolicy<Exec>(exec, static_cast<int>(arrivals), Kokkos::AUTO)),
+      KOKKOS_LAMBDA(const Team& m) {
+        const std::int64_t a = m.league_rank();
+        const int i = arrive_rank(a);
+        if (i < 0) return;
+        char* out = ret.template at<char>(i, static_cast<int>(a - arrive_base(i)));
+        const float* c = with_coef ? coef.at<float>(a) : nullptr;
+        Kokkos::parallel_for(Kokkos::TeamThreadRange(m, units), [&](int u) {
+          float acc[Ops::n];
+          for (int j = 0; j < Ops::n; ++j) acc[j] = 0.0f;
+          for (int k = 0; k < s.K; ++k) {
+            const int row = fwd_rows(a * s.K + k);
+            if (row < 0) continue;
+            const float ck = with_coef ? c[k] : 1.0f;
+            float f[Ops::n];
+            Ops::load(src(row, u), f);
+            for (int j = 0; j < Ops::n; ++j) acc[j] += ck * f[j];
+          }
+          Ops::store(acc, reinterpret_cast<Unit*>(out)[u]);
+        });
+        if (trailer_off > 0) {
+          Kokkos::parallel_for(Kokkos::TeamThreadRange(m, s.K), [&](int k) {
+            const int row = fwd_rows(a * s.K + k);
+            reinterpret_cast<float*>(out + trailer_off)[k] = (row >= 0 && with_f) ? extra_f(row) : 0.0f;
+          });
+        }
+      });
+}
+
+/// Return direction, source side: y[t] = the FP32 sum, over the ranks its kept slots reach in ascending order, of
+/// each rank's partial rounded to the row type: this rank's own from the local rows (FP32 in k order, times w(t,k)
+/// when \p coef is given), the others' as returned. out_f(t,k) gets the slot's float (local_f of its row here, the
+/// returned trailer otherwise; 0 for empty and dropped slots).
+template <class Exec, class Scalar, class Unit>
+void reduce_ranks(const Exec& exec, const EpShape s, const Unmanaged2<const Unit, typename Exec::memory_space>& local,
+                  const Unmanaged2<const float, typename Exec::memory_space>& coef,
+                  const Unmanaged1<const float, typename Exec::memory_space>& local_f, const LocalRows ret,
+                  std::size_t trailer_off, const EpLayoutViews<typename Exec::memory_space>& v,
+                  const Unmanaged2<Unit, typename Exec::memory_space>& y,
+                  const Unmanaged2<float, typename Exec::memory_space>& out_f, const char* label) {
+  using Team = typename Kokkos::TeamPolicy<Exec>::member_type;
+  using Ops = UnitOps<Scalar, Unit>;
+  using SInt = Kokkos::View<int*, typename Exec::scratch_memory_space, Kokkos::MemoryUnmanaged>;
+  if (s.T == 0) return;
+  const int units = static_cast<int>(y.extent(1));
+  const bool with_coef = coef.extent(0) > 0, with_f = out_f.extent(0) > 0;
+  auto slot_row = v.slot_row;
+  auto slot_rank = v.slot_rank;
+  auto tok_pos = v.tok_pos;
+  auto send_base = v.send_base;
+  const std::size_t shmem = SInt::shmem_size(s.K + 1);
+  Kokkos::TeamPolicy<Exec> policy(exec, s.T, Kokkos::AUTO);
+  Kokkos::parallel_for(
+      label, light(policy.set_scratch_size(0, Kokkos::PerTeam(shmem))), KOKKOS_LAMBDA(const Team& m) {
+        const int t = m.league_rank();
+        const std::int64_t q0 = static_cast<std::int64_t>(t) * s.K;
+        SInt order(m.team_scratch(0), s.K + 1);  // the distinct ranks of the kept slots, ascending; count last
+        Kokkos::single(Kokkos::PerTeam(m), [&]() {
+          int n = 0, prev = -1;
+          for (;;) {
+            int next = -1;
+            for (int k = 0; k < s.K; ++k) {
+              const int r = slot_rank(q0 + k);
+              if (slot_row(q0 + k) >= 0 && r > prev && (next < 0 || r < next)) next = r;
+            }
+            if (next < 0) break;
+            order(n++) = next;
+            prev = next;
+          }
+          order(s.K) = n;
+        });
+        m.team_barrier();
+        const int nd = order(s.K);
+        Kokkos::parallel_for(Kokkos::TeamThreadRange(m, units), [&](int u) {
+          float acc[Ops::n];
+          for (int j = 0; j < Ops::n; ++j) acc[j] = 0.0f;
+          for (int d = 0; d < nd; ++d) {
+            const int r = order(d);
+            float part[Ops::n];
+            if (r == s.me) {
+              for (int j = 0; j < Ops::n; ++j) part[j] = 0.0f;
+              for (int k = 0; k < s.K; ++k) {
+                const int row = slot_row(q0 + k);
+                if (row < 0 || slot_rank(q0 + k) != r) continue;
+                const float c = with_coef ? coef(t, k) : 1.0f;
+                float f[Ops::n];
+                Ops::load(local(row, u), f);
+                for (int j = 0; j < Ops::n; ++j) part[j] += c * f[j];
+              }
+              Unit rounded;
+              Ops::store(part, rounded);
+              Ops::load(rounded, part);
+            } else {
+              const std::int64_t i = send_base(r) + tok_pos(static_cast<std::int64_t>(t) * s.R + r);
+              Ops::load(ret.at<Unit>(i)[u], part);
+            }
+            for (int j = 0; j < Ops::n; ++j) acc[j] += part[j];
+          }
+          Ops::store(acc, y(t, u));
+        });
+        if (with_f) {
+          Kokkos::parallel_for(Kokkos::TeamThreadRange(m, s.K), [&](int k) {
+            const int row = slot_row(q0 + k), r = slot_rank(q0 + k);
+            float f = 0.0f;
+            if (row >= 0 && r == s.me) {
+              f = local_f.extent(0) > 0 ? local_f(row) : 0.0f;
+            } else if (row >= 0) {
+              const std::int64_t i = send_base(r) + tok_pos(static_cast<std::int64_t>(t) * s.R + r);
+              f = reinterpret_cast<const float*>(ret.at<char>(i) + trailer_off)[k];
+            }
+            out_f(t, k) = f;
+          });
+        }
+      });
+}
+
+/// One arrived row seen as a 2-D View (the row index is ignored), for scale_and_dot.
+template <class Unit>
+struct ArrivedRow {
+  const Unit* p;
+  KOKKOS_INLINE_FUNCTION const Unit& operator()(int, int u) const { return p[u]; }
+};
+
+/// Combine backward, Weighted, source side: each kept local slot gets grad_out = w * grad_y[t] and
+/// grad_w = dot(grad_y[t], out[row]) here (remote slots are finished on the expert's rank).
+template <class Exec, class Scalar, class Unit>
+void local_dots(const Exec& exec, const EpShape s, const Unmanaged2<const Unit, typename Exec::memory_space>& grad_y,
+                const Unmanaged2<const float, typename Exec::memory_space>& w,
+                const Unmanaged2<const Unit, typename Exec::memory_space>& out,
+                const EpLayoutViews<typename Exec::memory_space>& v,
+                const Unmanaged2<Unit, typename Exec::memory_space>& grad_out,
+                const Unmanaged2<float, typename Exec::memory_space>& grad_w) {
   using Team = typename Kokkos::TeamPolicy<Exec>::member_type;
   const std::int64_t slots = static_cast<std::int64_t>(s.T) * s.K;
   if (slots == 0) return;
   const int units = static_cast<int>(grad_y.extent(1));
   auto slot_row = v.slot_row;
-  auto slot_local = v.slot_local;
+  auto slot_rank = v.slot_rank;
   Kokkos::parallel_for(
-      "KokkosMoE::ep_combine_backward::source",
+      "KokkosMoE::ep_combine_backward::local",
       light(Kokkos::TeamPolicy<Exec>(exec, static_cast<int>(slots), Kokkos::AUTO)), KOKKOS_LAMBDA(const Team& m) {
         const std::int64_t q = m.league_rank();
         const int t = static_cast<int>(q / s.K), k = static_cast<int>(q % s.K);
         const int row = slot_row(q);
-        if (row < 0) {
-          Kokkos::single(Kokkos::PerTeam(m), [&]() { grad_w(t, k) = 0.0f; });
-          return;
-        }
-        const float c = w(t, k);
-        if (slot_local(q)) {
-          const float d = scale_and_dot<Scalar, Unit>(m, units, c, grad_y, t, out, row, grad_out, row);
-          Kokkos::single(Kokkos::PerTeam(m), [&]() { grad_w(t, k) = d; });
-        } else {
-          Kokkos::parallel_for(Kokkos::TeamThreadRange(m, units), [&](int u) { stage(row, u) = grad_y(t, u); });
-          Kokkos::single(Kokkos::PerTeam(m), [&]() { stage_f(row) = c; });
-        }
+        if (row < 0 || slot_rank(q) != s.me) return;
+        const float d = scale_and_dot<Scalar, Unit>(m, units, w(t, k), grad_y, t, out, row, grad_out, row);
+        Kokkos::single(Kokkos::PerTeam(m), [&]() { grad_w(t, k) = d; });
       });
 }
 
-/// Combine backward, Weighted, expert side: destination-stage row q holds grad_y of a remote slot and its weight
-/// (the row's trailer): grad_out = w * g, and the slot's dot(g, out) goes to dots(q) for the way back.
+/// Combine backward, Weighted, expert side: receive row q fed by arrival a gets grad_out = w * g (w from the arrived
+/// trailer) and the slot's dot(g, out[q]) goes back to a's source in the float row of the return (K floats per
+/// token); rows without a slot are zeroed.
 template <class Exec, class Scalar, class Unit>
-void combine_backward_expert(const Exec& exec, int stage_rows,
-                             const Unmanaged2<const Unit, typename Exec::memory_space>& stage,
-                             const Strided1<const float, typename Exec::memory_space>& stage_w,
-                             const Unmanaged1<float, typename Exec::memory_space>& dots,
-                             const Unmanaged2<const Unit, typename Exec::memory_space>& out,
-                             const EpLayoutViews<typename Exec::memory_space>& v,
-                             const Unmanaged2<Unit, typename Exec::memory_space>& grad_out) {
+void expand_with_dots(const Exec& exec, int recv_rows, const LocalRows in, std::size_t trailer_off,
+                      const Unmanaged2<const Unit, typename Exec::memory_space>& out,
+                      const EpLayoutViews<typename Exec::memory_space>& v,
+                      const PeerRows<typename Exec::memory_space>& dots,
+                      const Unmanaged2<Unit, typename Exec::memory_space>& grad_out) {
   using Team = typename Kokkos::TeamPolicy<Exec>::member_type;
-  if (stage_rows == 0) return;
-  const int units = static_cast<int>(out.extent(1));
-  auto stage_map = v.stage_map;
+  if (recv_rows == 0) return;
+  const int units = static_cast<int>(grad_out.extent(1));
+  auto recv_src = v.recv_src;
+  auto recv_k = v.recv_k;
+  auto recv_expert = v.recv_expert;
+  auto arrive_rank = v.arrive_rank;
+  auto arrive_base = v.arrive_base;
   Kokkos::parallel_for(
-      "KokkosMoE::ep_combine_backward::expert", light(Kokkos::TeamPolicy<Exec>(exec, stage_rows, Kokkos::AUTO)),
+      "KokkosMoE::ep_combine_backward::expert", light(Kokkos::TeamPolicy<Exec>(exec, recv_rows, Kokkos::AUTO)),
       KOKKOS_LAMBDA(const Team& m) {
         const int q = m.league_rank();
-        const int row = stage_map(q);
-        if (row < 0) return;
-        const float c = stage_w(q);
-        const float d = scale_and_dot<Scalar, Unit>(m, units, c, stage, q, out, row, grad_out, row);
-        Kokkos::single(Kokkos::PerTeam(m), [&]() { dots(q) = d; });
+        const int a = recv_src(q);
+        if (a < 0) {
+          if (recv_expert(q) < 0)
+            Kokkos::parallel_for(Kokkos::TeamThreadRange(m, units), [&](int u) { grad_out(q, u) = Unit{}; });
+          return;
+        }
+        const char* row = in.at<char>(a);
+        const int k = recv_k(q);
+        const float c = reinterpret_cast<const float*>(row + trailer_off)[k];
+        const float d = scale_and_dot<Scalar, Unit>(m, units, c, ArrivedRow<Unit>{reinterpret_cast<const Unit*>(row)},
+                                                    0, out, q, grad_out, q);
+        Kokkos::single(Kokkos::PerTeam(m), [&]() {
+          const int i = arrive_rank(a);
+          dots.template at<float>(i, a - arrive_base(i))[k] = d;
+        });
       });
 }
 
-/// Combine backward, Weighted, source side after the floats came back: remote slots' weight gradients.
+/// Combine backward, Weighted, source side after the dots came back: the remote slots' weight gradients, 0 for empty
+/// and dropped slots (local ones were written by local_dots).
 template <class Exec>
-void combine_backward_scatter(const Exec& exec, const EpShape s,
-                              const Unmanaged1<const float, typename Exec::memory_space>& stage_f,
-                              const EpLayoutViews<typename Exec::memory_space>& v,
-                              const Unmanaged2<float, typename Exec::memory_space>& grad_w) {
+void scatter_dots(const Exec& exec, const EpShape s, const LocalRows ret,
+                  const EpLayoutViews<typename Exec::memory_space>& v,
+                  const Unmanaged2<float, typename Exec::memory_space>& grad_w) {
   const std::int64_t slots = static_cast<std::int64_t>(s.T) * s.K;
   if (slots == 0) return;
   auto slot_row = v.slot_row;
-  auto slot_local = v.slot_local;
+  auto slot_rank = v.slot_rank;
+  auto tok_pos = v.tok_pos;
+  auto send_base = v.send_base;
   Kokkos::parallel_for(
       "KokkosMoE::ep_combine_backward::scatter", light(Kokkos::RangePolicy<Exec>(exec, 0, slots)),
       KOKKOS_LAMBDA(std::int64_t q) {
-        const int row = slot_row(q);
-        if (row >= 0 && !slot_local(q)) grad_w(q / s.K, q % s.K) = stage_f(row);
+        const int t = static_cast<int>(q / s.K), k = static_cast<int>(q % s.K);
+        const int row = slot_row(q), r = slot_rank(q);
+        if (row < 0) {
+          grad_w(t, k) = 0.0f;
+        } else if (r != s.me) {
+          const std::int64_t i = send_base(r) + tok_pos(static_cast<std::int64_t>(t) * s.R + r);
+          grad_w(t, k) = ret.at<float>(i)[k];
+        }
       });
 }
 
