@@ -16,7 +16,9 @@
 #include <KokkosMoE_Error.hpp>
 
 #include <cstdint>
+#include <map>
 #include <memory>
+#include <string>
 #include <vector>
 
 namespace KokkosMoE {
@@ -27,12 +29,22 @@ class Transport;
 
 /// \brief The library under a communicator.
 enum class CommTransport : int {
-  Mpi = 1,   ///< host memory, host execution spaces (Serial, OpenMP, Threads)
-  Nccl = 2,  ///< device memory, Kokkos::Cuda, one GPU per rank
+  Mpi = 1,     ///< host memory, host execution spaces (Serial, OpenMP, Threads), point-to-point messages
+  Nccl = 2,    ///< device memory, Kokkos::Cuda, one GPU per rank
+  MpiShm = 3,  ///< host memory in MPI shared windows: ranks of one node write into each other's rows directly
 };
 
-/// \brief "mpi", "nccl".
-inline const char* to_string(CommTransport t) noexcept { return t == CommTransport::Mpi ? "mpi" : "nccl"; }
+/// \brief "mpi", "nccl", "shm".
+inline const char* to_string(CommTransport t) noexcept {
+  return t == CommTransport::Mpi ? "mpi" : (t == CommTransport::Nccl ? "nccl" : "shm");
+}
+
+/// \brief Bytes one kind of operation moved between ranks, summed over its calls (docs/ep.md §9).
+struct ByteCount {
+  std::int64_t logical = 0;  ///< payload: the token rows a peer needed (row bytes only), this rank's own excluded
+  std::int64_t wire = 0;     ///< what left this rank: rows with their trailers and padding, whole blocks where the
+                             ///< transport sends fixed blocks, and the signals of direct writes
+};
 
 /// \brief Settings of a new communicator.
 struct CommConfig {
@@ -49,6 +61,9 @@ struct CommStats {
   std::int64_t allgathers = 0;  ///< all-gathers (count exchanges, configuration digests)
   std::int64_t waits = 0;       ///< host waits with a deadline
   std::vector<void*> streams;   ///< distinct CUDA streams used (nullptr for host transports)
+  /// Per operation name ("ep_layout", "ep_dispatch", ...): what it moved. The EP layer adds a handle's steps at
+  /// ep_synchronize (capacity mode counts on the device and must not wait before that).
+  std::map<std::string, ByteCount> bytes;
 };
 
 /// \brief A communicator: rank, size, device, split. Move-only; the transport it wraps lives as long as the

@@ -23,6 +23,13 @@ namespace KokkosMoE {
 /// \throws InvalidArgument (Rule::ConfigValue) for a bad timeout or an uninitialized MPI; CommError on MPI errors
 Communicator make_mpi_communicator(MPI_Comm comm, const CommConfig& config = {});
 
+/// \brief A host communicator like make_mpi_communicator whose EP groups write token rows straight into the peers'
+/// memory (docs/ep.md §7.2): one MPI_Win_allocate_shared window per EP group on the node's ranks, per-peer sequence
+/// counters in it, every wait bounded by the timeout. Where the ranks of an EP group span several nodes, that group
+/// uses the point-to-point path of make_mpi_communicator instead. Counts and configuration digests stay MPI messages.
+/// \throws as make_mpi_communicator
+Communicator make_mpi_shm_communicator(MPI_Comm comm, const CommConfig& config = {});
+
 }  // namespace KokkosMoE
 
 #endif

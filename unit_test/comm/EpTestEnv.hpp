@@ -101,6 +101,15 @@ inline ncclUniqueId exchange_id_by_file(int rank) {
 }
 #endif
 
+/// The host transport under test: KOKKOSMOE_TEST_TRANSPORT=mpi (point-to-point, the default) or shm (MPI shared
+/// windows, direct writes).
+inline bool test_shm() {
+  const char* t = std::getenv("KOKKOSMOE_TEST_TRANSPORT");
+  if (t == nullptr || *t == '\0' || std::string(t) == "mpi") return false;
+  if (std::string(t) == "shm") return true;
+  throw std::runtime_error(std::string("KOKKOSMOE_TEST_TRANSPORT='") + t + "' is not mpi or shm");
+}
+
 /// The mesh of the host (MPI) world: one rank per process under multi_gpu_launch.sh.
 inline Mesh host_mesh() { return launch_size() > 0 ? Mesh{} : test_mesh(world_size()); }
 
@@ -129,7 +138,8 @@ const Communicator& ep_comm() {
   const Mesh mesh = host_mesh();
   const int r = world_rank();
   if (!c.host_world) {
-    c.host_world = std::make_unique<Communicator>(make_mpi_communicator(MPI_COMM_WORLD));
+    c.host_world = std::make_unique<Communicator>(test_shm() ? make_mpi_shm_communicator(MPI_COMM_WORLD)
+                                                             : make_mpi_communicator(MPI_COMM_WORLD));
     c.host_ep = std::make_unique<Communicator>(c.host_world->split(r / mesh.ep, r % mesh.ep));
     c.host_dp = std::make_unique<Communicator>(c.host_world->split(r % mesh.ep, r / mesh.ep));
   }

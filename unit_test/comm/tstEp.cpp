@@ -590,9 +590,63 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(no_stray_communication, DeviceType, KOKKOSMOE_DEVI
     // combine and combine backward: two each (the weights to the experts' ranks, then the rows back; the rows with
     // their weights, then the dots back). Weights and weight gradients ride in their rows' trailers (docs/ep.md §3).
     BOOST_TEST(after.allgathers - before.allgathers == 1);
-    const std::int64_t transfers = R == 1 ? 0 : 7;
+    // Direct writes into shared windows need no library call at all beyond the counts.
+    const bool windows = comm.transport() == CommTransport::MpiShm;
+    const std::int64_t transfers = R == 1 || windows ? 0 : 7;
     BOOST_TEST(after.alltoalls - before.alltoalls == (capacity ? transfers : 0));
     BOOST_TEST(after.exchanges - before.exchanges == (capacity ? 0 : transfers));
+  }
+}
+
+BOOST_AUTO_TEST_CASE_TEMPLATE(wire_bytes_are_exact, DeviceType, KOKKOSMOE_DEVICE_TYPES) {
+  using Exec = typename DeviceType::execution_space;
+  Exec exec;
+  const Communicator& comm = ep_comm<Exec>();
+  const int R = comm.size(), me = comm.rank();
+  const bool windows = comm.transport() == CommTransport::MpiShm;
+  auto c = default_config(R);
+  c.top_k = 3;
+  c.num_experts = 3 * R;
+  c.max_tokens_per_rank = 10;
+  const auto in = group_inputs(c, Routing::Uniform, 97, false, false);
+  // The oracle of docs/ep.md §9: one FP32 row per (token, remote rank it reaches), trailer of K floats.
+  const int L = c.num_experts / R, H = c.hidden;
+  std::int64_t rows = 0, slots = 0;
+  for (int t = 0; t < in[me].T; ++t) {
+    std::set<int> ranks;
+    for (int k = 0; k < c.top_k; ++k) {
+      const int e = in[me].idx[static_cast<std::size_t>(t) * c.top_k + k];
+      if (e >= 0 && e / L != me) {
+        ranks.insert(e / L);
+        ++slots;
+      }
+    }
+    rows += static_cast<std::int64_t>(ranks.size());
+  }
+  const std::int64_t pitch = (4 * H + 15) / 16 * 16 + (4 * c.top_k + 15) / 16 * 16;
+  const std::int64_t signals = windows ? 16 * (R - 1) : 0;
+  std::int64_t eager_wire = 0;
+  for (bool capacity : {false, true}) {
+    BOOST_TEST_CONTEXT((capacity ? "capacity" : "eager") << " mode") {
+      auto cc = c;
+      if (capacity) cc.max_recv_tokens_per_rank = c.max_tokens_per_rank * c.top_k * R;
+      EpGroup<Exec> group(exec, comm, cc);
+      auto handle = group.make_handle();
+      const ByteCount before = group.stats().bytes["ep_dispatch"];
+      run_step<Exec, float>(exec, group, handle, in[me], CombineMode::Sum);
+      const ByteCount after = group.stats().bytes["ep_dispatch"];
+      const std::int64_t logical = after.logical - before.logical, wire = after.wire - before.wire;
+      BOOST_TEST(logical == rows * 4 * H);
+      BOOST_TEST(logical <= slots * 4 * H);  // deduplicated: never more than one row per remote slot
+      if (!capacity) {
+        BOOST_TEST(wire == (R == 1 ? 0 : rows * pitch + signals));
+        eager_wire = wire;
+      } else if (windows || R == 1) {
+        BOOST_TEST(wire == eager_wire);  // direct writes send only real rows in capacity mode too
+      } else {
+        BOOST_TEST(wire == static_cast<std::int64_t>(R - 1) * c.max_tokens_per_rank * pitch);  // whole blocks
+      }
+    }
   }
 }
 

@@ -18,11 +18,13 @@
 #include <thread>
 
 int main(int argc, char** argv) {
-  if (argc != 2 || (std::strcmp(argv[1], "stall") != 0 && std::strcmp(argv[1], "exit") != 0)) {
-    std::fprintf(stderr, "usage: %s stall|exit\n", argv[0]);
+  if (argc < 2 || argc > 3 || (std::strcmp(argv[1], "stall") != 0 && std::strcmp(argv[1], "exit") != 0) ||
+      (argc == 3 && std::strcmp(argv[2], "mpi") != 0 && std::strcmp(argv[2], "shm") != 0)) {
+    std::fprintf(stderr, "usage: %s stall|exit [mpi|shm]\n", argv[0]);
     return 2;
   }
   const bool stall = std::strcmp(argv[1], "stall") == 0;
+  const bool shm = argc == 3 && std::strcmp(argv[2], "shm") == 0;  // direct writes: the wait is on a window counter
   int provided = 0;
   MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
   Kokkos::initialize();
@@ -30,7 +32,8 @@ int main(int argc, char** argv) {
   {
     using Exec = Kokkos::DefaultHostExecutionSpace;
     Exec exec;
-    KokkosMoE::Communicator comm = KokkosMoE::make_mpi_communicator(MPI_COMM_WORLD);
+    KokkosMoE::Communicator comm =
+        shm ? KokkosMoE::make_mpi_shm_communicator(MPI_COMM_WORLD) : KokkosMoE::make_mpi_communicator(MPI_COMM_WORLD);
     const int me = comm.rank(), R = comm.size();
     KokkosMoE::EpGroupConfig c;
     c.ep_size = R;

@@ -39,6 +39,7 @@ CommStats stats_of(const Transport& t) {
   s.allgathers = t.allgathers;
   s.waits = t.waits;
   s.streams = t.streams_used;
+  s.bytes = t.bytes;
   return s;
 }
 

@@ -17,6 +17,7 @@
 #include <kokkos_ext/KokkosMoE_KokkosCompat.hpp>
 
 #include <impl/KokkosMoE_EP_Kernels.hpp>
+#include <impl/KokkosMoE_EP_Signal.hpp>
 #include <impl/KokkosMoE_Transport.hpp>
 
 #include <cstdint>
@@ -36,6 +37,7 @@ namespace Impl {
 template <class Exec>
 struct ExecTraits {
   static constexpr CommTransport transport = CommTransport::Mpi;
+  static bool serves(CommTransport t) { return t == CommTransport::Mpi || t == CommTransport::MpiShm; }
   static void* stream(const Exec&) { return nullptr; }
   static int device(const Exec&) { return -1; }
 };
@@ -43,6 +45,7 @@ struct ExecTraits {
 template <>
 struct ExecTraits<Kokkos::Cuda> {
   static constexpr CommTransport transport = CommTransport::Nccl;
+  static bool serves(CommTransport t) { return t == CommTransport::Nccl; }
   static void* stream(const Kokkos::Cuda& e) { return static_cast<void*>(e.cuda_stream()); }
   static int device(const Kokkos::Cuda& e) { return e.cuda_device(); }
 };
@@ -132,6 +135,12 @@ struct EpGroupState {
   Kokkos::View<float*, Mem> src_flt, dst_flt;
   Kokkos::View<int*, Mem> src_meta;
   EpPeers<Mem> peers;
+  // Direct writes (docs/ep.md §7.2): the window (declared after the transport, so released before it), its
+  // signals, and where arrivals and returned rows sit in this rank's memory (the stages above otherwise).
+  std::shared_ptr<PeerWindow> window;
+  WindowSignals<Mem> signals;
+  const char *in_fwd = nullptr, *in_ret = nullptr, *in_fwd_f = nullptr, *in_ret_f = nullptr, *in_meta = nullptr;
+  std::size_t window_bytes = 0;
   bool capacity_mode() const {
     return config.max_recv_tokens_per_rank > 0 || config.layout == RecvLayout::ExpertMajorFixed;
   }
@@ -185,6 +194,9 @@ struct EpHandleState {
     v.slot_kept = bytes("slot_kept", BK);
     v.fwd_rows = a("fwd_rows", s.R > 1 ? RB * c.top_k : 0);
     v.arrive_rank = a("arrive_rank", s.R > 1 ? RB : 0);
+    v.sent_rows = a("sent_rows", s.R);
+    v.ret_rows = a("ret_rows", s.R);
+    v.traffic = Kokkos::View<std::int64_t*, Mem>("KokkosMoE::ep::traffic", 2 * kEpOps);
     v.status = a("status", 4);
     v.rank_status = a("rank_status", 2 * static_cast<std::int64_t>(s.R));
     recv_rows_alloc = group->capacity_mode() ? group->recv_rows_fixed : BK;
@@ -218,8 +230,8 @@ std::size_t handle_bytes(const EpGroupState<Exec>& g) {
   const std::size_t N = g.capacity_mode() ? static_cast<std::size_t>(g.recv_rows_fixed) : BK;
   const std::size_t RB = R > 1 ? R * B : 0;
   const std::size_t ints = BK + nch * E + nch * R + nch + 2 * B * R + (E + 1 + R) + R * (E + 1 + R) + R * (E + 1) +
-                           2 * E + (L + 1) + L + 5 * R + 2 * BK + RB * s.K + RB + 3 * N + 4 + 2 * R;
-  return ints * sizeof(int) + B * R + BK;  // + token_in_rank and slot_kept bytes
+                           2 * E + (L + 1) + L + 5 * R + 2 * BK + RB * s.K + RB + 3 * N + 4 + 2 * R + 2 * R;
+  return ints * sizeof(int) + B * R + BK + 2 * kEpOps * 8;  // + token_in_rank, slot_kept and the traffic counters
 }
 
 template <class Exec>
@@ -304,7 +316,7 @@ std::shared_ptr<EpGroupState<Exec>> make_group_state(const Exec& exec, const Com
   using Mem = typename Exec::memory_space;
   if (!comm.valid()) ep_fail(fn, "comm", Rule::ConfigValue, "the communicator is empty");
   const std::shared_ptr<Transport>& t = comm.impl_transport();
-  if (t->kind() != ExecTraits<Exec>::transport)
+  if (!ExecTraits<Exec>::serves(t->kind()))
     ep_fail(fn, "comm", Rule::TransportMismatch,
             std::string("a ") + to_string(t->kind()) + " communicator cannot serve " + Exec::name() +
                 " (host execution spaces take an MPI communicator, Kokkos::Cuda an NCCL one)");
@@ -368,27 +380,66 @@ std::shared_ptr<EpGroupState<Exec>> make_group_state(const Exec& exec, const Com
   if (s.capacity_mode) g->recv_rows_fixed = s.fixed ? s.L * s.slab : config.max_recv_tokens_per_rank;
   g->stage_pitch_max = token_pitch(static_cast<std::size_t>(config.hidden) * sizeof(float), s.K, true);
   g->stage_rows = s.R > 1 ? static_cast<std::int64_t>(s.R) * s.B : 0;
-  const auto alloc_rows = [&](const char* name) {
-    return Kokkos::View<Chunk16*, Mem>(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string(name)),
-                                       static_cast<std::size_t>(g->stage_rows) * g->stage_pitch_max / 16);
+  const std::size_t RB = static_cast<std::size_t>(g->stage_rows);
+  const std::size_t rows_bytes = RB * g->stage_pitch_max, floats_bytes = pad16(RB * s.K * sizeof(float));
+  const std::size_t ctrl_bytes = pad16(static_cast<std::size_t>(kWindowRegions) * 2 * s.R * sizeof(std::uint64_t));
+  auto table = [&](const char* name, auto&& addr) {
+    Kokkos::View<std::uintptr_t*, Mem> tv(std::string("KokkosMoE::ep::peers_") + name, static_cast<std::size_t>(s.R));
+    auto hv = Kokkos::create_mirror_view(tv);
+    for (int r = 0; r < s.R; ++r) hv(r) = addr(r);
+    Kokkos::deep_copy(tv, hv);
+    return tv;
   };
-  const std::size_t floats = static_cast<std::size_t>(g->stage_rows) * s.K;
-  g->src_stage = alloc_rows("KokkosMoE::ep::src_stage");
-  g->dst_stage = alloc_rows("KokkosMoE::ep::dst_stage");
-  g->src_flt = Kokkos::View<float*, Mem>("KokkosMoE::ep::src_flt", floats);
-  g->dst_flt = Kokkos::View<float*, Mem>("KokkosMoE::ep::dst_flt", floats);
-  g->src_meta = Kokkos::View<int*, Mem>("KokkosMoE::ep::src_meta", floats);
-  auto table = [&](const char* name, const void* p) {
-    Kokkos::View<std::uintptr_t*, Mem> t(std::string("KokkosMoE::ep::peers_") + name, static_cast<std::size_t>(s.R));
-    Kokkos::deep_copy(t, reinterpret_cast<std::uintptr_t>(p));
-    return t;
-  };
-  // Message transports: every token row is written into this rank's own stage; the transfer moves it.
-  g->peers.fwd = table("fwd", g->src_stage.data());
-  g->peers.ret = table("ret", g->dst_stage.data());
-  g->peers.fwd_f = table("fwd_f", g->src_flt.data());
-  g->peers.ret_f = table("ret_f", g->dst_flt.data());
-  g->peers.meta = table("meta", g->src_meta.data());
+  if (s.R > 1) {
+    g->window_bytes = ctrl_bytes + 2 * rows_bytes + 3 * floats_bytes;
+    g->window = t->make_window(fn, g->window_bytes);
+  }
+  if (g->window) {
+    // Every token row goes straight to its place in the peer's window: no stages.
+    s.windows = true;
+    const auto& base = g->window->base;
+    const std::size_t o_fwd = ctrl_bytes, o_ret = o_fwd + rows_bytes, o_fwd_f = o_ret + rows_bytes,
+                      o_ret_f = o_fwd_f + floats_bytes, o_meta = o_ret_f + floats_bytes;
+    g->peers.fwd = table("fwd", [&](int r) { return base[r] + o_fwd; });
+    g->peers.ret = table("ret", [&](int r) { return base[r] + o_ret; });
+    g->peers.fwd_f = table("fwd_f", [&](int r) { return base[r] + o_fwd_f; });
+    g->peers.ret_f = table("ret_f", [&](int r) { return base[r] + o_ret_f; });
+    g->peers.meta = table("meta", [&](int r) { return base[r] + o_meta; });
+    const char* mine = reinterpret_cast<const char*>(base[s.me]);
+    g->in_fwd = mine + o_fwd;
+    g->in_ret = mine + o_ret;
+    g->in_fwd_f = mine + o_fwd_f;
+    g->in_ret_f = mine + o_ret_f;
+    g->in_meta = mine + o_meta;
+    g->signals.ctrl = table("ctrl", [&](int r) { return base[r]; });
+    g->signals.epoch = Kokkos::View<std::uint64_t*, Mem>("KokkosMoE::ep::window_epoch", kWindowRegions);
+    g->signals.err = Kokkos::View<std::int64_t*, Mem>("KokkosMoE::ep::window_error", 4);
+    g->signals.R = s.R;
+    g->signals.me = s.me;
+    g->signals.timeout_ns = static_cast<std::uint64_t>(t->timeout_seconds() * 1e9);
+  } else {
+    const auto alloc_rows = [&](const char* name) {
+      return Kokkos::View<Chunk16*, Mem>(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string(name)),
+                                         rows_bytes / 16);
+    };
+    const std::size_t floats = RB * s.K;
+    g->src_stage = alloc_rows("KokkosMoE::ep::src_stage");
+    g->dst_stage = alloc_rows("KokkosMoE::ep::dst_stage");
+    g->src_flt = Kokkos::View<float*, Mem>("KokkosMoE::ep::src_flt", floats);
+    g->dst_flt = Kokkos::View<float*, Mem>("KokkosMoE::ep::dst_flt", floats);
+    g->src_meta = Kokkos::View<int*, Mem>("KokkosMoE::ep::src_meta", floats);
+    // Message transports: every token row is written into this rank's own stage; the transfer moves it.
+    const auto own = [](const void* p) { return [p](int) { return reinterpret_cast<std::uintptr_t>(p); }; };
+    g->peers.fwd = table("fwd", own(g->src_stage.data()));
+    g->peers.ret = table("ret", own(g->dst_stage.data()));
+    g->peers.fwd_f = table("fwd_f", own(g->src_flt.data()));
+    g->peers.ret_f = table("ret_f", own(g->dst_flt.data()));
+    g->peers.meta = table("meta", own(g->src_meta.data()));
+    g->in_fwd = reinterpret_cast<const char*>(g->dst_stage.data());
+    g->in_ret = reinterpret_cast<const char*>(g->src_stage.data());
+    g->in_fwd_f = reinterpret_cast<const char*>(g->dst_flt.data());
+    g->in_ret_f = reinterpret_cast<const char*>(g->src_flt.data());
+  }
   Kokkos::fence();
   return g;
 }
@@ -430,6 +481,84 @@ void transfer(const Exec& exec, const char* fn, EpHandleState<Exec>& h, Directio
     }
   }
   g.transport->exchange(fn, segs, stream);
+}
+
+/// A peer that never signalled in the window: the host sees the error word after the wait (host spaces: at once;
+/// devices: at ep_synchronize) and aborts the communicator.
+template <class Exec>
+void throw_window_error(const char* fn, EpGroupState<Exec>& g, const std::int64_t* err) {
+  const int region = static_cast<int>(err[1]);
+  g.transport->fail_and_abort(fn, CommFailure::Timeout,
+                              "rank " + std::to_string(err[2]) + " did not signal its " +
+                                  (region >= 0 && region < kWindowRegions ? kWindowRegionNames[region] : "?") +
+                                  " (epoch " + std::to_string(err[3]) + ") in the window within " +
+                                  std::to_string(g.transport->timeout_seconds()) +
+                                  " s (stalled or dead peer); the communicator is aborted");
+}
+
+template <class Exec>
+void check_window(const Exec& exec, const char* fn, EpGroupState<Exec>& g) {
+  if constexpr (Kokkos::SpaceAccessibility<Kokkos::HostSpace, typename Exec::memory_space>::accessible) {
+    exec.fence();
+    if (g.signals.err(0) != 0) throw_window_error(fn, g, g.signals.err.data());
+  }
+}
+
+/// Before an operation writes \p region: with windows, every peer has consumed the previous rows there.
+template <class Exec>
+void wire_acquire(const Exec& exec, const char* fn, EpGroupState<Exec>& g, int region) {
+  if (!g.window) return;
+  g.transport->require_open(fn);
+  window_acquire(exec, g.signals, region);
+  check_window(exec, fn, g);
+}
+
+/// The rows of \p region are written: windows post and wait for every peer's; the message transports move them
+/// (pitch bytes per token row) from the stage they were written into.
+template <class Exec>
+void wire_move(const Exec& exec, const char* fn, EpHandleState<Exec>& h, int region, std::size_t pitch) {
+  EpGroupState<Exec>& g = *h.group;
+  if (h.shape.R == 1) return;
+  if (g.window) {
+    if constexpr (Kokkos::SpaceAccessibility<Kokkos::HostSpace, typename Exec::memory_space>::accessible)
+      exec.fence();  // the rows of every host thread are written before the counter says so
+    window_post(exec, g.signals, region);
+    check_window(exec, fn, g);
+    return;
+  }
+  switch (region) {
+    case kRegionMeta:
+      transfer(exec, fn, h, Direction::Forward, g.src_meta.data(), h.v.fwd_rows.data(), pitch);
+      break;
+    case kRegionFwd:
+      transfer(exec, fn, h, Direction::Forward, g.src_stage.data(), g.dst_stage.data(), pitch);
+      break;
+    case kRegionFwdF:
+      transfer(exec, fn, h, Direction::Forward, g.src_flt.data(), g.dst_flt.data(), pitch);
+      break;
+    case kRegionRet:
+      transfer(exec, fn, h, Direction::Return, g.src_stage.data(), g.dst_stage.data(), pitch);
+      break;
+    default:
+      transfer(exec, fn, h, Direction::Return, g.src_flt.data(), g.dst_flt.data(), pitch);
+      break;
+  }
+}
+
+/// After the rows of \p region were consumed here: with windows, the peers may write there again.
+template <class Exec>
+void wire_release(const Exec& exec, EpGroupState<Exec>& g, int region) {
+  if (g.window) window_release(exec, g.signals, region);
+}
+
+/// Counts one transfer of \p op (docs/ep.md §9): logical row bytes and what went on the wire.
+template <class Exec>
+void account(const Exec& exec, EpHandleState<Exec>& h, int op, bool forward, std::size_t pitch, std::size_t row_bytes) {
+  const EpGroupState<Exec>& g = *h.group;
+  const std::int64_t block = !g.window && h.shape.capacity_mode ? h.shape.B : 0;
+  const std::int64_t signals = g.window ? 16 * static_cast<std::int64_t>(h.shape.R - 1) : 0;
+  account_transfer(exec, h.shape, h.v, op, forward, static_cast<std::int64_t>(pitch),
+                   static_cast<std::int64_t>(row_bytes), block, signals);
 }
 
 // ----- layout ------------------------------------------------------------------------------------------------------
@@ -511,9 +640,17 @@ void layout(const Exec& exec, EpHandleState<Exec>& h, const IdxView& idx) {
   layout_slots(exec, s, idx, h.v, h.recv_rows);
   // The receivers learn which of their rows each arriving token feeds: K ints per token row, one transfer.
   const std::size_t meta_pitch = static_cast<std::size_t>(s.K) * sizeof(int);
+  wire_acquire(exec, fn, g, kRegionMeta);
   meta_pack(exec, s, h.v, PeerRows<typename Exec::memory_space>{g.peers.meta, h.v.fwd_base, meta_pitch});
-  transfer(exec, fn, h, Direction::Forward, g.src_meta.data(), h.v.fwd_rows.data(), meta_pitch);
+  wire_move(exec, fn, h, kRegionMeta, meta_pitch);
+  if (g.window && s.R > 1) {
+    using Unmanaged = Kokkos::View<const int*, typename Exec::memory_space, Kokkos::MemoryUnmanaged>;
+    Kokkos::deep_copy(exec, h.v.fwd_rows, Unmanaged(reinterpret_cast<const int*>(g.in_meta), h.v.fwd_rows.extent(0)));
+  }
+  wire_release(exec, g, kRegionMeta);
   meta_scatter(exec, s, h.v);
+  account_layout(exec, s, h.v, !g.window && s.capacity_mode ? s.B : 0,
+                 g.window ? 16 * static_cast<std::int64_t>(s.R - 1) : 0);
   h.laid_out = true;
   h.backward_done = !h.options.training;
 }
@@ -561,24 +698,6 @@ void with_unit(int hidden, std::initializer_list<const void*> ptrs, F&& f) {
   }
 }
 
-/// Where arrivals and returned rows sit in this rank's memory (the message transports' stages).
-template <class Exec>
-const char* arrived(const EpGroupState<Exec>& g) {
-  return reinterpret_cast<const char*>(g.dst_stage.data());
-}
-template <class Exec>
-const char* returned(const EpGroupState<Exec>& g) {
-  return reinterpret_cast<const char*>(g.src_stage.data());
-}
-template <class Exec>
-const char* arrived_f(const EpGroupState<Exec>& g) {
-  return reinterpret_cast<const char*>(g.dst_flt.data());
-}
-template <class Exec>
-const char* returned_f(const EpGroupState<Exec>& g) {
-  return reinterpret_cast<const char*>(g.src_flt.data());
-}
-
 // ----- dispatch ----------------------------------------------------------------------------------------------------
 
 template <class Exec, class XView, class WView, class RecvXView, class RecvWView>
@@ -615,13 +734,16 @@ void dispatch(const Exec& exec, EpHandleState<Exec>& h, const XView& x, const WV
     const auto src_w = with_w ? floats2<Mem>(w) : Unmanaged2<const float, Mem>();
     const auto rw = with_w ? floats1_out<Mem>(recv_w) : Unmanaged1<float, Mem>();
     auto rx = rows_view<Unit, Mem>(recv_x, H);
+    wire_acquire(exec, fn, g, kRegionFwd);
     pack_tokens<Exec, Scalar, Unit>(exec, s, rows_view<Unit, Mem>(x, H), src_w, true, false, h.v, rx, rw,
                                     PeerRows<Mem>{g.peers.fwd, h.v.fwd_base, pitch}, pad16(row_bytes),
                                     "KokkosMoE::ep_dispatch::pack");
-    transfer(exec, fn, h, Direction::Forward, g.src_stage.data(), g.dst_stage.data(), pitch);
-    expand_arrivals<Exec, Scalar, Unit>(exec, h.recv_rows, LocalRows{arrived(g), pitch}, pad16(row_bytes), false, h.v,
-                                        rx, rw, "KokkosMoE::ep_dispatch::expand");
+    wire_move(exec, fn, h, kRegionFwd, pitch);
+    expand_arrivals<Exec, Scalar, Unit>(exec, h.recv_rows, LocalRows{g.in_fwd, pitch}, pad16(row_bytes), false, h.v, rx,
+                                        rw, "KokkosMoE::ep_dispatch::expand");
+    wire_release(exec, g, kRegionFwd);
   });
+  account(exec, h, kOpDispatch, true, pitch, row_bytes);
 }
 
 // ----- combine -----------------------------------------------------------------------------------------------------
@@ -655,21 +777,27 @@ void combine(const Exec& exec, EpHandleState<Exec>& h, CombineMode mode, const O
   const std::size_t fpitch = static_cast<std::size_t>(s.K) * sizeof(float);
   if (weighted) {
     // The expert's rank weighs the slots it reduces: the K weights of each token row go there first.
+    wire_acquire(exec, fn, g, kRegionFwdF);
     pack_weights(exec, s, floats2<Mem>(w), h.v, PeerRows<Mem>{g.peers.fwd_f, h.v.fwd_base, fpitch});
-    transfer(exec, fn, h, Direction::Forward, g.src_flt.data(), g.dst_flt.data(), fpitch);
+    wire_move(exec, fn, h, kRegionFwdF, fpitch);
+    account(exec, h, kOpCombine, true, fpitch, 0);
   }
   with_unit<Scalar>(H, {out.data(), y.data()}, [&](auto unit) {
     using Unit = decltype(unit);
+    wire_acquire(exec, fn, g, kRegionRet);
     reduce_arrivals<Exec, Scalar, Unit>(
-        exec, s, h.arrivals, rows_view<Unit, Mem>(out, H), weighted ? LocalRows{arrived_f(g), fpitch} : LocalRows{},
+        exec, s, h.arrivals, rows_view<Unit, Mem>(out, H), weighted ? LocalRows{g.in_fwd_f, fpitch} : LocalRows{},
         Unmanaged1<const float, Mem>(), h.v, PeerRows<Mem>{g.peers.ret, h.v.ret_base, pitch}, 0,
         "KokkosMoE::ep_combine::reduce_experts");
-    transfer(exec, fn, h, Direction::Return, g.src_stage.data(), g.dst_stage.data(), pitch);
+    wire_move(exec, fn, h, kRegionRet, pitch);
+    if (weighted) wire_release(exec, g, kRegionFwdF);
     reduce_ranks<Exec, Scalar, Unit>(
         exec, s, rows_view<Unit, Mem>(out, H), weighted ? floats2<Mem>(w) : Unmanaged2<const float, Mem>(),
-        Unmanaged1<const float, Mem>(), LocalRows{returned(g), pitch}, 0, h.v, rows_view<Unit, Mem>(y, H),
+        Unmanaged1<const float, Mem>(), LocalRows{g.in_ret, pitch}, 0, h.v, rows_view<Unit, Mem>(y, H),
         Unmanaged2<float, Mem>(), "KokkosMoE::ep_combine::reduce_ranks");
+    wire_release(exec, g, kRegionRet);
   });
+  account(exec, h, kOpCombine, false, pitch, static_cast<std::size_t>(H) * sizeof(Scalar));
 }
 
 template <class Exec, class GradYView, class WView, class OutView, class GradOutView, class GradWView>
@@ -717,23 +845,31 @@ void combine_backward(const Exec& exec, EpHandleState<Exec>& h, CombineMode mode
     auto gy = rows_view<Unit, Mem>(grad_y, H);
     const PeerRows<Mem> dst{g.peers.fwd, h.v.fwd_base, pitch};
     if (!weighted) {
+      wire_acquire(exec, fn, g, kRegionFwd);
       pack_tokens<Exec, Scalar, Unit>(exec, s, gy, Unmanaged2<const float, Mem>(), true, false, h.v, go,
                                       Unmanaged1<float, Mem>(), dst, 0, "KokkosMoE::ep_combine_backward::pack");
-      transfer(exec, fn, h, Direction::Forward, g.src_stage.data(), g.dst_stage.data(), pitch);
-      expand_arrivals<Exec, Scalar, Unit>(exec, h.recv_rows, LocalRows{arrived(g), pitch}, 0, false, h.v, go,
+      wire_move(exec, fn, h, kRegionFwd, pitch);
+      expand_arrivals<Exec, Scalar, Unit>(exec, h.recv_rows, LocalRows{g.in_fwd, pitch}, 0, false, h.v, go,
                                           Unmanaged1<float, Mem>(), "KokkosMoE::ep_combine_backward::expand");
+      wire_release(exec, g, kRegionFwd);
       return;
     }
     auto o = rows_view<Unit, Mem>(out, H);
     local_dots<Exec, Scalar, Unit>(exec, s, gy, floats2<Mem>(w), o, h.v, go, floats2_out<Mem>(grad_w));
+    wire_acquire(exec, fn, g, kRegionFwd);
     pack_tokens<Exec, Scalar, Unit>(exec, s, gy, floats2<Mem>(w), false, false, h.v, go, Unmanaged1<float, Mem>(), dst,
                                     pad16(row_bytes), "KokkosMoE::ep_combine_backward::pack");
-    transfer(exec, fn, h, Direction::Forward, g.src_stage.data(), g.dst_stage.data(), pitch);
-    expand_with_dots<Exec, Scalar, Unit>(exec, h.recv_rows, LocalRows{arrived(g), pitch}, pad16(row_bytes), o, h.v,
+    wire_move(exec, fn, h, kRegionFwd, pitch);
+    wire_acquire(exec, fn, g, kRegionRetF);
+    expand_with_dots<Exec, Scalar, Unit>(exec, h.recv_rows, LocalRows{g.in_fwd, pitch}, pad16(row_bytes), o, h.v,
                                          PeerRows<Mem>{g.peers.ret_f, h.v.ret_base, fpitch}, go);
-    transfer(exec, fn, h, Direction::Return, g.src_flt.data(), g.dst_flt.data(), fpitch);
-    scatter_dots<Exec>(exec, s, LocalRows{returned_f(g), fpitch}, h.v, floats2_out<Mem>(grad_w));
+    wire_move(exec, fn, h, kRegionRetF, fpitch);
+    wire_release(exec, g, kRegionFwd);
+    scatter_dots<Exec>(exec, s, LocalRows{g.in_ret_f, fpitch}, h.v, floats2_out<Mem>(grad_w));
+    wire_release(exec, g, kRegionRetF);
   });
+  account(exec, h, kOpCombineBackward, true, pitch, row_bytes);
+  if (weighted) account(exec, h, kOpCombineBackward, false, fpitch, 0);
 }
 
 // ----- dispatch backward -------------------------------------------------------------------------------------------
@@ -773,29 +909,46 @@ void dispatch_backward(const Exec& exec, EpHandleState<Exec>& h, const GradRecvX
     using Unit = decltype(unit);
     const auto grw = with_w ? floats1<Mem>(grad_recv_w) : Unmanaged1<const float, Mem>();
     auto grx = rows_view<Unit, Mem>(grad_recv_x, H);
+    wire_acquire(exec, fn, g, kRegionRet);
     reduce_arrivals<Exec, Scalar, Unit>(exec, s, h.arrivals, grx, LocalRows{}, grw, h.v,
                                         PeerRows<Mem>{g.peers.ret, h.v.ret_base, pitch}, pad16(row_bytes),
                                         "KokkosMoE::ep_dispatch_backward::reduce_experts");
-    transfer(exec, fn, h, Direction::Return, g.src_stage.data(), g.dst_stage.data(), pitch);
-    reduce_ranks<Exec, Scalar, Unit>(exec, s, grx, Unmanaged2<const float, Mem>(), grw, LocalRows{returned(g), pitch},
+    wire_move(exec, fn, h, kRegionRet, pitch);
+    reduce_ranks<Exec, Scalar, Unit>(exec, s, grx, Unmanaged2<const float, Mem>(), grw, LocalRows{g.in_ret, pitch},
                                      pad16(row_bytes), h.v, rows_view<Unit, Mem>(grad_x, H),
                                      with_w ? floats2_out<Mem>(grad_w) : Unmanaged2<float, Mem>(),
                                      "KokkosMoE::ep_dispatch_backward::reduce_ranks");
+    wire_release(exec, g, kRegionRet);
   });
+  account(exec, h, kOpDispatchBackward, false, pitch, row_bytes);
   h.backward_done = true;
 }
 
 // ----- synchronization ---------------------------------------------------------------------------------------------
 
 template <class Exec>
-EpStatus synchronize(const Exec& exec, const EpHandleState<Exec>& h) {
+EpStatus synchronize(const Exec& exec, EpHandleState<Exec>& h) {
   constexpr const char* fn = "ep_synchronize";
   EpGroupState<Exec>& g = *h.group;
   g.transport->wait(fn, ExecTraits<Exec>::stream(exec));
   exec.fence();
   EpStatus st;
+  if (g.window) {
+    auto err = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), g.signals.err);
+    if (err(0) != 0) throw_window_error(fn, g, err.data());
+  }
   if (!h.laid_out) return st;
   const EpShape& s = h.shape;
+  {
+    // The traffic since the last synchronization joins the communicator's counters.
+    auto traffic = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), h.v.traffic);
+    for (int op = 0; op < kEpOps; ++op) {
+      ByteCount& b = g.transport->bytes[kEpOpNames[op]];
+      b.logical += traffic(2 * op);
+      b.wire += traffic(2 * op + 1);
+    }
+    Kokkos::deep_copy(h.v.traffic, std::int64_t(0));
+  }
   auto status = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), h.v.status);
   auto m = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), h.v.counts);
   std::string bad;

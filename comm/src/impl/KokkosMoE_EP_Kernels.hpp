@@ -72,9 +72,17 @@ struct EpLayoutViews {
   Kokkos::View<int*, Mem> recv_expert;         // [N] local expert of each receive row, -1 for padding and drops
   Kokkos::View<int*, Mem> recv_src;            // [N] arrival index feeding receive row q, -1: local or none
   Kokkos::View<int*, Mem> recv_k;              // [N] the slot k of that arrival
+  Kokkos::View<int*, Mem> sent_rows;           // [R] token rows this rank writes for rank r (a kept slot there)
+  Kokkos::View<int*, Mem> ret_rows;            // [R] return rows this rank writes for rank i
+  Kokkos::View<std::int64_t*, Mem> traffic;    // [2 * kEpOps] logical and wire bytes per operation since the sync
   Kokkos::View<int*, Mem> status;              // [4] invalid ids, dropped slots, receive demand (rows), unused
   Kokkos::View<int*, Mem> rank_status;         // [2R] every rank's receive demand and receive-side drops: (2j, 2j + 1)
 };
+
+/// The operations whose bytes are counted (CommStats::bytes), in the order of EpLayoutViews::traffic.
+enum EpOp : int { kOpLayout = 0, kOpDispatch, kOpCombine, kOpCombineBackward, kOpDispatchBackward, kEpOps };
+constexpr const char* kEpOpNames[kEpOps] = {"ep_layout", "ep_dispatch", "ep_combine", "ep_combine_backward",
+                                            "ep_dispatch_backward"};
 
 /// The shape facts every layout kernel needs, by value.
 struct EpShape {
@@ -232,6 +240,8 @@ void layout_offsets(const Exec& exec, const EpShape s, const EpLayoutViews<typen
   auto arrive_base = v.arrive_base;
   auto arrive_count = v.arrive_count;
   auto ret_base = v.ret_base;
+  auto sent_rows = v.sent_rows;
+  auto ret_rows = v.ret_rows;
   auto status = v.status;
   auto rank_status = v.rank_status;
   const std::size_t shmem = 4 * Scratch::shmem_size(s.L);
@@ -292,6 +302,8 @@ void layout_offsets(const Exec& exec, const EpShape s, const EpLayoutViews<typen
           arrive_base(j) = A(s.me, j);
           arrive_count(j) = j == s.me ? 0 : tok(j, s.me);
           ret_base(j) = s.windows ? S(j, s.me) : A(s.me, j);
+          sent_rows(j) = 0;
+          ret_rows(j) = 0;
         });
         // Every rank learns every rank's demand and receive-side drops from the same counts, so that an overflow is
         // reported on every rank of the group (docs/ep.md §5), not only where it happened.
@@ -429,16 +441,21 @@ void meta_pack(const Exec& exec, const EpShape s, const EpLayoutViews<typename E
   auto tok_pos = v.tok_pos;
   auto slot_row = v.slot_row;
   auto slot_rank = v.slot_rank;
+  auto sent_rows = v.sent_rows;
   Kokkos::parallel_for(
       "KokkosMoE::ep_layout::meta", light(Kokkos::RangePolicy<Exec>(exec, 0, pairs)), KOKKOS_LAMBDA(std::int64_t q) {
         const int t = static_cast<int>(q / s.R), r = static_cast<int>(q % s.R);
         const int p = tok_pos(q);
         if (r == s.me || p < 0) return;
         int* out = dst.template at<int>(r, p);
+        bool kept = false;
         for (int k = 0; k < s.K; ++k) {
           const std::int64_t sq = static_cast<std::int64_t>(t) * s.K + k;
-          out[k] = slot_rank(sq) == r ? slot_row(sq) : -1;
+          const int row = slot_rank(sq) == r ? slot_row(sq) : -1;
+          out[k] = row;
+          kept = kept || row >= 0;
         }
+        if (kept) Kokkos::atomic_add(&sent_rows(r), 1);  // a count, not a position
       });
 }
 
@@ -454,6 +471,7 @@ void meta_scatter(const Exec& exec, const EpShape s, const EpLayoutViews<typenam
   auto fwd_rows = v.fwd_rows;
   auto recv_src = v.recv_src;
   auto recv_k = v.recv_k;
+  auto ret_rows = v.ret_rows;
   Kokkos::parallel_for(
       "KokkosMoE::ep_layout::expand_map", light(Kokkos::RangePolicy<Exec>(exec, 0, n)), KOKKOS_LAMBDA(std::int64_t a) {
         // The last source whose arrival block starts at or before a (bases ascend with the source rank).
@@ -469,12 +487,15 @@ void meta_scatter(const Exec& exec, const EpShape s, const EpLayoutViews<typenam
         const bool valid = a >= arrive_base(lo) && a < arrive_base(lo) + arrive_count(lo);
         arrive_rank(a) = valid ? lo : -1;
         if (!valid) return;
+        bool kept = false;
         for (int k = 0; k < s.K; ++k) {
           const int row = fwd_rows(a * s.K + k);
           if (row < 0) continue;
+          kept = true;
           recv_src(row) = static_cast<int>(a);
           recv_k(row) = k;
         }
+        if (kept) Kokkos::atomic_add(&ret_rows(lo), 1);
       });
 }
 
@@ -706,6 +727,9 @@ void reduce_arrivals(const Exec& exec, const EpShape s, std::int64_t arrivals,
         const std::int64_t a = m.league_rank();
         const int i = arrive_rank(a);
         if (i < 0) return;
+        bool kept = false;
+        for (int k = 0; k < s.K; ++k) kept = kept || fwd_rows(a * s.K + k) >= 0;
+        if (!kept) return;  // every slot of the token here was dropped: its rank reads no return row
         char* out = ret.template at<char>(i, static_cast<int>(a - arrive_base(i)));
         const float* c = with_coef ? coef.at<float>(a) : nullptr;
         Kokkos::parallel_for(Kokkos::TeamThreadRange(m, units), [&](int u) {
@@ -913,6 +937,41 @@ void scatter_dots(const Exec& exec, const EpShape s, const LocalRows ret,
           const std::int64_t i = send_base(r) + tok_pos(static_cast<std::int64_t>(t) * s.R + r);
           grad_w(t, k) = ret.at<float>(i)[k];
         }
+      });
+}
+
+/// Adds one transfer of an operation to the traffic counters: forward (token rows this rank sent) or return (rows
+/// it sent back); \p block_rows > 0 where the transport moves whole blocks of that many rows per peer, \p signals
+/// the bytes of the window counters it raised.
+template <class Exec>
+void account_transfer(const Exec& exec, const EpShape s, const EpLayoutViews<typename Exec::memory_space>& v, int op,
+                      bool forward, std::int64_t pitch, std::int64_t row_bytes, std::int64_t block_rows,
+                      std::int64_t signals) {
+  if (s.R == 1) return;
+  auto rows = forward ? v.sent_rows : v.ret_rows;
+  auto traffic = v.traffic;
+  Kokkos::parallel_for(
+      "KokkosMoE::ep::account", light(Kokkos::RangePolicy<Exec>(exec, 0, 1)), KOKKOS_LAMBDA(int) {
+        std::int64_t n = 0;
+        for (int r = 0; r < s.R; ++r) n += r == s.me ? 0 : rows(r);
+        traffic(2 * op) += n * row_bytes;
+        traffic(2 * op + 1) += (block_rows > 0 ? static_cast<std::int64_t>(s.R - 1) * block_rows : n) * pitch + signals;
+      });
+}
+
+/// The layout's bytes: the count all-gather and the meta (K ints per token row, every token a peer receives).
+template <class Exec>
+void account_layout(const Exec& exec, const EpShape s, const EpLayoutViews<typename Exec::memory_space>& v,
+                    std::int64_t block_rows, std::int64_t signals) {
+  if (s.R == 1) return;
+  auto send = v.gather_send;
+  auto traffic = v.traffic;
+  Kokkos::parallel_for(
+      "KokkosMoE::ep::account_layout", light(Kokkos::RangePolicy<Exec>(exec, 0, 1)), KOKKOS_LAMBDA(int) {
+        std::int64_t n = 0;
+        for (int r = 0; r < s.R; ++r) n += r == s.me ? 0 : send(s.E + 1 + r);
+        const std::int64_t meta = (block_rows > 0 ? static_cast<std::int64_t>(s.R - 1) * block_rows : n) * s.K * 4;
+        traffic(2 * kOpLayout + 1) += static_cast<std::int64_t>(s.R - 1) * (s.E + 1 + s.R) * 4 + meta + signals;
       });
 }
 

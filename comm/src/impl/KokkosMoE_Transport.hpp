@@ -7,21 +7,21 @@
 // The transport seam of the comm layer (docs/ep.md §7): the few byte-moving primitives the EP layer needs, one
 // implementation per library (mpi/, nccl/). Pointers here are byte buffers in the transport's memory (host memory for
 // MPI, device memory for NCCL); `stream` is the CUDA stream of the execution space instance (nullptr on the host).
-// A future LSA/symmetric-window path is another implementation of exchange() for NVLink cliques.
+// A transport that can map its peers' memory also makes windows (make_window): the EP layer then writes token rows
+// straight into the peers' windows and signals through counters in them (docs/ep.md §7.2).
 
+#include <KokkosMoE_Communicator.hpp>
 #include <KokkosMoE_Error.hpp>
 
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
 
 namespace KokkosMoE {
-
-enum class CommTransport : int;
-struct CommStats;
 
 namespace Impl {
 
@@ -34,6 +34,15 @@ struct PeerSegment {
   std::size_t send_bytes = 0;
   void* recv = nullptr;
   std::size_t recv_bytes = 0;
+};
+
+/// Memory every rank of a transport addresses directly: base[r] is rank r's part as this process sees it (base[me]
+/// is its own), zero-filled and visible to all ranks when make_window returns. Released with the object.
+class PeerWindow {
+ public:
+  virtual ~PeerWindow() = default;
+  std::vector<std::uintptr_t> base;
+  std::size_t bytes = 0;
 };
 
 class Transport {
@@ -58,6 +67,16 @@ class Transport {
   virtual std::shared_ptr<Transport> split(const char* op, int color, int key) = 0;
   /// Stops all communication; later operations throw CommError(Aborted). Never blocks.
   virtual void abort() noexcept = 0;
+  /// Collective: \p bytes per rank of memory every rank can write, or nullptr (on every rank alike) when this
+  /// transport has no windows for this group of ranks.
+  virtual std::shared_ptr<PeerWindow> make_window(const char* /*op*/, std::size_t /*bytes*/) { return nullptr; }
+  /// Throws CommError(Aborted) after an abort or a failure.
+  void require_open(const char* op) const { check_not_aborted(op); }
+  /// A failure the EP layer found itself (a peer that never signalled in a window): aborts and throws.
+  [[noreturn]] void fail_and_abort(const char* op, CommFailure cause, const std::string& detail) {
+    abort();
+    fail(op, cause, detail);
+  }
 
   int rank() const noexcept { return m_rank; }
   int size() const noexcept { return m_size; }
@@ -69,6 +88,7 @@ class Transport {
   std::int64_t calls = 0;
   std::int64_t exchanges = 0, alltoalls = 0, allgathers = 0, waits = 0;
   std::vector<void*> streams_used;
+  std::map<std::string, ByteCount> bytes;  // added by the EP layer at ep_synchronize
 
  protected:
   [[noreturn]] void fail(const char* op, CommFailure cause, const std::string& detail) const {

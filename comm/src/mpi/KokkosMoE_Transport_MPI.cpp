@@ -3,8 +3,9 @@
  */
 // The MPI host transport (docs/ep.md §7.1). Every exchange is a set of non-blocking requests polled with MPI_Testall
 // until the deadline: a stalled or dead peer ends in CommError(Timeout) on the others, never in a hang. Collectives
-// that MPI offers only as blocking calls (MPI_Comm_dup, MPI_Comm_split) are preceded by a polled all-gather, so a
-// peer that is already gone is found with a deadline first.
+// that MPI offers only as blocking calls (MPI_Comm_dup, MPI_Comm_split, MPI_Win_allocate_shared) are preceded by a
+// polled all-gather, so a peer that is already gone is found with a deadline first. The shm flavour also makes
+// windows: MPI_Win_allocate_shared over the ranks of one node (docs/ep.md §7.2).
 #include <KokkosMoE_Communicator_MPI.hpp>
 
 #include <impl/KokkosMoE_Transport.hpp>
@@ -31,17 +32,80 @@ std::string mpi_error_string(int code) {
   return std::string(buf, static_cast<std::size_t>(len));
 }
 
+/// A shared window of the ranks of one node; MPI_Win_free is collective and blocking, so a window of an aborted
+/// transport (a peer may be gone) is left to MPI_Finalize instead.
+class MpiShmWindow final : public PeerWindow {
+ public:
+  MpiShmWindow(MPI_Win win, const bool* aborted) : m_win(win), m_aborted(aborted) {}
+  ~MpiShmWindow() override {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (finalized || *m_aborted) return;
+    MPI_Win_unlock_all(m_win);
+    MPI_Win_free(&m_win);
+  }
+
+ private:
+  MPI_Win m_win;
+  const bool* m_aborted;  // the transport's flag: the transport outlives its windows (the EP group holds both)
+};
+
 class MpiTransport final : public Transport {
  public:
-  MpiTransport(MPI_Comm comm, int rank, int size, double timeout, bool owned = true)
-      : Transport(rank, size, -1, timeout), m_comm(comm), m_owned(owned) {}
+  MpiTransport(MPI_Comm comm, int rank, int size, double timeout, bool owned = true, bool shm = false)
+      : Transport(rank, size, -1, timeout), m_comm(comm), m_owned(owned), m_shm(shm) {}
   ~MpiTransport() override {
     int finalized = 0;
     MPI_Finalized(&finalized);
     if (m_owned && !finalized && m_comm != MPI_COMM_NULL) MPI_Comm_free(&m_comm);
   }
 
-  CommTransport kind() const noexcept override { return CommTransport::Mpi; }
+  CommTransport kind() const noexcept override { return m_shm ? CommTransport::MpiShm : CommTransport::Mpi; }
+
+  std::shared_ptr<PeerWindow> make_window(const char* op, std::size_t bytes) override {
+    check_not_aborted(op);
+    if (!m_shm) return nullptr;
+    // Every rank learns whether all of them share one node (the same answer everywhere), alive peers first.
+    MPI_Comm node = MPI_COMM_NULL;
+    int rc = MPI_Comm_split_type(m_comm, MPI_COMM_TYPE_SHARED, m_rank, MPI_INFO_NULL, &node);
+    if (rc != MPI_SUCCESS) fail(op, CommFailure::Library, "MPI_Comm_split_type: " + mpi_error_string(rc));
+    int node_size = 0;
+    MPI_Comm_size(node, &node_size);
+    std::vector<int> sizes(static_cast<std::size_t>(m_size));
+    allgather(op, &node_size, sizes.data(), sizeof(int), nullptr);
+    const bool one_node = std::all_of(sizes.begin(), sizes.end(), [&](int n) { return n == m_size; });
+    if (!one_node) {
+      MPI_Comm_free(&node);
+      return nullptr;
+    }
+    void* mine = nullptr;
+    MPI_Win win = MPI_WIN_NULL;
+    // Rows move as 16-byte vectors: each rank's part starts on a 64-byte boundary (the segment is mapped page-aligned
+    // in every process, so the rounding is the same everywhere).
+    constexpr std::size_t kAlign = 64;
+    rc = MPI_Win_allocate_shared(static_cast<MPI_Aint>(bytes + kAlign), 1, MPI_INFO_NULL, m_comm, &mine, &win);
+    MPI_Comm_free(&node);
+    if (rc != MPI_SUCCESS)
+      fail(op, CommFailure::Library, "MPI_Win_allocate_shared(" + std::to_string(bytes) + "): " + mpi_error_string(rc));
+    MPI_Win_lock_all(MPI_MODE_NOCHECK, win);
+    auto w = std::make_shared<MpiShmWindow>(win, &m_aborted);
+    w->bytes = bytes;
+    w->base.resize(static_cast<std::size_t>(m_size));
+    for (int r = 0; r < m_size; ++r) {
+      MPI_Aint size = 0;
+      int disp = 0;
+      void* p = nullptr;
+      MPI_Win_shared_query(win, r, &size, &disp, &p);
+      w->base[r] = (reinterpret_cast<std::uintptr_t>(p) + kAlign - 1) / kAlign * kAlign;
+    }
+    std::memset(mine, 0, bytes + kAlign);
+    MPI_Win_sync(win);
+    // Nobody writes into a peer before every peer zeroed its part.
+    int one = 1;
+    std::vector<int> all(static_cast<std::size_t>(m_size));
+    allgather(op, &one, all.data(), sizeof(int), nullptr);
+    return w;
+  }
 
   void exchange(const char* op, const std::vector<PeerSegment>& segments, void* stream) override {
     check_not_aborted(op);
@@ -116,7 +180,7 @@ class MpiTransport final : public Transport {
     int r = 0, n = 0;
     MPI_Comm_rank(sub, &r);
     MPI_Comm_size(sub, &n);
-    return std::make_shared<MpiTransport>(sub, r, n, m_timeout);
+    return std::make_shared<MpiTransport>(sub, r, n, m_timeout, true, m_shm);
   }
 
   void abort() noexcept override { m_aborted = true; }
@@ -165,13 +229,25 @@ class MpiTransport final : public Transport {
 
   MPI_Comm m_comm;
   bool m_owned;
+  bool m_shm;
 };
 
 }  // namespace
 }  // namespace Impl
 
+namespace {
+Communicator make_mpi(const char* fn, MPI_Comm comm, const CommConfig& config, bool shm);
+}
+
 Communicator make_mpi_communicator(MPI_Comm comm, const CommConfig& config) {
-  constexpr const char* fn = "make_mpi_communicator";
+  return make_mpi("make_mpi_communicator", comm, config, false);
+}
+Communicator make_mpi_shm_communicator(MPI_Comm comm, const CommConfig& config) {
+  return make_mpi("make_mpi_shm_communicator", comm, config, true);
+}
+
+namespace {
+Communicator make_mpi(const char* fn, MPI_Comm comm, const CommConfig& config, bool shm) {
   const double timeout = Impl::resolve_timeout(fn, config.timeout_seconds);
   int initialized = 0, finalized = 0;
   MPI_Initialized(&initialized);
@@ -203,7 +279,8 @@ Communicator make_mpi_communicator(MPI_Comm comm, const CommConfig& config) {
   if (rc != MPI_SUCCESS)
     throw CommError(fn, rank, size, CommFailure::Library, "MPI_Comm_dup: " + Impl::mpi_error_string(rc));
   MPI_Comm_set_errhandler(dup, MPI_ERRORS_RETURN);
-  return Communicator(std::make_shared<Impl::MpiTransport>(dup, rank, size, timeout));
+  return Communicator(std::make_shared<Impl::MpiTransport>(dup, rank, size, timeout, true, shm));
 }
+}  // namespace
 
 }  // namespace KokkosMoE

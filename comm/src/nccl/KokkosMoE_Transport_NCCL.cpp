@@ -292,7 +292,7 @@ std::vector<Communicator> make_nccl_communicators(const std::vector<int>& device
 
 Communicator make_nccl_communicator(const Communicator& host, int device, const CommConfig& config) {
   constexpr const char* fn = "make_nccl_communicator";
-  if (!host.valid() || host.transport() != CommTransport::Mpi)
+  if (!host.valid() || (host.transport() != CommTransport::Mpi && host.transport() != CommTransport::MpiShm))
     throw InvalidArgument(fn, "host", Rule::TransportMismatch, "the bootstrap communicator must be a host (MPI) one");
   ncclUniqueId id{};
   if (host.rank() == 0) id = make_nccl_unique_id();

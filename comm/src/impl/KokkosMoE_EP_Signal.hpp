@@ -1,0 +1,125 @@
+/*
+ * KokkosMoE: Mixture-of-Experts routing for Kokkos. SPDX-License-Identifier: Apache-2.0
+ */
+#ifndef KOKKOSMOE_EP_SIGNAL_HPP
+#define KOKKOSMOE_EP_SIGNAL_HPP
+
+// Signalling through peer windows (docs/ep.md §7.2): per region of the window and per peer, an "arrive" counter
+// (the peer's rows for this rank are complete) and a "freed" counter (the peer consumed this rank's rows), both
+// written by the peer into this rank's control block. Each operation that writes a region waits until every peer
+// freed the previous epoch, writes, then posts: it raises its arrive counter in every peer and waits for every
+// peer's; after consuming, it raises its freed counter in every peer. The epochs live in device memory and advance
+// on the device, so a captured graph replays correctly. Every wait is bounded: a peer that never signals sets the
+// group's error word (region, peer, epoch) and every later wait returns at once; the host turns it into CommError.
+
+#include <Kokkos_Core.hpp>
+
+#include <chrono>
+#include <cstdint>
+
+namespace KokkosMoE {
+namespace Impl {
+
+enum WindowRegion : int { kRegionMeta = 0, kRegionFwd = 1, kRegionFwdF = 2, kRegionRet = 3, kRegionRetF = 4 };
+constexpr int kWindowRegions = 5;
+constexpr const char* kWindowRegionNames[kWindowRegions] = {"meta", "forward rows", "forward floats", "return rows",
+                                                            "return floats"};
+
+/// Nanoseconds of a monotonic clock, on the host and on the device.
+KOKKOS_INLINE_FUNCTION std::uint64_t ep_now_ns() {
+#if defined(__CUDA_ARCH__)
+  std::uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+#else
+  return static_cast<std::uint64_t>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+          .count());
+#endif
+}
+
+/// Orders this thread's earlier writes before its later ones for every observer: peers on other devices too.
+KOKKOS_INLINE_FUNCTION void ep_fence_peers() {
+#if defined(__CUDA_ARCH__)
+  __threadfence_system();
+#else
+  Kokkos::memory_fence();
+#endif
+}
+
+template <class Mem>
+struct WindowSignals {
+  Kokkos::View<const std::uintptr_t*, Mem> ctrl;  // [R] every rank's control block
+  Kokkos::View<std::uint64_t*, Mem> epoch;        // [kWindowRegions] this rank's completed epochs
+  Kokkos::View<std::int64_t*, Mem> err;           // [4] failed, region, peer, epoch
+  int R = 0, me = 0;
+  std::uint64_t timeout_ns = 0;
+
+  /// Counter `kind` (0 arrive, 1 freed) that `peer` writes into `rank`'s control block for `region`.
+  KOKKOS_INLINE_FUNCTION volatile std::uint64_t* flag(int rank, int region, int kind, int peer) const {
+    return reinterpret_cast<volatile std::uint64_t*>(ctrl(rank)) + ((region * 2 + kind) * R + peer);
+  }
+  /// Spins until every peer's counter `kind` in this rank's block reaches n; false (error word set) past the deadline.
+  KOKKOS_INLINE_FUNCTION bool wait_all(int region, int kind, std::uint64_t n) const {
+    const std::uint64_t start = ep_now_ns();
+    for (int p = 0; p < R; ++p) {
+      if (p == me) continue;
+      while (*flag(me, region, kind, p) < n) {
+        if (err(0) != 0) return false;
+        if (ep_now_ns() - start > timeout_ns) {
+          err(1) = region;
+          err(2) = p;
+          err(3) = static_cast<std::int64_t>(n);
+          ep_fence_peers();
+          err(0) = 1;
+          return false;
+        }
+      }
+    }
+    ep_fence_peers();
+    return true;
+  }
+  KOKKOS_INLINE_FUNCTION void raise_all(int region, int kind, std::uint64_t n) const {
+    ep_fence_peers();
+    for (int p = 0; p < R; ++p)
+      if (p != me) *flag(p, region, kind, me) = n;
+    ep_fence_peers();
+  }
+};
+
+/// Before writing a region: every peer freed the previous epoch's rows.
+template <class Exec>
+void window_acquire(const Exec& exec, const WindowSignals<typename Exec::memory_space>& w, int region) {
+  Kokkos::parallel_for(
+      "KokkosMoE::ep::window_acquire", Kokkos::RangePolicy<Exec>(exec, 0, 1), KOKKOS_LAMBDA(int) {
+        if (w.err(0) != 0) return;
+        w.wait_all(region, 1, w.epoch(region));
+      });
+}
+
+/// After writing a region: raise this rank's arrive counter in every peer, wait for every peer's.
+template <class Exec>
+void window_post(const Exec& exec, const WindowSignals<typename Exec::memory_space>& w, int region) {
+  Kokkos::parallel_for(
+      "KokkosMoE::ep::window_post", Kokkos::RangePolicy<Exec>(exec, 0, 1), KOKKOS_LAMBDA(int) {
+        if (w.err(0) != 0) return;
+        const std::uint64_t n = w.epoch(region) + 1;
+        w.raise_all(region, 0, n);
+        if (w.wait_all(region, 0, n)) w.epoch(region) = n;
+      });
+}
+
+/// After consuming a region: tell every peer its rows here may be overwritten.
+template <class Exec>
+void window_release(const Exec& exec, const WindowSignals<typename Exec::memory_space>& w, int region) {
+  Kokkos::parallel_for(
+      "KokkosMoE::ep::window_release", Kokkos::RangePolicy<Exec>(exec, 0, 1), KOKKOS_LAMBDA(int) {
+        if (w.err(0) != 0) return;
+        w.raise_all(region, 1, w.epoch(region));
+      });
+}
+
+}  // namespace Impl
+}  // namespace KokkosMoE
+
+#endif
