@@ -29,14 +29,24 @@ class Transport;
 
 /// \brief The library under a communicator.
 enum class CommTransport : int {
-  Mpi = 1,     ///< host memory, host execution spaces (Serial, OpenMP, Threads), point-to-point messages
-  Nccl = 2,    ///< device memory, Kokkos::Cuda, one GPU per rank
-  MpiShm = 3,  ///< host memory in MPI shared windows: ranks of one node write into each other's rows directly
+  Mpi = 1,       ///< host memory, host execution spaces (Serial, OpenMP, Threads), point-to-point messages
+  Nccl = 2,      ///< device memory, Kokkos::Cuda, one GPU per rank
+  MpiShm = 3,    ///< host memory in MPI shared windows: ranks of one node write into each other's rows directly
+  Loopback = 4,  ///< several ranks of one process (one host thread each), windows in host or device memory
 };
 
-/// \brief "mpi", "nccl", "shm".
+/// \brief "mpi", "nccl", "shm", "loopback".
 inline const char* to_string(CommTransport t) noexcept {
-  return t == CommTransport::Mpi ? "mpi" : (t == CommTransport::Nccl ? "nccl" : "shm");
+  switch (t) {
+    case CommTransport::Mpi:
+      return "mpi";
+    case CommTransport::Nccl:
+      return "nccl";
+    case CommTransport::MpiShm:
+      return "shm";
+    default:
+      return "loopback";
+  }
 }
 
 /// \brief Bytes one kind of operation moved between ranks, summed over its calls (docs/ep.md §9).

@@ -15,6 +15,7 @@
 #include <EpTestEnv.hpp>
 
 #include <cstdint>
+#include <stdexcept>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -47,18 +48,39 @@ struct StepOutputs {
   EpStatus status;
 };
 
-template <class View>
-std::vector<float> to_host_floats(const View& v) {
-  auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), v);
+// Every copy goes through the step's execution space instance, never a global fence: several ranks of one process
+// (loopback) each run their step from their own thread, and a global fence would wait for a peer's kernels that wait
+// for this rank.
+template <class Exec, class View>
+typename View::HostMirror mirror_of(const Exec& exec, const View& v) {
+  auto h = Kokkos::create_mirror_view(v);
+  Kokkos::deep_copy(exec, h, v);
+  exec.fence();
+  return h;
+}
+
+template <class Exec, class View>
+std::vector<float> to_host_floats(const Exec& exec, const View& v) {
+  auto h = mirror_of(exec, v);
   std::vector<float> out(h.size());
   const auto* p = h.data();
   for (std::size_t i = 0; i < h.size(); ++i) out[i] = static_cast<float>(p[i]);
   return out;
 }
+template <class T, class Exec, class View>
+std::vector<T> to_host(const Exec& exec, const View& v) {
+  auto h = mirror_of(exec, v);
+  return std::vector<T>(h.data(), h.data() + h.size());
+}
+
+/// The same copies on the View's default execution space instance (single-rank-per-process tests).
+template <class View>
+std::vector<float> to_host_floats(const View& v) {
+  return to_host_floats(typename View::execution_space(), v);
+}
 template <class T, class View>
 std::vector<T> to_host(const View& v) {
-  auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), v);
-  return std::vector<T>(h.data(), h.data() + h.size());
+  return to_host<T>(typename View::execution_space(), v);
 }
 
 template <class Exec, class Scalar>
@@ -67,7 +89,8 @@ struct StepViews {
   Kokkos::View<int**, Kokkos::LayoutRight, Mem> idx;
   Kokkos::View<float**, Kokkos::LayoutRight, Mem> w;
   Kokkos::View<Scalar**, Kokkos::LayoutRight, Mem> x;
-  StepViews(const EpGroupConfig& c, const RankInputs& in)
+  template <class E>
+  StepViews(const E& exec, const EpGroupConfig& c, const RankInputs& in)
       : idx("idx", in.T, c.top_k), w("w", in.T, c.top_k), x("x", in.T, c.hidden) {
     auto hi = Kokkos::create_mirror_view(idx);
     auto hw = Kokkos::create_mirror_view(w);
@@ -79,36 +102,48 @@ struct StepViews {
       }
       for (int h = 0; h < c.hidden; ++h) hx(t, h) = Scalar(in.x[static_cast<std::size_t>(t) * c.hidden + h]);
     }
-    Kokkos::deep_copy(idx, hi);
-    Kokkos::deep_copy(w, hw);
-    Kokkos::deep_copy(x, hx);
+    Kokkos::deep_copy(exec, idx, hi);
+    Kokkos::deep_copy(exec, w, hw);
+    Kokkos::deep_copy(exec, x, hx);
+    exec.fence();
   }
+  explicit StepViews(const EpGroupConfig& c, const RankInputs& in) : StepViews(Exec(), c, in) {}
 };
 
-/// The whole step on this rank; `me` and `L` locate the global expert ids of the received rows.
+/// The whole step on this rank; `me` and `L` locate the global expert ids of the received rows. \p rows >= 0
+/// allocates the receive Views with that many rows before the layout (the oracle's count; loopback ranks allocate
+/// nothing while their peers' kernels run), -1 after it.
 template <class Exec, class Scalar>
 StepOutputs run_step(const Exec& exec, EpGroup<Exec>& group, EpHandle<Exec>& handle, const RankInputs& in,
-                     CombineMode mode) {
+                     CombineMode mode, int rows = -1) {
   using Mem = typename Exec::memory_space;
   const EpGroupConfig& c = group.config();
   const int H = c.hidden, K = c.top_k, T = in.T, me = group.rank(), L = group.num_local_experts();
   constexpr bool is_bf16 = std::is_same<Scalar, bf16_t>::value;
-  StepViews<Exec, Scalar> sv(c, in);
-  ep_layout(exec, handle, sv.idx);
-  const int N = handle.num_recv_rows();
+  StepViews<Exec, Scalar> sv(exec, c, in);
+  const int N = rows >= 0 ? rows : (ep_layout(exec, handle, sv.idx), handle.num_recv_rows());
   Kokkos::View<Scalar**, Kokkos::LayoutRight, Mem> recv_x("recv_x", N, H), out("out", N, H), grad_out("grad_out", N, H),
       grad_recv_x("grad_recv_x", N, H);
   Kokkos::View<float*, Mem> recv_w("recv_w", N), grad_recv_w("grad_recv_w", N);
   Kokkos::View<Scalar**, Kokkos::LayoutRight, Mem> y("y", T, H), grad_y("grad_y", T, H), grad_x("grad_x", T, H);
   Kokkos::View<float**, Kokkos::LayoutRight, Mem> grad_wc("grad_wc", T, K), grad_wd("grad_wd", T, K);
+  auto hg = Kokkos::create_mirror_view(grad_y);
+  for (int t = 0; t < T; ++t)
+    for (int h = 0; h < H; ++h) hg(t, h) = Scalar(upstream_grad(me, t, h, is_bf16));
   // Every output starts as a sentinel: a row or entry the library leaves unwritten shows up against the oracle.
-  Kokkos::deep_copy(recv_x, Scalar(kSentinel));
-  Kokkos::deep_copy(recv_w, kSentinel);
-  Kokkos::deep_copy(grad_out, Scalar(kSentinel));
-  Kokkos::deep_copy(y, Scalar(kSentinel));
-  Kokkos::deep_copy(grad_x, Scalar(kSentinel));
-  Kokkos::deep_copy(grad_wc, kSentinel);
-  Kokkos::deep_copy(grad_wd, kSentinel);
+  Kokkos::deep_copy(exec, recv_x, Scalar(kSentinel));
+  Kokkos::deep_copy(exec, recv_w, kSentinel);
+  Kokkos::deep_copy(exec, grad_out, Scalar(kSentinel));
+  Kokkos::deep_copy(exec, y, Scalar(kSentinel));
+  Kokkos::deep_copy(exec, grad_x, Scalar(kSentinel));
+  Kokkos::deep_copy(exec, grad_wc, kSentinel);
+  Kokkos::deep_copy(exec, grad_wd, kSentinel);
+  if (rows >= 0) {
+    ep_layout(exec, handle, sv.idx);
+    if (handle.num_recv_rows() > N)
+      throw std::runtime_error("the layout needs " + std::to_string(handle.num_recv_rows()) + " receive rows, " +
+                               std::to_string(N) + " were allocated");
+  }
   ep_dispatch(exec, handle, sv.x, sv.w, recv_x, recv_w);
   auto recv_expert = handle.recv_expert();
   Kokkos::parallel_for(
@@ -126,12 +161,7 @@ StepOutputs run_step(const Exec& exec, EpGroup<Exec>& group, EpHandle<Exec>& han
         out(r, h) = Scalar(v);
       });
   ep_combine(exec, handle, mode, out, sv.w, y);
-  {
-    auto hg = Kokkos::create_mirror_view(grad_y);
-    for (int t = 0; t < T; ++t)
-      for (int h = 0; h < H; ++h) hg(t, h) = Scalar(upstream_grad(me, t, h, is_bf16));
-    Kokkos::deep_copy(grad_y, hg);
-  }
+  Kokkos::deep_copy(exec, grad_y, hg);
   ep_combine_backward(exec, handle, mode, grad_y, sv.w, out, grad_out, grad_wc);
   Kokkos::parallel_for(
       "test_expert_backward", Kokkos::RangePolicy<Exec>(exec, 0, static_cast<std::int64_t>(N) * H),
@@ -145,22 +175,22 @@ StepOutputs run_step(const Exec& exec, EpGroup<Exec>& group, EpHandle<Exec>& han
   ep_dispatch_backward(exec, handle, grad_recv_x, grad_recv_w, grad_x, grad_wd);
   StepOutputs o;
   o.status = ep_synchronize(exec, handle);
-  o.recv_rows = N;
-  o.recv_x = to_host_floats(recv_x);
-  o.recv_w = to_host_floats(recv_w);
-  o.out = to_host_floats(out);
-  o.y = to_host_floats(y);
-  o.grad_out = to_host_floats(grad_out);
-  o.grad_w_combine = to_host_floats(grad_wc);
-  o.grad_x = to_host_floats(grad_x);
-  o.grad_w_dispatch = to_host_floats(grad_wd);
-  o.recv_expert = to_host<int>(recv_expert);
-  o.tokens_per_expert = to_host<int>(handle.tokens_per_expert());
-  o.tokens_per_rank = to_host<int>(handle.tokens_per_rank());
-  o.counts = to_host<int>(handle.count_matrix());
-  o.offsets = to_host<int>(handle.expert_offsets());
-  o.token_in_rank = to_host<std::uint8_t>(handle.token_in_rank());
-  o.slot_kept = to_host<std::uint8_t>(handle.slot_kept());
+  o.recv_rows = handle.num_recv_rows();
+  o.recv_x = to_host_floats(exec, recv_x);
+  o.recv_w = to_host_floats(exec, recv_w);
+  o.out = to_host_floats(exec, out);
+  o.y = to_host_floats(exec, y);
+  o.grad_out = to_host_floats(exec, grad_out);
+  o.grad_w_combine = to_host_floats(exec, grad_wc);
+  o.grad_x = to_host_floats(exec, grad_x);
+  o.grad_w_dispatch = to_host_floats(exec, grad_wd);
+  o.recv_expert = to_host<int>(exec, recv_expert);
+  o.tokens_per_expert = to_host<int>(exec, handle.tokens_per_expert());
+  o.tokens_per_rank = to_host<int>(exec, handle.tokens_per_rank());
+  o.counts = to_host<int>(exec, handle.count_matrix());
+  o.offsets = to_host<int>(exec, handle.expert_offsets());
+  o.token_in_rank = to_host<std::uint8_t>(exec, handle.token_in_rank());
+  o.slot_kept = to_host<std::uint8_t>(exec, handle.slot_kept());
   return o;
 }
 

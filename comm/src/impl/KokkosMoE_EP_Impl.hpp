@@ -20,6 +20,7 @@
 #include <impl/KokkosMoE_EP_Signal.hpp>
 #include <impl/KokkosMoE_Transport.hpp>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <exception>
@@ -37,7 +38,9 @@ namespace Impl {
 template <class Exec>
 struct ExecTraits {
   static constexpr CommTransport transport = CommTransport::Mpi;
-  static bool serves(CommTransport t) { return t == CommTransport::Mpi || t == CommTransport::MpiShm; }
+  static bool serves(CommTransport t) {
+    return t == CommTransport::Mpi || t == CommTransport::MpiShm || t == CommTransport::Loopback;
+  }
   static void* stream(const Exec&) { return nullptr; }
   static int device(const Exec&) { return -1; }
 };
@@ -45,7 +48,7 @@ struct ExecTraits {
 template <>
 struct ExecTraits<Kokkos::Cuda> {
   static constexpr CommTransport transport = CommTransport::Nccl;
-  static bool serves(CommTransport t) { return t == CommTransport::Nccl; }
+  static bool serves(CommTransport t) { return t == CommTransport::Nccl || t == CommTransport::Loopback; }
   static void* stream(const Kokkos::Cuda& e) { return static_cast<void*>(e.cuda_stream()); }
   static int device(const Kokkos::Cuda& e) { return e.cuda_device(); }
 };
@@ -109,6 +112,16 @@ inline std::size_t token_pitch(std::size_t row_bytes, int top_k, bool with_float
   return pad16(row_bytes) + (with_floats ? pad16(static_cast<std::size_t>(top_k) * sizeof(float)) : 0);
 }
 
+/// A host copy of \p v through \p exec alone: no global fence, which in a process driving several ranks (loopback)
+/// would wait for a peer's kernels that wait for this rank.
+template <class Exec, class View>
+typename View::HostMirror to_host(const Exec& exec, const View& v) {
+  auto h = Kokkos::create_mirror_view(v);
+  Kokkos::deep_copy(exec, h, v);
+  exec.fence();
+  return h;
+}
+
 // ----- state -------------------------------------------------------------------------------------------------------
 
 /// Where each kind of token row for (or back to) each peer is written: one address per peer. The message transports
@@ -116,7 +129,7 @@ inline std::size_t token_pitch(std::size_t row_bytes, int top_k, bool with_float
 /// the peers' windows.
 template <class Mem>
 struct EpPeers {
-  Kokkos::View<std::uintptr_t*, Mem> fwd, ret, fwd_f, ret_f, meta;
+  Kokkos::View<std::uintptr_t*, Mem> fwd, ret, fwd_f, ret_f, meta, counts;
 };
 
 template <class Exec>
@@ -139,7 +152,8 @@ struct EpGroupState {
   // signals, and where arrivals and returned rows sit in this rank's memory (the stages above otherwise).
   std::shared_ptr<PeerWindow> window;
   WindowSignals<Mem> signals;
-  const char *in_fwd = nullptr, *in_ret = nullptr, *in_fwd_f = nullptr, *in_ret_f = nullptr, *in_meta = nullptr;
+  const char *in_fwd = nullptr, *in_ret = nullptr, *in_fwd_f = nullptr, *in_ret_f = nullptr, *in_meta = nullptr,
+             *in_counts = nullptr;
   std::size_t window_bytes = 0;
   bool capacity_mode() const {
     return config.max_recv_tokens_per_rank > 0 || config.layout == RecvLayout::ExpertMajorFixed;
@@ -200,6 +214,11 @@ struct EpHandleState {
     v.status = a("status", 4);
     v.rank_status = a("rank_status", 2 * static_cast<std::int64_t>(s.R));
     recv_rows_alloc = group->capacity_mode() ? group->recv_rows_fixed : BK;
+    // With windows a reallocation in eager mode would free device memory (an implicit device synchronization) while
+    // peers' kernels may wait for this rank: such groups size the receive maps for the most rows a layout can need.
+    if (group->window && !group->capacity_mode())
+      recv_rows_alloc = std::min<std::int64_t>(std::numeric_limits<int>::max(),
+                                               RB * c.top_k + static_cast<std::int64_t>(s.L) * (s.align - 1));
     alloc_recv_maps();
   }
 
@@ -339,11 +358,11 @@ std::shared_ptr<EpGroupState<Exec>> make_group_state(const Exec& exec, const Com
     auto hm = Kokkos::create_mirror_view(mine);
     hm(0) = invalid ? 1u : 0u;
     hm(1) = config_digest(config);
-    Kokkos::deep_copy(mine, hm);
-    Kokkos::fence();
+    Kokkos::deep_copy(exec, mine, hm);
+    exec.fence();
     t->allgather(fn, mine.data(), all.data(), 2 * sizeof(std::uint64_t), ExecTraits<Exec>::stream(exec));
     t->wait(fn, ExecTraits<Exec>::stream(exec));
-    auto host = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), all);
+    auto host = to_host(exec, all);
     if (invalid) std::rethrow_exception(invalid);
     std::string bad, differ;
     for (int r = 0; r < R; ++r) {
@@ -383,15 +402,16 @@ std::shared_ptr<EpGroupState<Exec>> make_group_state(const Exec& exec, const Com
   const std::size_t RB = static_cast<std::size_t>(g->stage_rows);
   const std::size_t rows_bytes = RB * g->stage_pitch_max, floats_bytes = pad16(RB * s.K * sizeof(float));
   const std::size_t ctrl_bytes = pad16(static_cast<std::size_t>(kWindowRegions) * 2 * s.R * sizeof(std::uint64_t));
+  const std::size_t counts_bytes = pad16(static_cast<std::size_t>(s.R) * (s.E + 1 + s.R) * sizeof(int));
   auto table = [&](const char* name, auto&& addr) {
     Kokkos::View<std::uintptr_t*, Mem> tv(std::string("KokkosMoE::ep::peers_") + name, static_cast<std::size_t>(s.R));
     auto hv = Kokkos::create_mirror_view(tv);
     for (int r = 0; r < s.R; ++r) hv(r) = addr(r);
-    Kokkos::deep_copy(tv, hv);
+    Kokkos::deep_copy(exec, tv, hv);
     return tv;
   };
   if (s.R > 1) {
-    g->window_bytes = ctrl_bytes + 2 * rows_bytes + 3 * floats_bytes;
+    g->window_bytes = ctrl_bytes + 2 * rows_bytes + 3 * floats_bytes + counts_bytes;
     g->window = t->make_window(fn, g->window_bytes);
   }
   if (g->window) {
@@ -399,18 +419,21 @@ std::shared_ptr<EpGroupState<Exec>> make_group_state(const Exec& exec, const Com
     s.windows = true;
     const auto& base = g->window->base;
     const std::size_t o_fwd = ctrl_bytes, o_ret = o_fwd + rows_bytes, o_fwd_f = o_ret + rows_bytes,
-                      o_ret_f = o_fwd_f + floats_bytes, o_meta = o_ret_f + floats_bytes;
+                      o_ret_f = o_fwd_f + floats_bytes, o_meta = o_ret_f + floats_bytes,
+                      o_counts = o_meta + floats_bytes;
     g->peers.fwd = table("fwd", [&](int r) { return base[r] + o_fwd; });
     g->peers.ret = table("ret", [&](int r) { return base[r] + o_ret; });
     g->peers.fwd_f = table("fwd_f", [&](int r) { return base[r] + o_fwd_f; });
     g->peers.ret_f = table("ret_f", [&](int r) { return base[r] + o_ret_f; });
     g->peers.meta = table("meta", [&](int r) { return base[r] + o_meta; });
+    g->peers.counts = table("counts", [&](int r) { return base[r] + o_counts; });
     const char* mine = reinterpret_cast<const char*>(base[s.me]);
     g->in_fwd = mine + o_fwd;
     g->in_ret = mine + o_ret;
     g->in_fwd_f = mine + o_fwd_f;
     g->in_ret_f = mine + o_ret_f;
     g->in_meta = mine + o_meta;
+    g->in_counts = mine + o_counts;
     g->signals.ctrl = table("ctrl", [&](int r) { return base[r]; });
     g->signals.epoch = Kokkos::View<std::uint64_t*, Mem>("KokkosMoE::ep::window_epoch", kWindowRegions);
     g->signals.err = Kokkos::View<std::int64_t*, Mem>("KokkosMoE::ep::window_error", 4);
@@ -440,7 +463,7 @@ std::shared_ptr<EpGroupState<Exec>> make_group_state(const Exec& exec, const Com
     g->in_fwd_f = reinterpret_cast<const char*>(g->dst_flt.data());
     g->in_ret_f = reinterpret_cast<const char*>(g->src_flt.data());
   }
-  Kokkos::fence();
+  exec.fence();
   return g;
 }
 
@@ -590,13 +613,23 @@ void layout(const Exec& exec, EpHandleState<Exec>& h, const IdxView& idx) {
   const int W = s.E + 1 + s.R;
 
   layout_count(exec, s, idx, h.v);
-  if (ExecTraits<Exec>::transport == CommTransport::Mpi) exec.fence();
-  g.transport->allgather(fn, h.v.gather_send.data(), h.v.gathered.data(), sizeof(int) * W, stream);
+  if (g.window) {
+    // The counts travel through the windows too, so that capacity mode waits on the device only.
+    wire_acquire(exec, fn, g, kRegionCounts);
+    gather_pack(exec, s, h.v, g.peers.counts);
+    wire_move(exec, fn, h, kRegionCounts, 0);
+    using Unmanaged = Kokkos::View<const int*, typename Exec::memory_space, Kokkos::MemoryUnmanaged>;
+    Kokkos::deep_copy(exec, h.v.gathered, Unmanaged(reinterpret_cast<const int*>(g.in_counts), h.v.gathered.extent(0)));
+    wire_release(exec, g, kRegionCounts);
+  } else {
+    if (ExecTraits<Exec>::transport == CommTransport::Mpi) exec.fence();
+    g.transport->allgather(fn, h.v.gather_send.data(), h.v.gathered.data(), sizeof(int) * W, stream);
+  }
 
   if (!s.capacity_mode) {
     // Eager: the one host wait of the step, bounded by the communicator's timeout.
     g.transport->wait(fn, stream);
-    auto m = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), h.v.gathered);
+    auto m = to_host(exec, h.v.gathered);
     auto cnt = [&](int i, int e) { return static_cast<std::int64_t>(m(static_cast<std::size_t>(i) * W + e)); };
     auto tok = [&](int i, int r) { return cnt(i, s.E + 1 + r); };
     std::string bad;
@@ -650,7 +683,7 @@ void layout(const Exec& exec, EpHandleState<Exec>& h, const IdxView& idx) {
   wire_release(exec, g, kRegionMeta);
   meta_scatter(exec, s, h.v);
   account_layout(exec, s, h.v, !g.window && s.capacity_mode ? s.B : 0,
-                 g.window ? 16 * static_cast<std::int64_t>(s.R - 1) : 0);
+                 g.window ? 32 * static_cast<std::int64_t>(s.R - 1) : 0);  // counts and meta: two regions
   h.laid_out = true;
   h.backward_done = !h.options.training;
 }
@@ -934,23 +967,23 @@ EpStatus synchronize(const Exec& exec, EpHandleState<Exec>& h) {
   exec.fence();
   EpStatus st;
   if (g.window) {
-    auto err = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), g.signals.err);
+    auto err = to_host(exec, g.signals.err);
     if (err(0) != 0) throw_window_error(fn, g, err.data());
   }
   if (!h.laid_out) return st;
   const EpShape& s = h.shape;
   {
     // The traffic since the last synchronization joins the communicator's counters.
-    auto traffic = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), h.v.traffic);
+    auto traffic = to_host(exec, h.v.traffic);
     for (int op = 0; op < kEpOps; ++op) {
       ByteCount& b = g.transport->bytes[kEpOpNames[op]];
       b.logical += traffic(2 * op);
       b.wire += traffic(2 * op + 1);
     }
-    Kokkos::deep_copy(h.v.traffic, std::int64_t(0));
+    Kokkos::deep_copy(exec, h.v.traffic, std::int64_t(0));
   }
-  auto status = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), h.v.status);
-  auto m = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), h.v.counts);
+  auto status = to_host(exec, h.v.status);
+  auto m = to_host(exec, h.v.counts);
   std::string bad;
   for (int i = 0; i < s.R; ++i) {
     const int n = m(static_cast<std::size_t>(i) * (s.E + 1) + s.E);
@@ -961,7 +994,7 @@ EpStatus synchronize(const Exec& exec, EpHandleState<Exec>& h) {
     ep_fail("ep_layout", "topk_idx", Rule::ExpertIdRange,
             "topk_idx held expert ids outside [-1, num_experts = " + std::to_string(s.E) + ") on " + bad +
                 " (found at ep_synchronize; those slots were treated as -1)");
-  auto ranks = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), h.v.rank_status);
+  auto ranks = to_host(exec, h.v.rank_status);
   st.recv_demand = status(2);
   st.dropped_slots = status(1);
   st.dropped_recv_slots = ranks(2 * s.me + 1);

@@ -223,6 +223,20 @@ void layout_count(const Exec& exec, const EpShape s, const IdxView& idx,
       });
 }
 
+/// Direct writes: this rank's gather vector into slot `me` of every rank's counts area (its own included).
+template <class Exec>
+void gather_pack(const Exec& exec, const EpShape s, const EpLayoutViews<typename Exec::memory_space>& v,
+                 const Kokkos::View<std::uintptr_t*, typename Exec::memory_space>& peers) {
+  const int W = s.E + 1 + s.R;
+  auto send = v.gather_send;
+  Kokkos::parallel_for(
+      "KokkosMoE::ep_layout::gather", light(Kokkos::RangePolicy<Exec>(exec, 0, static_cast<std::int64_t>(s.R) * W)),
+      KOKKOS_LAMBDA(std::int64_t i) {
+        const int r = static_cast<int>(i / W), j = static_cast<int>(i % W);
+        reinterpret_cast<int*>(peers(r))[static_cast<std::int64_t>(s.me) * W + j] = send(j);
+      });
+}
+
 /// K3: offsets from the all-gathered vectors (every rank derives every peer's offsets: no second count exchange).
 /// One team per destination rank j; the prefixes over its local experts are team scans in scratch memory.
 template <class Exec>

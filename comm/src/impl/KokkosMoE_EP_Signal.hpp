@@ -20,10 +20,17 @@
 namespace KokkosMoE {
 namespace Impl {
 
-enum WindowRegion : int { kRegionMeta = 0, kRegionFwd = 1, kRegionFwdF = 2, kRegionRet = 3, kRegionRetF = 4 };
-constexpr int kWindowRegions = 5;
-constexpr const char* kWindowRegionNames[kWindowRegions] = {"meta", "forward rows", "forward floats", "return rows",
-                                                            "return floats"};
+enum WindowRegion : int {
+  kRegionMeta = 0,
+  kRegionFwd = 1,
+  kRegionFwdF = 2,
+  kRegionRet = 3,
+  kRegionRetF = 4,
+  kRegionCounts = 5
+};
+constexpr int kWindowRegions = 6;
+constexpr const char* kWindowRegionNames[kWindowRegions] = {"meta",        "forward rows",  "forward floats",
+                                                            "return rows", "return floats", "counts"};
 
 /// Nanoseconds of a monotonic clock, on the host and on the device.
 KOKKOS_INLINE_FUNCTION std::uint64_t ep_now_ns() {

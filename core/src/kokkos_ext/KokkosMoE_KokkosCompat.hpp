@@ -40,6 +40,13 @@ constexpr bool is_host_space() {
   return Kokkos::SpaceAccessibility<Kokkos::HostSpace, typename ExecSpace::memory_space>::accessible;
 }
 
+/// Independent Kokkos::Serial instances that several host threads may drive at once (Kokkos >= 4: each instance
+/// owns its scratch); Kokkos 3.4's Serial shares one, so host threads cannot each play a rank there.
+#if KOKKOS_VERSION >= 40000 && defined(KOKKOS_ENABLE_SERIAL)
+#define KOKKOSMOE_HAVE_SERIAL_INSTANCES 1
+inline Kokkos::Serial new_serial_instance() { return Kokkos::Serial(Kokkos::NewInstance{}); }
+#endif
+
 }  // namespace Impl
 }  // namespace KokkosMoE
 

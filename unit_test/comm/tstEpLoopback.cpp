@@ -1,0 +1,351 @@
+/*
+ * KokkosMoE: Mixture-of-Experts routing for Kokkos. SPDX-License-Identifier: Apache-2.0
+ */
+// The remote path of the EP layer in one process (docs/ep.md §7.3, §12): R loopback ranks, each a host thread with its
+// own execution space instance, writing token rows into each other's windows. Each thread runs the step of its rank
+// and compares it with the plain-loop oracle; Boost.Test is not thread-safe, so the threads return their findings
+// as text and the main thread asserts on them. Kokkos::Cuda always; Kokkos::Serial where Kokkos runs independent
+// Serial instances (Kokkos >= 4).
+#include <KokkosMoE_Communicator_Loopback.hpp>
+
+#include <EpStep.hpp>
+#include <boost/test/unit_test.hpp>
+
+#include <chrono>
+#include <cmath>
+#include <condition_variable>
+#include <exception>
+#include <mutex>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#if defined(KOKKOS_ENABLE_CUDA)
+#include <cuda_runtime.h>
+#endif
+
+using namespace KokkosMoE;
+using namespace KokkosMoE::Test;
+
+namespace {
+
+/// A reusable barrier of the test's own (C++17 has none).
+class Meeting {
+ public:
+  explicit Meeting(int n) : m_n(n) {}
+  void wait() {
+    std::unique_lock<std::mutex> lock(m_mu);
+    const std::uint64_t gen = m_gen;
+    if (++m_arrived == m_n) {
+      m_arrived = 0;
+      ++m_gen;
+      m_cv.notify_all();
+      return;
+    }
+    m_cv.wait(lock, [&] { return m_gen != gen; });
+  }
+
+ private:
+  int m_n, m_arrived = 0;
+  std::uint64_t m_gen = 0;
+  std::mutex m_mu;
+  std::condition_variable m_cv;
+};
+
+/// One execution space instance per rank.
+template <class Exec>
+struct Instances {
+  std::vector<Exec> exec;
+#if defined(KOKKOS_ENABLE_CUDA)
+  std::vector<cudaStream_t> streams;
+#endif
+  explicit Instances(int R) {
+#if defined(KOKKOS_ENABLE_CUDA)
+    if constexpr (std::is_same<Exec, Kokkos::Cuda>::value) {
+      for (int r = 0; r < R; ++r) {
+        cudaStream_t s = nullptr;
+        cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+        streams.push_back(s);
+        exec.emplace_back(s);
+      }
+      return;
+    }
+#endif
+#if defined(KOKKOSMOE_HAVE_SERIAL_INSTANCES)
+    if constexpr (std::is_same<Exec, Kokkos::Serial>::value)
+      for (int r = 0; r < R; ++r) exec.push_back(Impl::new_serial_instance());
+#endif
+  }
+  ~Instances() {
+    exec.clear();
+#if defined(KOKKOS_ENABLE_CUDA)
+    for (cudaStream_t s : streams) cudaStreamDestroy(s);
+#endif
+  }
+};
+
+template <class Exec>
+int loopback_device() {
+#if defined(KOKKOS_ENABLE_CUDA)
+  if constexpr (std::is_same<Exec, Kokkos::Cuda>::value) return Kokkos::Cuda().cuda_device();
+#endif
+  return -1;
+}
+
+/// Runs body(rank, exec, comm) on R threads; the findings of every rank, "" where it found nothing wrong.
+template <class Exec, class Body>
+std::vector<std::string> on_ranks(int R, const CommConfig& cc, Body&& body) {
+  Instances<Exec> inst(R);
+  std::vector<Communicator> comms = make_loopback_communicators(R, loopback_device<Exec>(), cc);
+  std::vector<std::string> found(static_cast<std::size_t>(R));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < R; ++r)
+    threads.emplace_back([&, r] {
+      try {
+        found[r] = body(r, inst.exec[r], comms[r]);
+      } catch (const std::exception& e) {
+        found[r] = std::string("exception: ") + e.what();
+      }
+    });
+  for (auto& t : threads) t.join();
+  return found;
+}
+
+bool near(float got, float want, bool bf16) {
+  const float tol = bf16 ? 5e-2f : 1e-5f;
+  return std::fabs(got - want) <= tol + tol * std::fabs(want);
+}
+
+void diff(std::ostringstream& out, const char* what, const std::vector<float>& got, const std::vector<float>& want,
+          bool bf16) {
+  int bad = 0;
+  if (got.size() < want.size()) out << what << ": " << got.size() << " values, expected " << want.size() << "; ";
+  for (std::size_t i = 0; i < want.size() && i < got.size() && bad < 3; ++i)
+    if (!near(got[i], want[i], bf16)) {
+      ++bad;
+      out << what << "[" << i << "] = " << got[i] << ", expected " << want[i] << "; ";
+    }
+}
+template <class T>
+void diff_exact(std::ostringstream& out, const char* what, const std::vector<T>& got, const std::vector<T>& want) {
+  if (got != want) out << what << " differs; ";
+}
+
+struct Case {
+  const char* name;
+  Routing routing;
+  CombineMode mode;
+  bool bf16;
+  int layout;  // 0 eager, 1 capacity (room for all), 2 capacity with drops, 3 fixed
+};
+
+EpGroupConfig case_config(int R, const Case& k) {
+  EpGroupConfig c;
+  c.ep_size = R;
+  c.num_experts = 2 * R;
+  c.hidden = 40;  // 160-byte FP32 rows: Chunk16 units; bf16 rows of 80 bytes
+  c.top_k = 3 < c.num_experts ? 3 : c.num_experts;
+  c.max_tokens_per_rank = 9;
+  c.expert_alignment = k.layout == 0 ? 4 : 1;
+  if (k.layout == 1) c.max_recv_tokens_per_rank = c.max_tokens_per_rank * c.top_k * R;
+  if (k.layout == 2) {
+    c.max_recv_tokens_per_rank = c.max_tokens_per_rank * c.top_k / 2 + 1;
+    c.drop_on_overflow = true;
+  }
+  if (k.layout == 3) c.layout = RecvLayout::ExpertMajorFixed;
+  return c;
+}
+
+template <class Exec, class Scalar>
+std::string rank_step(const Exec& exec, const Communicator& comm, const EpGroupConfig& c,
+                      const std::vector<RankInputs>& in, CombineMode mode) {
+  constexpr bool bf16 = std::is_same<Scalar, bf16_t>::value;
+  const int me = comm.rank();
+  const StepOutputs want = expected_step(c, in, me, mode, bf16);
+  EpGroup<Exec> group(exec, comm, c);
+  auto handle = group.make_handle();
+  const StepOutputs got = run_step<Exec, Scalar>(exec, group, handle, in[me], mode, want.recv_rows);
+  std::ostringstream out;
+  if (got.recv_rows != want.recv_rows) out << "recv_rows " << got.recv_rows << " != " << want.recv_rows << "; ";
+  diff_exact(out, "recv_expert", got.recv_expert, want.recv_expert);
+  diff(out, "recv_x", got.recv_x, want.recv_x, bf16);
+  diff(out, "recv_w", got.recv_w, want.recv_w, false);
+  diff(out, "y", got.y, want.y, bf16);
+  diff(out, "grad_out", got.grad_out, want.grad_out, bf16);
+  if (mode == CombineMode::Weighted) diff(out, "grad_w (combine)", got.grad_w_combine, want.grad_w_combine, bf16);
+  diff(out, "grad_x", got.grad_x, want.grad_x, bf16);
+  diff(out, "grad_w (dispatch)", got.grad_w_dispatch, want.grad_w_dispatch, false);
+  diff_exact(out, "counts", got.counts, want.counts);
+  diff_exact(out, "offsets", got.offsets, want.offsets);
+  diff_exact(out, "slot_kept", got.slot_kept, want.slot_kept);
+  if (got.status.dropped_slots != want.status.dropped_slots) out << "dropped_slots differ; ";
+  if (got.status.dropped_recv_slots != want.status.dropped_recv_slots) out << "dropped_recv_slots differ; ";
+  const CommStats st = group.stats();
+  if (comm.size() > 1 && (st.exchanges != 0 || st.alltoalls != 0))
+    out << "library calls in a step over windows: " << st.exchanges << " exchanges, " << st.alltoalls
+        << " all-to-alls; ";
+  return out.str();
+}
+
+template <class Exec>
+void steps_match_oracle() {
+  const Case cases[] = {
+      {"eager uniform fp32 weighted", Routing::Uniform, CombineMode::Weighted, false, 0},
+      {"eager skewed bf16 sum", Routing::Skewed, CombineMode::Sum, true, 0},
+      {"capacity -1 fp32 weighted", Routing::WithMinusOne, CombineMode::Weighted, false, 1},
+      {"capacity drops duplicates bf16 weighted", Routing::Duplicates, CombineMode::Weighted, true, 2},
+      {"fixed all-to-one fp32 sum", Routing::AllToOneExpert, CombineMode::Sum, false, 3},
+  };
+  for (int R : {1, 2, 3, 4, 8}) {
+    for (const Case& k : cases) {
+      const EpGroupConfig c = case_config(R, k);
+      std::vector<RankInputs> in;
+      for (int r = 0; r < R; ++r)
+        in.push_back(make_inputs(c, k.routing, r, r == 1 ? 0 : c.max_tokens_per_rank - r % 3, 900 + R, k.bf16));
+      const auto found = on_ranks<Exec>(R, CommConfig{}, [&](int, const Exec& exec, const Communicator& comm) {
+        return k.bf16 ? rank_step<Exec, bf16_t>(exec, comm, c, in, k.mode)
+                      : rank_step<Exec, float>(exec, comm, c, in, k.mode);
+      });
+      for (int r = 0; r < R; ++r)
+        BOOST_TEST(found[r].empty(), "R = " << R << ", " << k.name << ", rank " << r << ": " << found[r]);
+    }
+  }
+}
+
+template <class Exec>
+void peer_that_never_signals() {
+  // Rank 1 makes the group and then never takes part: the others fail within the deadline + 2 s, then stay failed.
+  CommConfig cc;
+  cc.timeout_seconds = 2.0;
+  const int R = 3;
+  for (bool capacity : {false, true}) {
+    auto c = case_config(R, Case{"", Routing::Uniform, CombineMode::Sum, false, capacity ? 1 : 0});
+    std::vector<RankInputs> in;
+    for (int r = 0; r < R; ++r) in.push_back(make_inputs(c, Routing::Uniform, r, c.max_tokens_per_rank, 77, false));
+    const auto found = on_ranks<Exec>(R, cc, [&](int me, const Exec& exec, const Communicator& comm) -> std::string {
+      EpGroup<Exec> group(exec, comm, c);
+      auto handle = group.make_handle({false, "fault"});
+      if (me == 1) return "";
+      StepViews<Exec, float> s(exec, c, in[me]);
+      using Mem = typename Exec::memory_space;
+      const int N = capacity ? group.capacity_rows() : c.max_tokens_per_rank * c.top_k * R;
+      Kokkos::View<float**, Kokkos::LayoutRight, Mem> rx("rx", N, c.hidden);
+      Kokkos::View<float*, Mem> rw("rw", N);
+      const auto t0 = std::chrono::steady_clock::now();
+      try {
+        ep_layout(exec, handle, s.idx);
+        ep_dispatch(exec, handle, s.x, s.w, rx, rw);
+        ep_synchronize(exec, handle);
+        return "the step finished without rank 1";
+      } catch (const CommError& e) {
+        const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        std::ostringstream out;
+        if (e.cause() != CommFailure::Timeout) out << "cause " << static_cast<int>(e.cause()) << " is not a timeout; ";
+        if (sec > cc.timeout_seconds + 2.0) out << "CommError after " << sec << " s; ";
+        if (std::string(e.what()).find("rank 1") == std::string::npos) out << "the error names no rank 1: " << e.what();
+        try {
+          ep_layout(exec, handle, s.idx);
+          ep_synchronize(exec, handle);
+          out << "a later call did not fail; ";
+        } catch (const CommError& e2) {
+          if (e2.cause() != CommFailure::Aborted)
+            out << "a later call failed with cause " << static_cast<int>(e2.cause());
+        }
+        return out.str();
+      }
+    });
+    for (int r = 0; r < R; ++r)
+      BOOST_TEST(found[r].empty(), (capacity ? "capacity" : "eager") << " mode, rank " << r << ": " << found[r]);
+  }
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_SUITE(ep_loopback)
+
+#if defined(KOKKOS_ENABLE_CUDA)
+BOOST_AUTO_TEST_CASE(cuda_steps_match_oracle) { steps_match_oracle<Kokkos::Cuda>(); }
+BOOST_AUTO_TEST_CASE(cuda_peer_that_never_signals) { peer_that_never_signals<Kokkos::Cuda>(); }
+
+BOOST_AUTO_TEST_CASE(cuda_graph_capture_replays_new_routing) {
+  // Capacity mode at R = 8: layout, dispatch and combine captured once per rank, replayed with new routing.
+  using Exec = Kokkos::Cuda;
+  using Mem = Exec::memory_space;
+  const int R = 8;
+  auto c = case_config(R, Case{"", Routing::Uniform, CombineMode::Weighted, false, 1});
+  std::vector<RankInputs> in1, in2;
+  for (int r = 0; r < R; ++r) {
+    in1.push_back(make_inputs(c, Routing::Uniform, r, c.max_tokens_per_rank, 601, false));
+    in2.push_back(make_inputs(c, Routing::Skewed, r, c.max_tokens_per_rank, 602, false));
+  }
+  Meeting meet(R);
+  const auto found = on_ranks<Exec>(R, CommConfig{}, [&](int me, const Exec& exec, const Communicator& comm) {
+    EpGroup<Exec> group(exec, comm, c);
+    auto handle = group.make_handle({false, "graph"});
+    StepViews<Exec, float> s(exec, c, in1[me]), s2(exec, c, in2[me]);
+    const int N = group.capacity_rows();
+    Kokkos::View<float**, Kokkos::LayoutRight, Mem> rx("rx", N, c.hidden), y("y", s.x.extent(0), c.hidden);
+    Kokkos::View<float*, Mem> rw("rw", N);
+    exec.fence();
+    meet.wait();
+    ep_layout(exec, handle, s.idx);
+    ep_dispatch(exec, handle, s.x, s.w, rx, rw);
+    ep_combine(exec, handle, CombineMode::Weighted, rx, s.w, y);
+    ep_synchronize(exec, handle);
+    cudaStream_t stream = exec.cuda_stream();
+    cudaGraph_t graph = nullptr;
+    cudaGraphExec_t inst = nullptr;
+    if (cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal) != cudaSuccess) return std::string("capture");
+    ep_layout(exec, handle, s.idx);
+    ep_dispatch(exec, handle, s.x, s.w, rx, rw);
+    ep_combine(exec, handle, CombineMode::Weighted, rx, s.w, y);
+    if (cudaStreamEndCapture(stream, &graph) != cudaSuccess) return std::string("end capture");
+    if (cudaGraphInstantiate(&inst, graph, 0) != cudaSuccess) return std::string("instantiate");
+    Kokkos::deep_copy(exec, s.idx, s2.idx);
+    Kokkos::deep_copy(exec, s.w, s2.w);
+    Kokkos::deep_copy(exec, s.x, s2.x);
+    exec.fence();
+    if (cudaGraphLaunch(inst, stream) != cudaSuccess) return std::string("launch");
+    ep_synchronize(exec, handle);
+    std::ostringstream out;
+    const auto want = expected_step(c, in2, me, CombineMode::Weighted, false);
+    diff(out, "recv_x (replayed)", to_host_floats(exec, rx), want.recv_x, false);
+    const OracleLayout o = oracle_layout(c, in2);
+    const RankInputs& mine = in2[me];
+    std::vector<float> y_identity(static_cast<std::size_t>(mine.T) * c.hidden, 0.0f);
+    for (int t = 0; t < mine.T; ++t)
+      for (int h = 0; h < c.hidden; ++h) {
+        float acc = 0.0f;
+        for (int k = 0; k < c.top_k; ++k) {
+          const std::size_t q = static_cast<std::size_t>(t) * c.top_k + k;
+          if (o.slot_row[me][q] >= 0) acc += mine.w[q] * mine.x[static_cast<std::size_t>(t) * c.hidden + h];
+        }
+        y_identity[static_cast<std::size_t>(t) * c.hidden + h] = acc;
+      }
+    diff(out, "y (replayed)", to_host_floats(exec, y), y_identity, false);
+    cudaGraphExecDestroy(inst);
+    cudaGraphDestroy(graph);
+    return out.str();
+  });
+  for (int r = 0; r < R; ++r) BOOST_TEST(found[r].empty(), "rank " << r << ": " << found[r]);
+}
+#endif
+
+#if defined(KOKKOSMOE_HAVE_SERIAL_INSTANCES)
+BOOST_AUTO_TEST_CASE(serial_steps_match_oracle) { steps_match_oracle<Kokkos::Serial>(); }
+BOOST_AUTO_TEST_CASE(serial_peer_that_never_signals) { peer_that_never_signals<Kokkos::Serial>(); }
+#else
+// Kokkos 3.4's Serial shares one instance (and its scratch) between threads, and its OpenMP cannot run instances from
+// several host threads: host loopback ranks need Kokkos >= 4 (docs/ep.md §7.3). MPI shared windows are the CPU test
+// of the same kernels and signals.
+boost::test_tools::assertion_result host_instances(boost::unit_test::test_unit_id) {
+  boost::test_tools::assertion_result r(false);
+  r.message() << "host loopback needs independent Kokkos::Serial instances (Kokkos >= 4); this Kokkos is "
+              << KOKKOS_VERSION;
+  return r;
+}
+BOOST_AUTO_TEST_CASE(serial_steps_match_oracle, *boost::unit_test::precondition(host_instances)) {}
+#endif
+
+BOOST_AUTO_TEST_SUITE_END()
