@@ -25,6 +25,7 @@
 #include <benchmark/benchmark.h>
 #include <mpi.h>
 
+#include "BenchEpLoopback.hpp"
 #include "KokkosMoE_PerfGitInfo.hpp"
 #include "KokkosMoE_PerfHelpers.hpp"
 
@@ -325,6 +326,8 @@ int main(int argc, char** argv) {
       benchmark::AddCustomContext("ranks", std::to_string(g_comm->size()));
       benchmark::AddCustomContext("copy_baseline_GBps", std::to_string(Perf::copy_bandwidth_GBps()));
       register_all(tokens);
+      // One process: the remote path through loopback ranks on this device (docs/ep.md §7.3).
+      if (g_comm->size() == 1) Perf::register_loopback_benchmarks(tokens);
       benchmark::RunSpecifiedBenchmarks();
     } catch (const std::exception& e) {
       std::fprintf(stderr, "KokkosMoE_CommBenchmarks: rank %d: %s\n", rank, e.what());

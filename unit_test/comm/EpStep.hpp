@@ -52,8 +52,9 @@ struct StepOutputs {
 // (loopback) each run their step from their own thread, and a global fence would wait for a peer's kernels that wait
 // for this rank.
 template <class Exec, class View>
-typename View::HostMirror mirror_of(const Exec& exec, const View& v) {
-  auto h = Kokkos::create_mirror_view(v);
+auto mirror_of(const Exec& exec, const View& v) {
+  Kokkos::View<typename View::non_const_data_type, typename View::array_layout, Kokkos::HostSpace> h(
+      Kokkos::view_alloc(Kokkos::WithoutInitializing, "KokkosMoE::test::host_copy"), v.layout());
   Kokkos::deep_copy(exec, h, v);
   exec.fence();
   return h;

@@ -115,8 +115,9 @@ inline std::size_t token_pitch(std::size_t row_bytes, int top_k, bool with_float
 /// A host copy of \p v through \p exec alone: no global fence, which in a process driving several ranks (loopback)
 /// would wait for a peer's kernels that wait for this rank.
 template <class Exec, class View>
-typename View::HostMirror to_host(const Exec& exec, const View& v) {
-  auto h = Kokkos::create_mirror_view(v);
+auto to_host(const Exec& exec, const View& v) {
+  Kokkos::View<typename View::non_const_data_type, typename View::array_layout, Kokkos::HostSpace> h(
+      Kokkos::view_alloc(Kokkos::WithoutInitializing, "KokkosMoE::ep::host_copy"), v.layout());
   Kokkos::deep_copy(exec, h, v);
   exec.fence();
   return h;

@@ -1,0 +1,251 @@
+/*
+ * KokkosMoE: Mixture-of-Experts routing for Kokkos. SPDX-License-Identifier: Apache-2.0
+ */
+// The remote path on one device (docs/ep.md §7.3, §9): R loopback ranks, each a host thread with its own stream,
+// DeepSeek-V3 routing from the real router, bf16 rows, every token row written straight into the peer's window.
+// Rank 0 reports; the others run the same calls. All R ranks share the device, so the bytes that count against the
+// device copy are those of every rank together (agg_move_GBps, frac_copy).
+#include "BenchEpLoopback.hpp"
+
+#include <KokkosMoE_Communicator_Loopback.hpp>
+#include <KokkosMoE_EP.hpp>
+#include <KokkosMoE_Router.hpp>
+#include <KokkosMoE_RouterPresets.hpp>
+
+#include <Kokkos_Core.hpp>
+
+#include <benchmark/benchmark.h>
+
+#include "KokkosMoE_PerfHelpers.hpp"
+
+#if defined(KOKKOS_ENABLE_CUDA)
+#include <cuda_runtime.h>
+#endif
+
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace KokkosMoE {
+namespace Perf {
+#if defined(KOKKOS_ENABLE_CUDA)
+namespace {
+
+using Exec = Kokkos::Cuda;
+using Mem = Exec::memory_space;
+using Row = bf16_t;
+constexpr int kIters = 20;
+
+class Meeting {
+ public:
+  explicit Meeting(int n) : m_n(n) {}
+  void wait() {
+    std::unique_lock<std::mutex> lock(m_mu);
+    const std::uint64_t gen = m_gen;
+    if (++m_arrived == m_n) {
+      m_arrived = 0;
+      ++m_gen;
+      m_cv.notify_all();
+      return;
+    }
+    m_cv.wait(lock, [&] { return m_gen != gen; });
+  }
+
+ private:
+  int m_n, m_arrived = 0;
+  std::uint64_t m_gen = 0;
+  std::mutex m_mu;
+  std::condition_variable m_cv;
+};
+
+enum class LOp { Dispatch, Combine, CombineBackward, DispatchBackward };
+
+/// One rank's step state; every copy goes through the rank's instance (no global fence while peers wait on it).
+struct Rank {
+  Exec exec;
+  EpGroupConfig cfg;
+  std::unique_ptr<EpGroup<Exec>> group;
+  std::unique_ptr<EpHandle<Exec>> handle;
+  Kokkos::View<int**, Kokkos::LayoutRight, Mem> ids;
+  Kokkos::View<float**, Kokkos::LayoutRight, Mem> w, grad_w;
+  Kokkos::View<Row**, Kokkos::LayoutRight, Mem> x, y, grad_y, grad_x, recv_x, out, grad_out;
+  Kokkos::View<float*, Mem> recv_w;
+  double move_rows = 0;  // rows this rank's dispatch (or combine) must read and write
+
+  Rank(const Exec& e, const Communicator& comm, int T, bool capacity, Meeting& meet) : exec(e) {
+    const RouterPreset preset = router_preset("deepseek-v3");
+    const int E = preset.num_experts, K = preset.config.topk, H = 7168, R = comm.size(), me = comm.rank();
+    cfg.ep_size = R;
+    cfg.num_experts = E;
+    cfg.hidden = H;
+    cfg.top_k = K;
+    cfg.max_tokens_per_rank = T;
+    // Capacity: 1.5x the even share of slots per rank, drops allowed (the router's load is near even).
+    cfg.max_recv_tokens_per_rank = capacity ? T * K * 3 / 2 : 0;
+    cfg.drop_on_overflow = capacity;
+    Kokkos::View<float**, Kokkos::LayoutRight, Mem> logits("logits", T, E);
+    Kokkos::View<float*, Mem> bias("bias", E);
+    fill_normal(logits, 17 + me, 0.0f, 1.0f);
+    fill_uniform(bias, 18, -0.02f, 0.02f);
+    ids = decltype(ids)("ids", T, K);
+    w = decltype(w)("w", T, K);
+    grad_w = decltype(grad_w)("grad_w", T, K);
+    x = decltype(x)("x", T, H);
+    y = decltype(y)("y", T, H);
+    grad_y = decltype(grad_y)("grad_y", T, H);
+    grad_x = decltype(grad_x)("grad_x", T, H);
+    fill_uniform(x, 19 + me, -1.0f, 1.0f);
+    fill_uniform(grad_y, 20 + me, -1.0f, 1.0f);
+    topk_router_compact(exec, preset.config, logits, bias, ids, w);
+    exec.fence();
+    Kokkos::fence();
+    meet.wait();  // nobody fences globally from here on
+    group = std::make_unique<EpGroup<Exec>>(exec, comm, cfg);
+    handle = std::make_unique<EpHandle<Exec>>(group->make_handle({false, "loopback bench"}));
+    ep_layout(exec, *handle, ids);
+    ep_synchronize(exec, *handle);
+    const int N = handle->num_recv_rows();
+    auto host = [&](const auto& v) {
+      Kokkos::View<int*, Kokkos::HostSpace> h("KokkosMoE::perf::host_copy", v.extent(0));
+      Kokkos::deep_copy(exec, h, v);
+      exec.fence();
+      return h;
+    };
+    auto rc = host(handle->recv_counts());
+    auto tpe = host(handle->tokens_per_expert());
+    auto tpr = host(handle->tokens_per_rank());
+    const int L = group->num_local_experts();
+    double recv = 0, local = 0, sent = 0;
+    for (std::size_t l = 0; l < rc.extent(0); ++l) recv += rc(l);
+    for (int ee = 0; ee < E; ++ee)
+      if (ee / L == me) local += tpe(ee);
+    for (int r = 0; r < R; ++r) sent += r == me ? 0 : tpr(r);
+    // Read each token, write each local slot row, write each remote token row into the peer's window; the peer reads
+    // it and writes its remote slot rows (the combine mirrors it). Over all ranks, rows sent = rows arrived.
+    move_rows = T + local + 2.0 * sent + (recv - local);
+    meet.wait();
+    recv_x = decltype(recv_x)("recv_x", N, H);
+    out = decltype(out)("out", N, H);
+    grad_out = decltype(grad_out)("grad_out", N, H);
+    recv_w = decltype(recv_w)("recv_w", N);
+    Kokkos::fence();
+    meet.wait();
+  }
+
+  void run(LOp op) {
+    switch (op) {
+      case LOp::Dispatch:
+        ep_dispatch(exec, *handle, x, w, recv_x, recv_w);
+        break;
+      case LOp::Combine:
+        ep_combine(exec, *handle, CombineMode::Weighted, out, w, y);
+        break;
+      case LOp::CombineBackward:
+        ep_combine_backward(exec, *handle, CombineMode::Weighted, grad_y, w, out, grad_out, grad_w);
+        break;
+      case LOp::DispatchBackward:
+        ep_dispatch_backward(exec, *handle, out, Kokkos::View<const float*, Mem>(), grad_x,
+                             Kokkos::View<float**, Kokkos::LayoutRight, Mem>());
+        break;
+    }
+  }
+};
+
+void BM_Loopback(benchmark::State& state, LOp op, int R, int T, bool capacity) {
+  const int device = Exec().cuda_device();
+  std::vector<Communicator> comms = make_loopback_communicators(R, device);
+  std::vector<cudaStream_t> streams(static_cast<std::size_t>(R));
+  for (auto& s : streams) cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+  Meeting meet(R);
+  std::vector<double> move(static_cast<std::size_t>(R), 0.0);
+  std::vector<std::string> errors(static_cast<std::size_t>(R));
+  double seconds = 0, dev = 0, wire = 0;
+  {
+    std::vector<std::thread> peers;
+    for (int r = 1; r < R; ++r)
+      peers.emplace_back([&, r] {
+        try {
+          Rank rank(Exec(streams[r]), comms[r], T, capacity, meet);
+          move[r] = rank.move_rows;
+          for (int i = 0; i < 2 * kIters + kIters; ++i) rank.run(op);  // rank 0's timed loop, device time, warm-up
+          ep_synchronize(rank.exec, *rank.handle);
+          meet.wait();
+        } catch (const std::exception& e) {
+          errors[r] = e.what();
+        }
+      });
+    try {
+      Rank rank(Exec(streams[0]), comms[0], T, capacity, meet);
+      move[0] = rank.move_rows;
+      for (int i = 0; i < kIters; ++i) rank.run(op);  // warm-up
+      const CommStats before = rank.group->stats();
+      seconds = timed_loop(state, rank.exec, [&](std::int64_t) { rank.run(op); });
+      dev = device_time_us(rank.exec, kIters, [&](std::int64_t) { rank.run(op); });
+      ep_synchronize(rank.exec, *rank.handle);
+      const std::string name = op == LOp::Dispatch          ? "ep_dispatch"
+                               : op == LOp::Combine         ? "ep_combine"
+                               : op == LOp::CombineBackward ? "ep_combine_backward"
+                                                            : "ep_dispatch_backward";
+      const CommStats after = rank.group->stats();
+      wire =
+          static_cast<double>(after.bytes.at(name).wire - (before.bytes.count(name) ? before.bytes.at(name).wire : 0)) /
+          (2.0 * kIters);
+      meet.wait();
+    } catch (const std::exception& e) {
+      errors[0] = e.what();
+    }
+    for (auto& p : peers) p.join();
+  }
+  for (auto& s : streams) cudaStreamDestroy(s);
+  for (int r = 0; r < R; ++r)
+    if (!errors[r].empty()) {
+      state.SkipWithError(("rank " + std::to_string(r) + ": " + errors[r]).c_str());
+      return;
+    }
+  double rows = 0;
+  for (double m : move) rows += m;
+  const double bytes = rows * 7168 * sizeof(Row);
+  const double per = seconds / static_cast<double>(state.iterations());
+  state.counters["T"] = T;
+  state.counters["ranks"] = R;
+  state.counters["wire_bytes_per_token"] = wire / T;
+  state.counters["agg_move_GBps"] = bytes / per / 1e9;
+  state.counters["device_us"] = dev;
+  if (dev > 0) {
+    state.counters["device_agg_move_GBps"] = bytes / (dev * 1e-6) / 1e9;
+    state.counters["frac_copy"] = bytes / (dev * 1e-6) / 1e9 / copy_bandwidth_GBps();
+  }
+  state.SetItemsProcessed(static_cast<std::int64_t>(T) * R * state.iterations());
+}
+
+}  // namespace
+#endif
+
+void register_loopback_benchmarks(const std::vector<int>& tokens) {
+#if defined(KOKKOS_ENABLE_CUDA)
+  if (!std::is_same<Kokkos::DefaultExecutionSpace, Kokkos::Cuda>::value) return;
+  const std::pair<LOp, const char*> ops[] = {{LOp::Dispatch, "dispatch"},
+                                             {LOp::Combine, "combine"},
+                                             {LOp::CombineBackward, "combine_bwd"},
+                                             {LOp::DispatchBackward, "dispatch_bwd"}};
+  for (int T : tokens)
+    for (int R : {2, 4, 8})
+      for (bool capacity : {false, true})
+        for (const auto& [op, name] : ops) {
+          const std::string label = std::string("ep_loopback/") + name + "/" + (capacity ? "capacity" : "eager") +
+                                    "/R" + std::to_string(R) + "/" + (T >= 1024 ? "prefill" : "decode");
+          benchmark::RegisterBenchmark(label.c_str(), BM_Loopback, op, R, T, capacity)
+              ->UseManualTime()
+              ->Iterations(kIters)
+              ->Unit(benchmark::kMicrosecond);
+        }
+#else
+  (void)tokens;
+#endif
+}
+
+}  // namespace Perf
+}  // namespace KokkosMoE
