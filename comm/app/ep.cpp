@@ -5,11 +5,14 @@
 // router forward (compact ids + weights), layout, dispatch, a deterministic linear expert, weighted combine, and the
 // backward of all of it (combine, expert, dispatch, router). Checks every rank's results against a single-rank
 // computation of the same step (plain loops over the rank's own routing) and prints a per-rank table of tokens,
-// slots, bytes, times and GB/s. Host execution spaces communicate over MPI, Kokkos::Cuda over NCCL.
+// slots, bytes, times and GB/s. The transport: MPI messages or MPI shared windows on host execution spaces, NCCL on
+// Kokkos::Cuda, or loopback: R ranks as threads of one process on one device (the remote path without several GPUs).
 //
-//   mpirun -np 2 kokkosmoe-ep [--preset deepseek-v3] [--tokens 256] [--hidden H] [--dtype float|bf16]
-//                             [--capacity ROWS] [--alignment A] [--iters 5] [--seed 1]
+//   mpirun -np 2 kokkosmoe-ep [--transport mpi|shm|nccl] [--preset deepseek-v3] [--tokens 256] [--hidden H]
+//                             [--dtype float|bf16] [--capacity ROWS] [--alignment A] [--iters 5] [--seed 1]
+//   kokkosmoe-ep --transport loopback --ranks 8 [...]
 #include <KokkosMoE_Cli.hpp>
+#include <KokkosMoE_Communicator_Loopback.hpp>
 #include <KokkosMoE_Communicator_MPI.hpp>
 #include <KokkosMoE_EP.hpp>
 #include <KokkosMoE_Router.hpp>
@@ -22,16 +25,23 @@
 
 #include <mpi.h>
 
+#if defined(KOKKOS_ENABLE_CUDA)
+#include <cuda_runtime.h>
+#endif
+
 #include <algorithm>
 #include <cerrno>
 #include <climits>
 #include <cmath>
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
 #include <random>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace {
@@ -49,6 +59,8 @@ struct Args {
   long alignment = 1;
   long iters = 5;
   long seed = 1;
+  std::string transport;  // "" = the build's default (nccl with CUDA, else mpi)
+  long ranks = 2;         // loopback
   bool help = false;
   KokkosMoE::Impl::CliKokkosArgs kokkos;
 };
@@ -57,9 +69,9 @@ struct Args {
 Args parse(int argc, char** argv) {
   using KokkosMoE::Impl::CliFlag;
   static const std::vector<CliFlag> flags = {
-      {"--preset", true, ""}, {"--tokens", true, ""},   {"--hidden", true, ""},
-      {"--dtype", true, ""},  {"--capacity", true, ""}, {"--alignment", true, ""},
-      {"--iters", true, ""},  {"--seed", true, ""},     {"--help", false, "-h"}};
+      {"--preset", true, ""},    {"--tokens", true, ""},    {"--hidden", true, ""}, {"--dtype", true, ""},
+      {"--capacity", true, ""},  {"--alignment", true, ""}, {"--iters", true, ""},  {"--seed", true, ""},
+      {"--transport", true, ""}, {"--ranks", true, ""},     {"--help", false, "-h"}};
   const KokkosMoE::Impl::CliArgs cli = KokkosMoE::Impl::parse_command_line(argc, argv, flags, KOKKOS_VERSION);
   Args a;
   a.help = cli.has("--help");
@@ -71,6 +83,8 @@ Args parse(int argc, char** argv) {
   a.alignment = cli.integer("--alignment", 1, 1 << 16, 1);
   a.iters = cli.integer("--iters", 1, 1000, a.iters);
   a.seed = cli.integer("--seed", 0, INT_MAX, a.seed);
+  a.transport = cli.choice("--transport", {"mpi", "shm", "loopback", "nccl"}, "");
+  a.ranks = cli.integer("--ranks", 1, 64, a.ranks);
   a.kokkos = cli.kokkos();
   KokkosMoE::Impl::cli_check_kokkos_environment(a.kokkos);
   return a;
@@ -85,7 +99,93 @@ const char* kUsage =
     "  --capacity ROWS   receive capacity per rank (capacity mode, drop on overflow); 0 = eager (default)\n"
     "  --alignment A     rows per expert slab padded to a multiple of A (default 1)\n"
     "  --iters N         timed repetitions, median reported (default 5)\n"
-    "  --seed S          input seed (default 1)\n";
+    "  --seed S          input seed (default 1)\n"
+    "  --transport T     mpi (point-to-point) | shm (MPI shared windows, direct writes) on host spaces, nccl on\n"
+    "                    Kokkos::Cuda (the default of each), loopback: --ranks ranks as threads of this process\n"
+    "  --ranks R         loopback ranks (default 2); without mpirun\n";
+
+/// The few collectives of the job itself (timing barriers, the table, the verdict): MPI_COMM_WORLD, or the threads of
+/// a loopback job.
+class JobComm {
+ public:
+  JobComm() = default;  // MPI_COMM_WORLD
+  explicit JobComm(int threads) : m_shared(std::make_shared<Shared>(threads)) {}
+  void barrier() {
+    if (!m_shared) {
+      MPI_Barrier(MPI_COMM_WORLD);
+      return;
+    }
+    m_shared->meet();
+  }
+  /// Rank 0 gets every rank's line in rank order.
+  std::vector<std::string> gather(int rank, const std::string& line) {
+    if (!m_shared) {
+      int R = 0;
+      MPI_Comm_size(MPI_COMM_WORLD, &R);
+      char buf[1024] = {};
+      std::snprintf(buf, sizeof buf, "%s", line.c_str());
+      std::vector<char> all(static_cast<std::size_t>(R) * sizeof buf);
+      MPI_Gather(buf, sizeof buf, MPI_CHAR, all.data(), sizeof buf, MPI_CHAR, 0, MPI_COMM_WORLD);
+      std::vector<std::string> out;
+      for (int r = 0; r < R; ++r) out.emplace_back(all.data() + static_cast<std::size_t>(r) * sizeof buf);
+      return out;
+    }
+    m_shared->lines[rank] = line;
+    m_shared->meet();
+    std::vector<std::string> out = m_shared->lines;
+    m_shared->meet();
+    return out;
+  }
+  int all_min(int rank, int v) {
+    if (!m_shared) {
+      int out = 0;
+      MPI_Allreduce(&v, &out, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+      return out;
+    }
+    m_shared->ints[rank] = v;
+    m_shared->meet();
+    const int out = *std::min_element(m_shared->ints.begin(), m_shared->ints.end());
+    m_shared->meet();
+    return out;
+  }
+  void max3(int rank, const double* v, double* out) {
+    if (!m_shared) {
+      MPI_Reduce(v, out, 3, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
+      return;
+    }
+    for (int i = 0; i < 3; ++i) m_shared->dbl[3 * rank + i] = v[i];
+    m_shared->meet();
+    for (int i = 0; i < 3; ++i) {
+      out[i] = 0;
+      for (std::size_t r = 0; r < m_shared->lines.size(); ++r) out[i] = std::max(out[i], m_shared->dbl[3 * r + i]);
+    }
+    m_shared->meet();
+  }
+
+ private:
+  struct Shared {
+    explicit Shared(int n) : n(n), lines(n), ints(n), dbl(3 * static_cast<std::size_t>(n)) {}
+    int n, arrived = 0;
+    std::uint64_t gen = 0;
+    std::mutex mu;
+    std::condition_variable cv;
+    std::vector<std::string> lines;
+    std::vector<int> ints;
+    std::vector<double> dbl;
+    void meet() {
+      std::unique_lock<std::mutex> lock(mu);
+      const std::uint64_t g = gen;
+      if (++arrived == n) {
+        arrived = 0;
+        ++gen;
+        cv.notify_all();
+        return;
+      }
+      cv.wait(lock, [&] { return gen != g; });
+    }
+  };
+  std::shared_ptr<Shared> m_shared;
+};
 
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
@@ -93,13 +193,12 @@ double median(std::vector<double> v) {
 }
 
 template <class Scalar>
-int run(const Args& args, const Communicator& comm, int world_rank) {
+int run(const Args& args, const Exec& exec, const Communicator& comm, int world_rank, JobComm& job) {
   const RouterPreset preset = router_preset(args.preset);
   const int R = comm.size(), me = comm.rank();
   const int T = static_cast<int>(args.tokens), E = preset.num_experts, K = preset.config.topk;
   const int H = static_cast<int>(args.hidden > 0 ? args.hidden : preset.hidden_size);
   constexpr bool is_bf16 = std::is_same<Scalar, bf16_t>::value;
-  Exec exec;
   EpGroupConfig c;
   c.ep_size = R;
   c.num_experts = E;
@@ -153,7 +252,7 @@ int run(const Args& args, const Communicator& comm, int world_rank) {
   int N = 0;
   auto timed = [&](std::vector<double>& acc, auto&& f) {
     exec.fence();
-    MPI_Barrier(MPI_COMM_WORLD);
+    job.barrier();
     Kokkos::Timer timer;
     f();
     ep_synchronize(exec, handle);
@@ -271,12 +370,11 @@ int run(const Args& args, const Communicator& comm, int world_rank) {
                 slots, local, sent_tokens, recv_slots, per_expert.c_str(), bytes / 1e6, tl * 1e6, td * 1e6, tc * 1e6,
                 tcb * 1e6, tdb * 1e6, td > 0 ? bytes / td / 1e9 : 0.0, tc > 0 ? bytes / tc / 1e9 : 0.0,
                 pass ? "PASS" : "FAIL");
-  std::vector<char> all(static_cast<std::size_t>(R) * sizeof line);
-  MPI_Gather(line, sizeof line, MPI_CHAR, all.data(), sizeof line, MPI_CHAR, 0, MPI_COMM_WORLD);
-  int pass_all = pass ? 1 : 0, pass_min = 0;
-  MPI_Allreduce(&pass_all, &pass_min, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  const std::vector<std::string> all = job.gather(world_rank, line);
+  const int pass_min = job.all_min(world_rank, pass ? 1 : 0);
   double errs[3] = {err_y, err_gx, err_gw}, errs_max[3];
-  MPI_Reduce(errs, errs_max, 3, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
+  job.max3(world_rank, errs, errs_max);
+  const ByteCount wire = group.stats().bytes["ep_dispatch"];
   if (world_rank == 0) {
     std::printf(
         "kokkosmoe-ep: %s (E = %d, top-%d, %d local experts per rank), %d ranks over %s, %s rows of %d, %s mode\n",
@@ -287,7 +385,10 @@ int run(const Args& args, const Communicator& comm, int world_rank) {
     std::printf(
         "rank tokens   slots   local  tok->r recvslot  recv per local expert  recv MB  layout us dispatch "
         "us combine us comb.bwd  disp.bwd disp GB/s comb GB/s  check\n");
-    for (int r = 0; r < R; ++r) std::printf("%s\n", all.data() + static_cast<std::size_t>(r) * sizeof line);
+    for (const std::string& l : all) std::printf("%s\n", l.c_str());
+    std::printf("rank 0's dispatch: %.1f wire bytes per token (%.1f logical) over %ld steps\n",
+                T > 0 ? static_cast<double>(wire.wire) / args.iters / T : 0.0,
+                T > 0 ? static_cast<double>(wire.logical) / args.iters / T : 0.0, args.iters);
     std::printf(
         "check against the single-rank computation: max |y err| %.3g, |grad_x err| %.3g, rel |grad_w err| %.3g, "
         "router grad_logits finite: %s -> %s\n",
@@ -315,28 +416,78 @@ int main(int argc, char** argv) {
   }
   int provided = 0;
   MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
-  int world_rank = 0;
+  int world_rank = 0, world_size = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &world_size);
   const std::vector<std::string> kargs = args.kokkos.argv_for("kokkosmoe-ep", KOKKOS_VERSION);
   std::vector<char*> kargv;
   for (const std::string& k : kargs) kargv.push_back(const_cast<char*>(k.c_str()));
   int kargc = static_cast<int>(kargv.size());
   Kokkos::initialize(kargc, kargv.data());
   int rc = 1;
-  try {
-    Communicator host = make_mpi_communicator(MPI_COMM_WORLD);
-#if defined(KOKKOS_ENABLE_CUDA) && defined(KOKKOSMOE_HAVE_NCCL)
-    Communicator comm = make_nccl_communicator(host, Kokkos::DefaultExecutionSpace().cuda_device());
+  constexpr bool on_cuda =
+#if defined(KOKKOS_ENABLE_CUDA)
+      std::is_same<Exec, Kokkos::Cuda>::value;
 #else
-    Communicator& comm = host;
+      false;
 #endif
-    rc = args.dtype == "bf16" ? run<bf16_t>(args, comm, world_rank) : run<float>(args, comm, world_rank);
+  const std::string transport = args.transport.empty() ? (on_cuda ? "nccl" : "mpi") : args.transport;
+  auto step = [&](const Exec& exec, const Communicator& comm, int rank, JobComm& job) {
+    return args.dtype == "bf16" ? run<bf16_t>(args, exec, comm, rank, job) : run<float>(args, exec, comm, rank, job);
+  };
+  try {
+    if (transport == "loopback") {
+      if (!on_cuda)
+        throw std::runtime_error(
+            "--transport loopback needs Kokkos::Cuda as the default execution space in this build (host loopback "
+            "ranks need independent Kokkos::Serial instances; use --transport shm under mpirun on CPUs)");
+      if (world_size != 1)
+        throw std::runtime_error("--transport loopback runs in one process: start it without mpirun");
+#if defined(KOKKOS_ENABLE_CUDA)
+      const int R = static_cast<int>(args.ranks);
+      std::vector<Communicator> comms = make_loopback_communicators(R, Kokkos::Cuda().cuda_device());
+      std::vector<cudaStream_t> streams(static_cast<std::size_t>(R));
+      for (auto& st : streams) cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking);
+      JobComm job(R);
+      std::vector<int> rcs(static_cast<std::size_t>(R), 1);
+      std::vector<std::thread> threads;
+      for (int r = 0; r < R; ++r)
+        threads.emplace_back([&, r] {
+          try {
+            rcs[r] = step(Kokkos::Cuda(streams[r]), comms[r], r, job);
+          } catch (const std::exception& e) {
+            std::fprintf(stderr, "kokkosmoe-ep: loopback rank %d: %s\n", r, e.what());
+          }
+        });
+      for (auto& t : threads) t.join();
+      for (auto& st : streams) cudaStreamDestroy(st);
+      rc = *std::max_element(rcs.begin(), rcs.end());
+#endif
+    } else {
+      JobComm job;
+      if (transport == "nccl") {
+#if defined(KOKKOS_ENABLE_CUDA) && defined(KOKKOSMOE_HAVE_NCCL)
+        Communicator host = make_mpi_communicator(MPI_COMM_WORLD);
+        rc = step(Exec(), make_nccl_communicator(host, Kokkos::DefaultExecutionSpace().cuda_device()), world_rank, job);
+#else
+        throw std::runtime_error("--transport nccl needs a CUDA build with NCCL (Kokkos::Cuda)");
+#endif
+      } else {
+        if (on_cuda)
+          throw std::runtime_error("--transport " + transport +
+                                   " serves host execution spaces; Kokkos::Cuda takes nccl or loopback");
+        rc =
+            step(Exec(),
+                 transport == "shm" ? make_mpi_shm_communicator(MPI_COMM_WORLD) : make_mpi_communicator(MPI_COMM_WORLD),
+                 world_rank, job);
+      }
+    }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "kokkosmoe-ep: rank %d: %s\n", world_rank, e.what());
     rc = 1;
   }
   Kokkos::finalize();
-  if (rc == 1) {
+  if (rc == 1 && world_size > 1) {
     // A failed rank may leave peers waiting: end the job instead of hanging in MPI_Finalize.
     MPI_Abort(MPI_COMM_WORLD, 1);
   }
