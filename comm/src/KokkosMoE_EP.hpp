@@ -60,6 +60,11 @@ class EpGroup {
   int capacity_rows() const noexcept { return m_state->capacity_mode() ? m_state->recv_rows_fixed : 0; }
   /// Device bytes one handle allocates (docs/ep.md §6: every buffer sized once).
   std::size_t handle_bytes() const { return Impl::handle_bytes(*m_state); }
+  /// Bytes of the group's buffers for remote rows on this rank (docs/ep.md §6): its window where the transport has
+  /// windows, else its source and destination stages.
+  std::size_t buffer_bytes() const { return Impl::buffer_bytes(*m_state); }
+  /// Whether token rows go straight into the peers' windows (shm, loopback) rather than through stages and messages.
+  bool direct_writes() const noexcept { return static_cast<bool>(m_state->window); }
 
   /// \brief A handle for one layer. Two handles never share memory.
   EpHandle<ExecSpace> make_handle(const EpHandleOptions& options = {}) const {

@@ -255,6 +255,13 @@ std::size_t handle_bytes(const EpGroupState<Exec>& g) {
 }
 
 template <class Exec>
+std::size_t buffer_bytes(const EpGroupState<Exec>& g) {
+  if (g.window) return g.window_bytes;
+  return 2 * static_cast<std::size_t>(g.src_stage.extent(0)) * 16 +
+         sizeof(float) * (g.src_flt.extent(0) + g.dst_flt.extent(0)) + sizeof(int) * g.src_meta.extent(0);
+}
+
+template <class Exec>
 std::vector<const void*> handle_buffers(const EpHandleState<Exec>& h) {
   const auto& v = h.v;
   return {
