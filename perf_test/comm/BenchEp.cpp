@@ -35,6 +35,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <string>
 #include <vector>
@@ -284,6 +285,9 @@ void register_all(const std::vector<int>& tokens) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // The loopback benchmarks' ranks share one device: load every kernel module when CUDA starts, since a lazily loaded
+  // one waits for a peer's running wait kernel (docs/ep.md §7.3).
+  setenv("CUDA_MODULE_LOADING", "EAGER", 0);
   int provided = 0;
   MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
   int rank = 0;

@@ -191,7 +191,7 @@ struct EpGroupOptions {
   double pcie_gbps = 63.0;          ///< PCIe per direction (pairs without NVLink)
   double pcie_efficiency = 0.8;
   /// Partition every GPU (group_size must divide the GPU count): groups that cannot be NVLink cliques are formed over
-  /// PCIe and flagged (EpGroup::nvlink = false). Default: only NVLink groups; GPUs that fit none are left out.
+  /// PCIe and flagged (NodeEpGroup::nvlink = false). Default: only NVLink groups; GPUs that fit none are left out.
   bool use_every_gpu = false;
   /// Search budget in steps (one step: one group member tried). Past it the best groups found so far are returned
   /// (a greedy choice if the exact search found none) with search_limited = true: valid, perhaps not optimal.
@@ -199,27 +199,27 @@ struct EpGroupOptions {
 };
 
 /// \brief One EP group of a node.
-struct EpGroup {
+struct NodeEpGroup {
   std::vector<int> gpus;     ///< GPU ids, ascending
   bool nvlink = false;       ///< every pair is an NVLink peer (nvlink_p2p)
   double min_pair_gbps = 0;  ///< effective bandwidth of its slowest pair, GB/s (0 for a group of one)
   int numa_nodes = 0;        ///< distinct NUMA nodes of its GPUs (0 = unknown)
-  bool operator==(const EpGroup& o) const {
+  bool operator==(const NodeEpGroup& o) const {
     return gpus == o.gpus && nvlink == o.nvlink && min_pair_gbps == o.min_pair_gbps && numa_nodes == o.numa_nodes;
   }
-  bool operator!=(const EpGroup& o) const { return !(*this == o); }
+  bool operator!=(const NodeEpGroup& o) const { return !(*this == o); }
 };
 
 /// \brief Disjoint EP groups of one size on one node (docs/topology.md §10.3-§10.6).
 struct EpGroupPlan {
   int group_size = 0;
-  std::vector<EpGroup> groups;  ///< ordered by their first GPU
-  std::vector<int> unused;      ///< GPUs in no group, ascending
-  std::string unused_reason;    ///< why each unused GPU is left out ("GPU 8: no NVLink peer; ..."), empty if none
-  bool all_nvlink = false;      ///< at least one group, and every group an NVLink clique
-  int numa_straddles = 0;       ///< groups whose GPUs sit in more than one NUMA node
-  bool search_limited = false;  ///< the search hit EpGroupOptions::step_limit (the groups are still valid)
-  std::string reason;           ///< when no NVLink group of this size exists (or not every GPU fits): why
+  std::vector<NodeEpGroup> groups;  ///< ordered by their first GPU
+  std::vector<int> unused;          ///< GPUs in no group, ascending
+  std::string unused_reason;        ///< why each unused GPU is left out ("GPU 8: no NVLink peer; ..."), empty if none
+  bool all_nvlink = false;          ///< at least one group, and every group an NVLink clique
+  int numa_straddles = 0;           ///< groups whose GPUs sit in more than one NUMA node
+  bool search_limited = false;      ///< the search hit EpGroupOptions::step_limit (the groups are still valid)
+  std::string reason;               ///< when no NVLink group of this size exists (or not every GPU fits): why
 };
 
 /// \brief Partitions the node's GPUs into disjoint EP groups of \p group_size, choosing lexicographically: every

@@ -14,6 +14,7 @@
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
+#include <cstdlib>
 #include <exception>
 #include <mutex>
 #include <sstream>
@@ -29,6 +30,11 @@ using namespace KokkosMoE;
 using namespace KokkosMoE::Test;
 
 namespace {
+
+// CUDA loads a kernel's module at its first launch by default, and that waits for the kernels already running; a
+// peer's wait kernel runs until this rank signals, so loopback ranks on one device need the modules loaded up front
+// (docs/ep.md §7.3). Set before the test main initializes Kokkos (and with it CUDA).
+const bool g_eager_modules = [] { return setenv("CUDA_MODULE_LOADING", "EAGER", 0) == 0; }();
 
 /// A reusable barrier of the test's own (C++17 has none).
 class Meeting {

@@ -543,7 +543,7 @@ EpGroupPlan ep_groups(const NvlinkTopology& topo, int group_size, const EpGroupO
   plan.numa_straddles = ng.numa_straddles;
   plan.search_limited = ng.search_limited;
   for (const auto& g : ng.groups) {
-    EpGroup e;
+    NodeEpGroup e;
     e.gpus = g;
     e.nvlink = true;
     std::vector<int> numa;
