@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # KokkosMoE quick start. Sets everything up if needed (scripts/setup.sh), configures and builds, then:
 #   scripts/run.sh route [kokkosmoe-route options]   route a synthetic batch (default preset deepseek-v3) fwd + bwd
-#   scripts/run.sh test  [ctest options]             build and run the whole test suite with ctest
+#   scripts/run.sh test  [ctest options]             build and run the whole test suite with ctest (nproc jobs)
 #   scripts/run.sh bench [benchmark options]         run the router perf tests (Google Benchmark, JSON to stdout file)
 #   scripts/run.sh ep    [kokkosmoe-ep options]      one expert-parallel MoE step on KOKKOSMOE_EP_RANKS (default 2)
 #                                                    MPI ranks, checked against a single-rank computation
@@ -25,7 +25,7 @@ export OMP_PROC_BIND=${OMP_PROC_BIND:-false}
 export NCCL_NVLS_ENABLE=0
 case "$cmd" in
   route) exec "$build/core/app/kokkosmoe-route" "$@" ;;
-  test) exec ctest --test-dir "$build" --output-on-failure "$@" ;;
+  test) exec ctest --test-dir "$build" --output-on-failure -j"$jobs" "$@" ;;
   bench) exec "$build/perf_test/KokkosMoE_RouterBenchmarks" "$@" ;;
   ep)
     export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}

@@ -431,7 +431,7 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(layout_matches_host_histogram, DeviceType, KOKKOSM
 #if defined(KOKKOSMOE_HAVE_SHARDING)
 BOOST_AUTO_TEST_CASE_TEMPLATE(wire_bytes_match_the_planner, DeviceType, KOKKOSMOE_DEVICE_TYPES) {
   // docs/planner.md §4 predicts one row per token and destination rank; the layer sends exactly that. Routing drawn
-  // from the planner's own models, 4096 tokens per rank: the measured dispatch bytes of every rank within 2 % of the
+  // from the planner's own models, 2048 tokens per rank: the measured dispatch bytes of every rank within 2 % of the
   // prediction (rank_hit_probabilities, and make_plan on the 8-GPU fixture where the EP size fits it).
   using Exec = typename DeviceType::execution_space;
   Exec exec;
@@ -447,7 +447,7 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(wire_bytes_match_the_planner, DeviceType, KOKKOSMO
       layer.group_topk = model == RoutingModel::GroupQuota ? 4 : 0;
       layer.hidden_size = 1024;
       layer.dispatch_dtype = layer.combine_dtype = TokenDType::FP32;
-      layer.tokens_per_rank = 4096;
+      layer.tokens_per_rank = 2048;
       layer.routing_model = model;
       const std::vector<double> hit = rank_hit_probabilities(layer, R);
       double remote = 0;
