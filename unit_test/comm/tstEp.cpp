@@ -105,6 +105,17 @@ void check_step(const EpGroupConfig& c, Routing routing, CombineMode mode, std::
   }
 }
 
+/// After a failure every rank survived: a new group and a Weighted step on \p in match the oracle's y.
+template <class Exec>
+void step_still_matches_oracle(const Exec& exec, const Communicator& comm, const EpGroupConfig& c,
+                               const std::vector<RankInputs>& in, const char* what) {
+  EpGroup<Exec> group(exec, comm, c);
+  auto handle = group.make_handle();
+  const StepOutputs got = run_step<Exec, float>(exec, group, handle, in[comm.rank()], CombineMode::Weighted);
+  const StepOutputs want = expected_step(c, in, comm.rank(), CombineMode::Weighted, false);
+  compare(what, got.y, want.y, false, want.y.size());
+}
+
 /// Inputs with the given expert ids (-1 = empty slot) and seeded rows and weights.
 RankInputs explicit_inputs(const EpGroupConfig& c, int rank, const std::vector<int>& idx, std::uint64_t seed) {
   const int T = static_cast<int>(idx.size()) / c.top_k;
@@ -260,12 +271,8 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(invalid_config_on_one_rank_fails_fast_everywhere, 
   }
   // Nobody was left behind in a collective: a valid group and a step still work on every rank.
   const auto c = default_config(R);
-  const auto in = group_inputs(c, Routing::Uniform, 17, false, false);
-  EpGroup<Exec> group(exec, comm, c);
-  auto handle = group.make_handle();
-  const StepOutputs got = run_step<Exec, float>(exec, group, handle, in[me], CombineMode::Weighted);
-  const StepOutputs want = expected_step(c, in, me, CombineMode::Weighted, false);
-  compare("y after the failed constructions", got.y, want.y, false, want.y.size());
+  step_still_matches_oracle(exec, comm, c, group_inputs(c, Routing::Uniform, 17, false, false),
+                            "y after the failed constructions");
 }
 
 // ----- case 2: handle separation -----------------------------------------------------------------------------------
@@ -899,11 +906,7 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(overflow_raises_on_every_rank, DeviceType, KOKKOSM
   }
   // Every rank is still in step: a full step against the oracle.
   c.drop_on_overflow = true;
-  EpGroup<Exec> group(exec, comm, c);
-  auto handle = group.make_handle();
-  const StepOutputs got = run_step<Exec, float>(exec, group, handle, in[me], CombineMode::Weighted);
-  const StepOutputs want = expected_step(c, in, me, CombineMode::Weighted, false);
-  compare("y", got.y, want.y, false, want.y.size());
+  step_still_matches_oracle(exec, comm, c, in, "y after the overflow");
 }
 
 // Randomized capacity-mode steps with drops against the oracle: shapes, alignment, capacity, layout, routing, mode
