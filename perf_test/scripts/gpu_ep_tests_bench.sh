@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The EP layer (comm/) on the GPU machine: tests, sanitizers, the main job, the benchmarks and ncu kernel durations.
 #   gpu_ep_tests_bench.sh BIN_DIR OUT_DIR [tests|bench|profile|all]
-# BIN_DIR holds the CUDA-build binaries KokkosMoE_CommTests, kokkosmoe-ep, KokkosMoE_CommBenchmarks (+
+# BIN_DIR holds the CUDA-build binaries KokkosMoE_CommTests, KokkosMoE_CommLoopbackTests, kokkosmoe-ep,
+# KokkosMoE_CommBenchmarks (+
 # libbenchmark.so.1debian, libmpi_cxx.so.40). NCCL comes from PyTorch's environment there. Logs go to OUT_DIR.
 set -uo pipefail
 bin=$(cd "$1" && pwd)
@@ -24,6 +25,9 @@ if [ "$phase" = tests ] || [ "$phase" = all ]; then
   step "EP suites on Serial + Cuda (NCCL, one rank)"
   timeout 300 "${mpi1[@]}" "$bin/KokkosMoE_CommTests" --report_level=short --log_level=warning >"$out/comm-tests.log" 2>&1
   echo "exit $?" | tee -a "$out/comm-tests.log"; tail -8 "$out/comm-tests.log"
+  step "loopback ranks on this GPU: steps at R = 1, 2, 3, 4, 8, a silent peer, graph capture at R = 8"
+  timeout 300 "$bin/KokkosMoE_CommLoopbackTests" --report_level=short --log_level=test_suite >"$out/loopback-tests.log" 2>&1
+  echo "exit $?" | tee -a "$out/loopback-tests.log"; tail -6 "$out/loopback-tests.log"
   step "multi-GPU suites through the launcher on one GPU (must report skipped with the gate's reason)"
   bash "$here/unit_test/comm/multi_gpu_launch.sh" 2 60 -- "$bin/KokkosMoE_CommTests" --run_test=ep_setup \
     >"$out/multi-gpu-dry-run.log" 2>&1
@@ -39,10 +43,19 @@ if [ "$phase" = tests ] || [ "$phase" = all ]; then
   step "main job: kokkosmoe-ep, DeepSeek-V3, 4096 tokens, bf16 (eager, then capacity)"
   timeout 120 "${mpi1[@]}" "$bin/kokkosmoe-ep" --tokens 4096 --iters 5 2>&1 | tee "$out/ep.txt"
   timeout 120 "${mpi1[@]}" "$bin/kokkosmoe-ep" --tokens 4096 --iters 5 --capacity 40000 2>&1 | tee -a "$out/ep.txt"
+  step "main job over loopback: 8 ranks on this GPU (eager, then capacity)"
+  (cd "$bin" && timeout 120 ./kokkosmoe-ep --transport loopback --ranks 8 --tokens 4096 --iters 3 2>&1 | tee -a "$out/ep.txt")
+  (cd "$bin" && timeout 120 ./kokkosmoe-ep --transport loopback --ranks 8 --tokens 4096 --iters 3 --capacity 50000 2>&1 \
+    | tee -a "$out/ep.txt")
+  step "compute-sanitizer memcheck over the loopback steps"
+  KOKKOSMOE_COMM_TIMEOUT=150 timeout 200 compute-sanitizer --tool memcheck --error-exitcode 9 \
+    "$bin/KokkosMoE_CommLoopbackTests" --run_test=ep_loopback/cuda_steps_match_oracle --report_level=short \
+    >"$out/memcheck-loopback.log" 2>&1
+  echo "exit $?" | tee -a "$out/memcheck-loopback.log"; grep -E "ERROR SUMMARY|test cases|exit" "$out/memcheck-loopback.log"
 fi
 
 if [ "$phase" = bench ] || [ "$phase" = all ]; then
-  step "EP benchmarks (prefill 4096 and decode 128 tokens)"
+  step "EP benchmarks (prefill 4096 and decode 128 tokens; one rank over NCCL, then loopback at R = 2, 4, 8)"
   (cd "$bin" && timeout 300 "${mpi1[@]}" ./KokkosMoE_CommBenchmarks --benchmark_out="$out/h200_comm.json" \
     --benchmark_out_format=json) >"$out/bench.log" 2>&1
   echo "exit $?" | tee -a "$out/bench.log"; grep -E "^ep/" "$out/bench.log" | cut -c1-220
