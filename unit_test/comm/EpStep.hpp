@@ -294,6 +294,24 @@ inline StepOutputs expected_step(const EpGroupConfig& c, const std::vector<RankI
   return e;
 }
 
+/// The Weighted combine of an identity expert (the received rows themselves) on rank \p me: y = sum of w * x over the
+/// kept slots, FP32 rows.
+inline std::vector<float> identity_combine(const EpGroupConfig& c, const std::vector<RankInputs>& in, int me) {
+  const OracleLayout o = oracle_layout(c, in);
+  const RankInputs& mine = in[me];
+  std::vector<float> y(static_cast<std::size_t>(mine.T) * c.hidden, 0.0f);
+  for (int t = 0; t < mine.T; ++t)
+    for (int h = 0; h < c.hidden; ++h) {
+      float acc = 0.0f;
+      for (int k = 0; k < c.top_k; ++k) {
+        const std::size_t q = static_cast<std::size_t>(t) * c.top_k + k;
+        if (o.slot_row[me][q] >= 0) acc += mine.w[q] * mine.x[static_cast<std::size_t>(t) * c.hidden + h];
+      }
+      y[static_cast<std::size_t>(t) * c.hidden + h] = acc;
+    }
+  return y;
+}
+
 }  // namespace KokkosMoE::Test
 
 #endif

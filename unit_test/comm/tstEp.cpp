@@ -1005,18 +1005,7 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(graph_capture_replays_new_routing, DeviceType, KOK
       const auto want = expected_step(c, in2, comm.rank(), CombineMode::Weighted, false);
       compare("recv_x (replayed)", to_host_floats(rx), want.recv_x, false, want.recv_x.size());
       // The captured combine ran on the received rows themselves (an identity expert): y = sum of w * x.
-      const OracleLayout o = oracle_layout(c, in2);
-      const RankInputs& mine = in2[comm.rank()];
-      std::vector<float> y_identity(static_cast<std::size_t>(mine.T) * c.hidden, 0.0f);
-      for (int t = 0; t < mine.T; ++t)
-        for (int h = 0; h < c.hidden; ++h) {
-          float acc = 0.0f;
-          for (int k = 0; k < c.top_k; ++k) {
-            const std::size_t q = static_cast<std::size_t>(t) * c.top_k + k;
-            if (o.slot_row[comm.rank()][q] >= 0) acc += mine.w[q] * mine.x[static_cast<std::size_t>(t) * c.hidden + h];
-          }
-          y_identity[static_cast<std::size_t>(t) * c.hidden + h] = acc;
-        }
+      const std::vector<float> y_identity = identity_combine(c, in2, comm.rank());
       compare("y (replayed)", to_host_floats(y), y_identity, false, y_identity.size());
       cudaGraphExecDestroy(inst);
       cudaGraphDestroy(graph);

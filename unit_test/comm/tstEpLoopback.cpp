@@ -317,18 +317,7 @@ BOOST_AUTO_TEST_CASE(cuda_graph_capture_replays_new_routing) {
     std::ostringstream out;
     const auto want = expected_step(c, in2, me, CombineMode::Weighted, false);
     diff(out, "recv_x (replayed)", to_host_floats(exec, rx), want.recv_x, false);
-    const OracleLayout o = oracle_layout(c, in2);
-    const RankInputs& mine = in2[me];
-    std::vector<float> y_identity(static_cast<std::size_t>(mine.T) * c.hidden, 0.0f);
-    for (int t = 0; t < mine.T; ++t)
-      for (int h = 0; h < c.hidden; ++h) {
-        float acc = 0.0f;
-        for (int k = 0; k < c.top_k; ++k) {
-          const std::size_t q = static_cast<std::size_t>(t) * c.top_k + k;
-          if (o.slot_row[me][q] >= 0) acc += mine.w[q] * mine.x[static_cast<std::size_t>(t) * c.hidden + h];
-        }
-        y_identity[static_cast<std::size_t>(t) * c.hidden + h] = acc;
-      }
+    const std::vector<float> y_identity = identity_combine(c, in2, me);
     diff(out, "y (replayed)", to_host_floats(exec, y), y_identity, false);
     cudaGraphExecDestroy(inst);
     cudaGraphDestroy(graph);
