@@ -414,9 +414,8 @@ int main(int argc, char** argv) {
     if (r == nullptr || std::strcmp(r, "0") == 0) std::printf("%s", kUsage);
     return 0;
   }
-  // Loopback ranks share one device: a kernel module loaded lazily at first launch would wait for a peer's running
-  // wait kernel, which waits for this rank (docs/ep.md §7.3). Load them all when CUDA starts.
-  if (args.transport == "loopback") setenv("CUDA_MODULE_LOADING", "EAGER", 0);
+  // Loopback ranks share one device (docs/ep.md §7.3).
+  if (args.transport == "loopback") prepare_loopback_environment();
   int provided = 0;
   MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
   int world_rank = 0, world_size = 1;

@@ -56,11 +56,35 @@ struct ByteCount {
                              ///< transport sends fixed blocks, and the signals of direct writes
 };
 
+/// \brief How the EP layer reaches the other ranks' memory (docs/ep.md §7.2).
+enum class PeerWindows : int {
+  Auto = 0,           ///< direct writes wherever the transport can map its peers' memory, messages elsewhere
+  Off = 1,            ///< messages only (point-to-point sends and receives through staging rows): the portable path
+  NcclSymmetric = 2,  ///< NCCL: symmetric windows (ncclMemAlloc + ncclCommWindowRegister), else CommError
+  CudaIpc = 3,        ///< NCCL: cudaMalloc'd windows shared by CUDA IPC handles (ranks of one node), else CommError
+};
+
+/// \brief "auto", "off", "nccl", "ipc".
+inline const char* to_string(PeerWindows w) noexcept {
+  switch (w) {
+    case PeerWindows::Auto:
+      return "auto";
+    case PeerWindows::Off:
+      return "off";
+    case PeerWindows::NcclSymmetric:
+      return "nccl";
+    default:
+      return "ipc";
+  }
+}
+
 /// \brief Settings of a new communicator.
 struct CommConfig {
   /// Upper bound in seconds on every wait for a peer: initialization, each exchange, each host wait and the
   /// destruction. The environment variable KOKKOSMOE_COMM_TIMEOUT (seconds) overrides it when set.
   double timeout_seconds = 300.0;
+  /// Direct writes into peers' windows or messages. NcclSymmetric and CudaIpc are for NCCL communicators only.
+  PeerWindows peer_windows = PeerWindows::Auto;
 };
 
 /// \brief What a communicator has issued so far (docs/ep.md §12 cases 6 and 7: no stray communication, one stream).
@@ -95,6 +119,7 @@ class Communicator {
   int device() const;
   CommTransport transport() const;
   double timeout_seconds() const;
+  PeerWindows peer_windows() const;
 
   /// \brief The ranks with the same \p color, ordered by \p key then by rank: collective over this communicator.
   /// \throws InvalidArgument (Rule::ConfigValue) for a negative color; CommError on a transport failure

@@ -20,8 +20,19 @@ namespace KokkosMoE {
 /// peers' windows. \p device >= 0: windows in that CUDA device's memory, for Kokkos::Cuda (CUDA builds only);
 /// -1: host memory, for host execution spaces whose Kokkos runs concurrent instances (Kokkos >= 4: Serial).
 /// \throws InvalidArgument (Rule::ConfigValue) for ranks < 1, a device without CUDA support in the build, a bad
-/// timeout
+/// timeout, and on a device when the process environment lacks what prepare_loopback_environment() sets
 std::vector<Communicator> make_loopback_communicators(int ranks, int device = -1, const CommConfig& config = {});
+
+/// \brief Call before CUDA starts (before Kokkos::initialize) in a process that runs loopback ranks on a device.
+///
+/// Loopback ranks wait for each other on the device, so every rank's stream must make progress while a peer's wait
+/// kernel runs (docs/ep.md §7.3). Sets, unless already set: CUDA_MODULE_LOADING=EAGER (a module loaded lazily at a
+/// kernel's first launch waits for the kernels already running) and CUDA_DEVICE_MAX_CONNECTIONS=32 (with fewer
+/// hardware queues than streams, two ranks' streams share a queue and one's wait kernel blocks the other's work).
+void prepare_loopback_environment();
+
+/// \brief The most loopback ranks one device runs: hardware queues (32) less one for the default instance's stream.
+constexpr int kMaxDeviceLoopbackRanks = 31;
 
 }  // namespace KokkosMoE
 

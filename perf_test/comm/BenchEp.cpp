@@ -10,6 +10,7 @@
 // Counters: GB/s = logical bandwidth (received rows x H x 2 B, the rank's own included) / time; move_GBps = bytes the
 // operation must read and write on this rank / time; frac_copy = move_GBps / the copy baseline of the same run;
 // device_us = CUDA-event time on the instance's stream with a spin kernel queued first (median), GPUs only.
+#include <KokkosMoE_Communicator_Loopback.hpp>
 #include <KokkosMoE_Communicator_MPI.hpp>
 #include <KokkosMoE_EP.hpp>
 #include <KokkosMoE_Router.hpp>
@@ -37,6 +38,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -242,6 +244,44 @@ void BM_Raw(benchmark::State& state, bool alltoall, int T) {
   state.SetBytesProcessed(static_cast<std::int64_t>(bytes) * state.iterations());
 }
 
+/// Host transports: MPI_Alltoallv of exactly the bytes the dispatch puts on the wire (one token row plus its trailer
+/// per token and remote rank that holds one of its experts, from the same routing), the raw MPI baseline of the
+/// direct writes. Counters as the dispatch's: GB/s over the logical bytes it receives.
+void BM_Alltoallv(benchmark::State& state, int T) {
+  Exec exec;
+  Fixture f(T, false);
+  const Communicator& comm = *g_comm;
+  const int R = comm.size(), me = comm.rank();
+  auto pad16 = [](std::size_t b) { return (b + 15) / 16 * 16; };
+  const std::size_t pitch = pad16(f.cfg.hidden * sizeof(Row)) + pad16(f.cfg.top_k * sizeof(float));
+  auto tpr = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), f.handle->tokens_per_rank());
+  std::vector<int> scount(R), rcount(R), sdispl(R), rdispl(R);
+  for (int p = 0; p < R; ++p) scount[p] = p == me ? 0 : static_cast<int>(tpr(p) * pitch);
+  MPI_Alltoall(scount.data(), 1, MPI_INT, rcount.data(), 1, MPI_INT, MPI_COMM_WORLD);
+  for (int p = 1; p < R; ++p) {
+    sdispl[p] = sdispl[p - 1] + scount[p - 1];
+    rdispl[p] = rdispl[p - 1] + rcount[p - 1];
+  }
+  std::vector<char> send(static_cast<std::size_t>(sdispl[R - 1] + scount[R - 1]) + 1, 1),
+      recv(static_cast<std::size_t>(rdispl[R - 1] + rcount[R - 1]) + 1);
+  MPI_Barrier(MPI_COMM_WORLD);
+  const double seconds = Perf::timed_loop(state, exec, [&](std::int64_t) {
+    MPI_Alltoallv(send.data(), scount.data(), sdispl.data(), MPI_BYTE, recv.data(), rcount.data(), rdispl.data(),
+                  MPI_BYTE, MPI_COMM_WORLD);
+  });
+  MPI_Barrier(MPI_COMM_WORLD);
+  const double per = seconds / static_cast<double>(state.iterations());
+  const double logical = f.recv_slots * f.row_bytes();  // the dispatch's logical bytes, for the same GB/s
+  double wire = 0;
+  for (int p = 0; p < R; ++p) wire += scount[p];
+  state.counters["T"] = T;
+  state.counters["ranks"] = R;
+  state.counters["GB/s"] = logical / per / 1e9;
+  state.counters["wire_bytes"] = wire;
+  state.counters["wire_GBps"] = wire / per / 1e9;
+  state.SetItemsProcessed(static_cast<std::int64_t>(T) * state.iterations());
+}
+
 /// The device copy of the dispatch's bytes (read + write counted), the baseline of frac_copy.
 void BM_Copy(benchmark::State& state, int T) {
   Exec exec;
@@ -279,15 +319,19 @@ void register_all(const std::vector<int>& tokens) {
         ->UseManualTime()
         ->Iterations(kIters)
         ->Unit(benchmark::kMicrosecond);
+    if (g_comm->transport() != CommTransport::Nccl)
+      benchmark::RegisterBenchmark(("ep/raw_alltoallv/" + shape).c_str(), BM_Alltoallv, T)
+          ->UseManualTime()
+          ->Iterations(kIters)
+          ->Unit(benchmark::kMicrosecond);
   }
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  // The loopback benchmarks' ranks share one device: load every kernel module when CUDA starts, since a lazily loaded
-  // one waits for a peer's running wait kernel (docs/ep.md §7.3).
-  setenv("CUDA_MODULE_LOADING", "EAGER", 0);
+  // The loopback benchmarks' ranks share one device (docs/ep.md §7.3).
+  prepare_loopback_environment();
   int provided = 0;
   MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
   int rank = 0;
@@ -296,8 +340,10 @@ int main(int argc, char** argv) {
   Kokkos::initialize(argc, argv);
   int rc = 0;
   {
-    // --kokkosmoe_ep_tokens=4096,128 (the default: prefill and decode).
+    // --kokkosmoe_ep_tokens=4096,128 (the default: prefill and decode); host spaces: --kokkosmoe_ep_transport=mpi
+    // (messages, the default) or shm (MPI shared windows).
     std::vector<int> tokens = {4096, 128};
+    std::string host_transport = "mpi";
     std::vector<char*> rest;
     for (int i = 0; i < argc; ++i) {
       const std::string a = argv[i];
@@ -309,6 +355,8 @@ int main(int argc, char** argv) {
           tokens.push_back(std::stoi(list.substr(p, q - p)));
           p = q + 1;
         }
+      } else if (a.rfind("--kokkosmoe_ep_transport=", 0) == 0) {
+        host_transport = a.substr(25);
       } else if (rank != 0 && a.rfind("--benchmark_out=", 0) == 0) {
         continue;  // only rank 0 writes the JSON
       } else {
@@ -318,7 +366,10 @@ int main(int argc, char** argv) {
     int n = static_cast<int>(rest.size());
     benchmark::Initialize(&n, rest.data());
     try {
-      Communicator host = make_mpi_communicator(MPI_COMM_WORLD);
+      if (host_transport != "mpi" && host_transport != "shm")
+        throw std::invalid_argument("--kokkosmoe_ep_transport=" + host_transport + ": expected mpi or shm");
+      Communicator host =
+          host_transport == "shm" ? make_mpi_shm_communicator(MPI_COMM_WORLD) : make_mpi_communicator(MPI_COMM_WORLD);
 #if defined(KOKKOS_ENABLE_CUDA) && defined(KOKKOSMOE_HAVE_NCCL)
       g_comm = std::make_unique<Communicator>(make_nccl_communicator(host, Exec().cuda_device()));
 #else

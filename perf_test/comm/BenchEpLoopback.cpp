@@ -154,9 +154,11 @@ struct Rank {
   }
 };
 
-void BM_Loopback(benchmark::State& state, LOp op, int R, int T, bool capacity) {
+void BM_Loopback(benchmark::State& state, LOp op, int R, int T, bool capacity, PeerWindows windows) {
   const int device = Exec().cuda_device();
-  std::vector<Communicator> comms = make_loopback_communicators(R, device);
+  CommConfig cc;
+  cc.peer_windows = windows;
+  std::vector<Communicator> comms = make_loopback_communicators(R, device, cc);
   std::vector<cudaStream_t> streams(static_cast<std::size_t>(R));
   for (auto& s : streams) cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
   Meeting meet(R);
@@ -231,17 +233,25 @@ void register_loopback_benchmarks(const std::vector<int>& tokens) {
                                              {LOp::Combine, "combine"},
                                              {LOp::CombineBackward, "combine_bwd"},
                                              {LOp::DispatchBackward, "dispatch_bwd"}};
-  for (int T : tokens)
+  auto add = [](const std::string& label, LOp op, int R, int T, bool capacity, PeerWindows windows) {
+    benchmark::RegisterBenchmark(label.c_str(), BM_Loopback, op, R, T, capacity, windows)
+        ->UseManualTime()
+        ->Iterations(kIters)
+        ->Unit(benchmark::kMicrosecond);
+  };
+  for (int T : tokens) {
+    const std::string shape = T >= 1024 ? "prefill" : "decode";
     for (int R : {2, 4, 8})
       for (bool capacity : {false, true})
-        for (const auto& [op, name] : ops) {
-          const std::string label = std::string("ep_loopback/") + name + "/" + (capacity ? "capacity" : "eager") +
-                                    "/R" + std::to_string(R) + "/" + (T >= 1024 ? "prefill" : "decode");
-          benchmark::RegisterBenchmark(label.c_str(), BM_Loopback, op, R, T, capacity)
-              ->UseManualTime()
-              ->Iterations(kIters)
-              ->Unit(benchmark::kMicrosecond);
-        }
+        for (const auto& [op, name] : ops)
+          add(std::string("ep_loopback/") + name + "/" + (capacity ? "capacity" : "eager") + "/R" + std::to_string(R) +
+                  "/" + shape,
+              op, R, T, capacity, PeerWindows::Auto);
+    // The message path over the same ranks (staging rows, host-driven copies): the baseline of the direct writes.
+    for (int i = 0; i < 2; ++i)
+      add(std::string("ep_loopback/") + ops[i].second + "/eager/R8/" + shape + "/messages", ops[i].first, 8, T, false,
+          PeerWindows::Off);
+  }
 #else
   (void)tokens;
 #endif

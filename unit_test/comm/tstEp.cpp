@@ -7,6 +7,10 @@
 
 #include <EpStep.hpp>
 #include <boost/test/unit_test.hpp>
+#include <impl/KokkosMoE_Transport.hpp>
+#if defined(KOKKOSMOE_HAVE_NCCL)
+#include <KokkosMoE_Communicator_NCCL.hpp>
+#endif
 #if defined(KOKKOSMOE_HAVE_SHARDING)
 #include <KokkosMoE_Planner.hpp>
 #include <KokkosMoE_Topology.hpp>
@@ -197,7 +201,99 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(bootstrap_errors, DeviceType, KOKKOSMOE_DEVICE_TYP
   BOOST_TEST(static_cast<int>(rule_of([&] { make_mpi_communicator(MPI_COMM_WORLD); })) ==
              static_cast<int>(Rule::ConfigValue));
   unsetenv("KOKKOSMOE_COMM_TIMEOUT");
+  // Window settings: an enumerator, and the NCCL-only kinds on NCCL communicators only.
+  CommConfig bad_windows;
+  bad_windows.peer_windows = static_cast<PeerWindows>(9);
+  BOOST_CHECK_EXCEPTION(make_mpi_communicator(MPI_COMM_WORLD, bad_windows), InvalidArgument,
+                        [](const InvalidArgument& e) { return e.rule() == Rule::ConfigValue; });
+  for (PeerWindows w : {PeerWindows::NcclSymmetric, PeerWindows::CudaIpc}) {
+    CommConfig cc;
+    cc.peer_windows = w;
+    BOOST_CHECK_EXCEPTION(make_mpi_shm_communicator(MPI_COMM_WORLD, cc), InvalidArgument,
+                          [](const InvalidArgument& e) { return e.rule() == Rule::ConfigValue; });
+  }
 }
+
+// CommConfig::peer_windows = off keeps an EP group of a shared-window communicator on messages; auto writes directly.
+BOOST_AUTO_TEST_CASE_TEMPLATE(peer_windows_off_means_messages, DeviceType, KOKKOSMOE_DEVICE_TYPES) {
+  using Exec = typename DeviceType::execution_space;
+  if (is_cuda<Exec>() || world_size() < 2) return;  // host windows need 2 ranks; NCCL windows: nccl_peer_windows
+  for (PeerWindows w : {PeerWindows::Off, PeerWindows::Auto}) {
+    CommConfig cc;
+    cc.peer_windows = w;
+    Communicator world = make_mpi_shm_communicator(MPI_COMM_WORLD, cc);
+    BOOST_TEST(static_cast<int>(world.peer_windows()) == static_cast<int>(w));
+    Communicator sub = world.split(0, world.rank());
+    BOOST_TEST(static_cast<int>(sub.peer_windows()) == static_cast<int>(w));  // inherited by splits
+    EpGroup<Exec> group(Exec(), sub, default_config(sub.size()));
+    BOOST_TEST(group.direct_writes() == (w == PeerWindows::Auto), "peer_windows = " << to_string(w));
+  }
+}
+
+#if defined(KOKKOS_ENABLE_CUDA) && defined(KOKKOSMOE_HAVE_NCCL)
+// The NCCL windows (docs/ep.md §7.2) of every kind, at the ranks this run has (one on one GPU): zero-filled, every
+// rank's part addressable, a write into the next rank's part seen there, released collectively. Symmetric windows
+// need NCCL >= 2.28 at run time; an older library must refuse them with CommError(Library) and auto must still give
+// a window (CUDA IPC).
+void nccl_barrier(const Communicator& comm) {
+  Kokkos::View<int*, Kokkos::CudaSpace> one("one", 1), all("all", comm.size());
+  Kokkos::Cuda exec;
+  exec.fence();
+  comm.impl_transport()->allgather("barrier", one.data(), all.data(), sizeof(int), exec.cuda_stream());
+  comm.impl_transport()->wait("barrier", exec.cuda_stream());
+}
+
+BOOST_AUTO_TEST_CASE(nccl_peer_windows) {
+  if (launch_size() > 0) return;  // one process per GPU without MPI: the id exchange serves the cached world only
+  using Mem = Kokkos::CudaSpace;
+  const int device = Kokkos::DefaultExecutionSpace().cuda_device();
+  int version = 0;
+  ncclGetVersion(&version);
+  for (PeerWindows w : {PeerWindows::NcclSymmetric, PeerWindows::CudaIpc, PeerWindows::Auto}) {
+    CommConfig cc;
+    cc.peer_windows = w;
+    Communicator comm = make_nccl_communicator(host_world(), device, cc);
+    const int R = comm.size(), me = comm.rank();
+    const std::size_t bytes = (std::size_t(3) << 20) + 123;  // not a multiple of NCCL's 4 KiB granularity
+    std::shared_ptr<Impl::PeerWindow> win;
+    try {
+      win = comm.impl_transport()->make_window("nccl_peer_windows", bytes);
+    } catch (const CommError& e) {
+      const bool old_nccl = w == PeerWindows::NcclSymmetric && version < 22800;
+      BOOST_TEST(old_nccl, to_string(w) << " windows with NCCL " << version << ": " << e.what());
+      BOOST_TEST(static_cast<int>(e.cause()) == static_cast<int>(CommFailure::Library));
+      continue;
+    }
+    BOOST_REQUIRE_MESSAGE(win != nullptr, to_string(w) << ": no window on one node");
+    BOOST_TEST(win->bytes == bytes);
+    BOOST_REQUIRE(win->base.size() == static_cast<std::size_t>(R));
+    const std::size_t n = bytes / sizeof(int);
+    using Ints = Kokkos::View<int*, Mem, Kokkos::MemoryUnmanaged>;
+    Ints mine(reinterpret_cast<int*>(win->base[me]), n), next(reinterpret_cast<int*>(win->base[(me + 1) % R]), n);
+    int nonzero = 0;
+    Kokkos::parallel_reduce(
+        "nonzero", Kokkos::RangePolicy<Kokkos::Cuda>(0, n), KOKKOS_LAMBDA(std::size_t i, int& c) { c += mine(i) != 0; },
+        nonzero);
+    BOOST_TEST(nonzero == 0, to_string(w) << ": a new window is zero-filled");
+    Kokkos::fence();
+    nccl_barrier(comm);
+    const int tag = 1000 + me;
+    Kokkos::parallel_for(
+        "write_next", Kokkos::RangePolicy<Kokkos::Cuda>(0, n),
+        KOKKOS_LAMBDA(std::size_t i) { next(i) = tag + static_cast<int>(i % 7); });
+    Kokkos::fence();
+    nccl_barrier(comm);
+    const int from = 1000 + (me + R - 1) % R;
+    int wrong = 0;
+    Kokkos::parallel_reduce(
+        "check", Kokkos::RangePolicy<Kokkos::Cuda>(0, n),
+        KOKKOS_LAMBDA(std::size_t i, int& c) { c += mine(i) != from + static_cast<int>(i % 7); }, wrong);
+    BOOST_TEST(wrong == 0, to_string(w) << ": rows written by the previous rank");
+    win.reset();  // collective release
+    BOOST_TEST(!comm.aborted());
+  }
+}
+#endif
 
 BOOST_AUTO_TEST_CASE_TEMPLATE(transport_mismatch, DeviceType, KOKKOSMOE_DEVICE_TYPES) {
   using Exec = typename DeviceType::execution_space;

@@ -10,6 +10,7 @@
 
 #include <EpStep.hpp>
 #include <boost/test/unit_test.hpp>
+#include <impl/KokkosMoE_EP_Signal.hpp>
 
 #include <chrono>
 #include <cmath>
@@ -31,25 +32,28 @@ using namespace KokkosMoE::Test;
 
 namespace {
 
-// CUDA loads a kernel's module at its first launch by default, and that waits for the kernels already running; a
-// peer's wait kernel runs until this rank signals, so loopback ranks on one device need the modules loaded up front
-// (docs/ep.md §7.3). Set before the test main initializes Kokkos (and with it CUDA).
-const bool g_eager_modules = [] { return setenv("CUDA_MODULE_LOADING", "EAGER", 0) == 0; }();
+// Loopback ranks on one device (docs/ep.md §7.3): set before the test main initializes Kokkos (and with it CUDA).
+const bool g_loopback_environment = [] {
+  prepare_loopback_environment();
+  return true;
+}();
 
-/// A reusable barrier of the test's own (C++17 has none).
+/// A reusable barrier of the test's own (C++17 has none), with a deadline: false (and withdrawn) past it.
 class Meeting {
  public:
   explicit Meeting(int n) : m_n(n) {}
-  void wait() {
+  bool wait(std::chrono::seconds limit = std::chrono::seconds(120)) {
     std::unique_lock<std::mutex> lock(m_mu);
     const std::uint64_t gen = m_gen;
     if (++m_arrived == m_n) {
       m_arrived = 0;
       ++m_gen;
       m_cv.notify_all();
-      return;
+      return true;
     }
-    m_cv.wait(lock, [&] { return m_gen != gen; });
+    if (m_cv.wait_for(lock, limit, [&] { return m_gen != gen; })) return true;
+    --m_arrived;
+    return false;
   }
 
  private:
@@ -188,7 +192,7 @@ std::string rank_step(const Exec& exec, const Communicator& comm, const EpGroupC
   if (got.status.dropped_slots != want.status.dropped_slots) out << "dropped_slots differ; ";
   if (got.status.dropped_recv_slots != want.status.dropped_recv_slots) out << "dropped_recv_slots differ; ";
   const CommStats st = group.stats();
-  if (comm.size() > 1 && (st.exchanges != 0 || st.alltoalls != 0))
+  if (comm.size() > 1 && comm.peer_windows() != PeerWindows::Off && (st.exchanges != 0 || st.alltoalls != 0))
     out << "library calls in a step over windows: " << st.exchanges << " exchanges, " << st.alltoalls
         << " all-to-alls; ";
   return out.str();
@@ -203,25 +207,48 @@ void steps_match_oracle() {
       {"capacity drops duplicates bf16 weighted", Routing::Duplicates, CombineMode::Weighted, true, 2},
       {"fixed all-to-one fp32 sum", Routing::AllToOneExpert, CombineMode::Sum, false, 3},
   };
-  for (int R : {1, 2, 3, 4, 8}) {
+  // Direct writes at every R; messages (the staged path, peer_windows = off) at R = 3.
+  const std::pair<int, PeerWindows> runs[] = {{1, PeerWindows::Auto}, {2, PeerWindows::Auto}, {3, PeerWindows::Auto},
+                                              {4, PeerWindows::Auto}, {8, PeerWindows::Auto}, {3, PeerWindows::Off}};
+  for (const auto& [R, windows] : runs) {
+    CommConfig cc;
+    cc.peer_windows = windows;
     for (const Case& k : cases) {
       const EpGroupConfig c = case_config(R, k);
       std::vector<RankInputs> in;
       for (int r = 0; r < R; ++r)
         in.push_back(make_inputs(c, k.routing, r, r == 1 ? 0 : c.max_tokens_per_rank - r % 3, 900 + R, k.bf16));
-      const auto found = on_ranks<Exec>(R, CommConfig{}, [&](int, const Exec& exec, const Communicator& comm) {
+      const auto found = on_ranks<Exec>(R, cc, [&](int, const Exec& exec, const Communicator& comm) {
         return k.bf16 ? rank_step<Exec, bf16_t>(exec, comm, c, in, k.mode)
                       : rank_step<Exec, float>(exec, comm, c, in, k.mode);
       });
       for (int r = 0; r < R; ++r)
-        BOOST_TEST(found[r].empty(), "R = " << R << ", " << k.name << ", rank " << r << ": " << found[r]);
+        BOOST_TEST(found[r].empty(), "R = " << R << " (windows " << to_string(windows) << "), " << k.name << ", rank "
+                                            << r << ": " << found[r]);
     }
   }
 }
 
+/// Keeps \p exec busy for \p seconds (one thread spinning on the clock the wait kernels use).
 template <class Exec>
-void peer_that_never_signals() {
-  // Rank 1 makes the group and then never takes part: the others fail within the deadline + 2 s, then stay failed.
+void stall(const Exec& exec, double seconds) {
+  const auto ns = static_cast<std::uint64_t>(seconds * 1e9);
+  Kokkos::parallel_for(
+      "stall", Kokkos::RangePolicy<Exec>(exec, 0, 1), KOKKOS_LAMBDA(int) {
+        const std::uint64_t t0 = Impl::ep_now_ns();
+        while (Impl::ep_now_ns() - t0 < ns) {
+        }
+      });
+}
+
+enum class Fault { Silent, DeviceStall };
+
+template <class Exec>
+void peer_that_never_signals(Fault fault) {
+  // Silent: rank 1 makes the group and then never takes part. DeviceStall: rank 1 takes part, but its instance is
+  // busy for longer than the deadline first, so its signals never come in time (on Cuda the others' wait kernels
+  // time out; host instances stall rank 1's thread). Either way the others fail within the deadline + 2 s, naming
+  // rank 1, and stay failed.
   CommConfig cc;
   cc.timeout_seconds = 2.0;
   const int R = 3;
@@ -232,12 +259,22 @@ void peer_that_never_signals() {
     const auto found = on_ranks<Exec>(R, cc, [&](int me, const Exec& exec, const Communicator& comm) -> std::string {
       EpGroup<Exec> group(exec, comm, c);
       auto handle = group.make_handle({false, "fault"});
-      if (me == 1) return "";
+      if (me == 1 && fault == Fault::Silent) return "";
       StepViews<Exec, float> s(exec, c, in[me]);
       using Mem = typename Exec::memory_space;
       const int N = capacity ? group.capacity_rows() : c.max_tokens_per_rank * c.top_k * R;
       Kokkos::View<float**, Kokkos::LayoutRight, Mem> rx("rx", N, c.hidden);
       Kokkos::View<float*, Mem> rw("rw", N);
+      if (me == 1) {
+        stall(exec, comm.timeout_seconds() + 4.0);  // KOKKOSMOE_COMM_TIMEOUT may override cc
+        try {
+          ep_layout(exec, handle, s.idx);
+          ep_dispatch(exec, handle, s.x, s.w, rx, rw);
+          ep_synchronize(exec, handle);
+        } catch (const CommError&) {
+        }
+        return "";  // what rank 1 itself sees depends on when its instance comes back
+      }
       const auto t0 = std::chrono::steady_clock::now();
       try {
         ep_layout(exec, handle, s.idx);
@@ -248,7 +285,7 @@ void peer_that_never_signals() {
         const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         std::ostringstream out;
         if (e.cause() != CommFailure::Timeout) out << "cause " << static_cast<int>(e.cause()) << " is not a timeout; ";
-        if (sec > cc.timeout_seconds + 2.0) out << "CommError after " << sec << " s; ";
+        if (sec > comm.timeout_seconds() + 2.0) out << "CommError after " << sec << " s; ";
         if (std::string(e.what()).find("rank 1") == std::string::npos) out << "the error names no rank 1: " << e.what();
         try {
           ep_layout(exec, handle, s.idx);
@@ -262,7 +299,9 @@ void peer_that_never_signals() {
       }
     });
     for (int r = 0; r < R; ++r)
-      BOOST_TEST(found[r].empty(), (capacity ? "capacity" : "eager") << " mode, rank " << r << ": " << found[r]);
+      BOOST_TEST(found[r].empty(), (fault == Fault::Silent ? "silent" : "stalled")
+                                       << " rank 1, " << (capacity ? "capacity" : "eager") << " mode, rank " << r
+                                       << ": " << found[r]);
   }
 }
 
@@ -272,7 +311,8 @@ BOOST_AUTO_TEST_SUITE(ep_loopback)
 
 #if defined(KOKKOS_ENABLE_CUDA)
 BOOST_AUTO_TEST_CASE(cuda_steps_match_oracle) { steps_match_oracle<Kokkos::Cuda>(); }
-BOOST_AUTO_TEST_CASE(cuda_peer_that_never_signals) { peer_that_never_signals<Kokkos::Cuda>(); }
+BOOST_AUTO_TEST_CASE(cuda_peer_that_never_signals) { peer_that_never_signals<Kokkos::Cuda>(Fault::Silent); }
+BOOST_AUTO_TEST_CASE(cuda_peer_whose_device_stalls) { peer_that_never_signals<Kokkos::Cuda>(Fault::DeviceStall); }
 
 BOOST_AUTO_TEST_CASE(cuda_graph_capture_replays_new_routing) {
   // Capacity mode at R = 8: layout, dispatch and combine captured once per rank, replayed with new routing.
@@ -294,7 +334,7 @@ BOOST_AUTO_TEST_CASE(cuda_graph_capture_replays_new_routing) {
     Kokkos::View<float**, Kokkos::LayoutRight, Mem> rx("rx", N, c.hidden), y("y", s.x.extent(0), c.hidden);
     Kokkos::View<float*, Mem> rw("rw", N);
     exec.fence();
-    meet.wait();
+    if (!meet.wait()) return std::string("the peers never met before the first step");
     ep_layout(exec, handle, s.idx);
     ep_dispatch(exec, handle, s.x, s.w, rx, rw);
     ep_combine(exec, handle, CombineMode::Weighted, rx, s.w, y);
@@ -302,12 +342,23 @@ BOOST_AUTO_TEST_CASE(cuda_graph_capture_replays_new_routing) {
     cudaStream_t stream = exec.cuda_stream();
     cudaGraph_t graph = nullptr;
     cudaGraphExec_t inst = nullptr;
+    // Every rank captures before any goes on: a device-wide synchronization in one rank's thread (a View freed,
+    // a global fence) would break a peer's capture in progress.
+    if (!meet.wait()) return std::string("the peers never met before the capture");
     if (cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal) != cudaSuccess) return std::string("capture");
-    ep_layout(exec, handle, s.idx);
-    ep_dispatch(exec, handle, s.x, s.w, rx, rw);
-    ep_combine(exec, handle, CombineMode::Weighted, rx, s.w, y);
-    if (cudaStreamEndCapture(stream, &graph) != cudaSuccess) return std::string("end capture");
-    if (cudaGraphInstantiate(&inst, graph, 0) != cudaSuccess) return std::string("instantiate");
+    try {
+      ep_layout(exec, handle, s.idx);
+      ep_dispatch(exec, handle, s.x, s.w, rx, rw);
+      ep_combine(exec, handle, CombineMode::Weighted, rx, s.w, y);
+    } catch (...) {
+      cudaStreamEndCapture(stream, &graph);  // the stream leaves capture mode before the error goes on
+      if (graph != nullptr) cudaGraphDestroy(graph);
+      throw;
+    }
+    const bool captured =
+        cudaStreamEndCapture(stream, &graph) == cudaSuccess && cudaGraphInstantiate(&inst, graph, 0) == cudaSuccess;
+    if (!meet.wait()) return std::string("the peers never met after the capture");
+    if (!captured) return std::string("capture or instantiation failed");
     Kokkos::deep_copy(exec, s.idx, s2.idx);
     Kokkos::deep_copy(exec, s.w, s2.w);
     Kokkos::deep_copy(exec, s.x, s2.x);
@@ -329,7 +380,8 @@ BOOST_AUTO_TEST_CASE(cuda_graph_capture_replays_new_routing) {
 
 #if defined(KOKKOSMOE_HAVE_SERIAL_INSTANCES)
 BOOST_AUTO_TEST_CASE(serial_steps_match_oracle) { steps_match_oracle<Kokkos::Serial>(); }
-BOOST_AUTO_TEST_CASE(serial_peer_that_never_signals) { peer_that_never_signals<Kokkos::Serial>(); }
+BOOST_AUTO_TEST_CASE(serial_peer_that_never_signals) { peer_that_never_signals<Kokkos::Serial>(Fault::Silent); }
+BOOST_AUTO_TEST_CASE(serial_peer_whose_device_stalls) { peer_that_never_signals<Kokkos::Serial>(Fault::DeviceStall); }
 #else
 // Kokkos 3.4's Serial shares one instance (and its scratch) between threads, and its OpenMP cannot run instances from
 // several host threads: host loopback ranks need Kokkos >= 4 (docs/ep.md §7.3). MPI shared windows are the CPU test

@@ -31,6 +31,19 @@ double resolve_timeout(const char* fn, double configured) {
   return value;
 }
 
+PeerWindows resolve_peer_windows(const char* fn, const CommConfig& config, CommTransport kind) {
+  const PeerWindows w = config.peer_windows;
+  const int v = static_cast<int>(w);
+  if (v < static_cast<int>(PeerWindows::Auto) || v > static_cast<int>(PeerWindows::CudaIpc))
+    throw InvalidArgument(fn, "config.peer_windows", Rule::ConfigValue,
+                          "CommConfig::peer_windows (" + std::to_string(v) + ") is not a PeerWindows enumerator");
+  if ((w == PeerWindows::NcclSymmetric || w == PeerWindows::CudaIpc) && kind != CommTransport::Nccl)
+    throw InvalidArgument(fn, "config.peer_windows", Rule::ConfigValue,
+                          std::string("CommConfig::peer_windows = ") + to_string(w) + " is for NCCL communicators; a " +
+                              to_string(kind) + " communicator takes auto or off");
+  return w;
+}
+
 CommStats stats_of(const Transport& t) {
   CommStats s;
   s.calls = t.calls;
@@ -57,13 +70,16 @@ int Communicator::size() const { return checked("Communicator::size").size(); }
 int Communicator::device() const { return checked("Communicator::device").device(); }
 CommTransport Communicator::transport() const { return checked("Communicator::transport").kind(); }
 double Communicator::timeout_seconds() const { return checked("Communicator::timeout_seconds").timeout_seconds(); }
+PeerWindows Communicator::peer_windows() const { return checked("Communicator::peer_windows").peer_windows(); }
 
 Communicator Communicator::split(int color, int key) const {
   constexpr const char* fn = "Communicator::split";
   Impl::Transport& t = checked(fn);
   if (color < 0)
     throw InvalidArgument(fn, "color", Rule::ConfigValue, "color (" + std::to_string(color) + ") must be >= 0");
-  return Communicator(t.split(fn, color, key));
+  std::shared_ptr<Impl::Transport> child = t.split(fn, color, key);
+  child->set_peer_windows(t.peer_windows());
+  return Communicator(std::move(child));
 }
 
 void Communicator::abort() noexcept {

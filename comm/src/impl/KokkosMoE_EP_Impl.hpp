@@ -362,21 +362,29 @@ std::shared_ptr<EpGroupState<Exec>> make_group_state(const Exec& exec, const Com
   }
   {
     const int R = t->size();
-    Kokkos::View<std::uint64_t*, Mem> mine("KokkosMoE::ep::digest", 2), all("KokkosMoE::ep::digests", 2 * R);
+    // Per rank: invalid marker, config digest, the communicator's window setting (make_window is collective).
+    constexpr int kWords = 3;
+    Kokkos::View<std::uint64_t*, Mem> mine("KokkosMoE::ep::digest", kWords), all("KokkosMoE::ep::digests", kWords * R);
     auto hm = Kokkos::create_mirror_view(mine);
     hm(0) = invalid ? 1u : 0u;
     hm(1) = config_digest(config);
+    hm(2) = static_cast<std::uint64_t>(t->peer_windows());
     Kokkos::deep_copy(exec, mine, hm);
     exec.fence();
-    t->allgather(fn, mine.data(), all.data(), 2 * sizeof(std::uint64_t), ExecTraits<Exec>::stream(exec));
+    t->allgather(fn, mine.data(), all.data(), kWords * sizeof(std::uint64_t), ExecTraits<Exec>::stream(exec));
     t->wait(fn, ExecTraits<Exec>::stream(exec));
     auto host = to_host(exec, all);
     if (invalid) std::rethrow_exception(invalid);
-    std::string bad, differ;
+    std::string bad, differ, windows;
     for (int r = 0; r < R; ++r) {
-      if (host(2 * r) != 0) bad += (bad.empty() ? "" : ", ") + std::to_string(r);
-      if (host(2 * r + 1) != host(1)) differ += (differ.empty() ? "" : ", ") + std::to_string(r);
+      if (host(kWords * r) != 0) bad += (bad.empty() ? "" : ", ") + std::to_string(r);
+      if (host(kWords * r + 1) != host(1)) differ += (differ.empty() ? "" : ", ") + std::to_string(r);
+      if (host(kWords * r + 2) != host(2)) windows += (windows.empty() ? "" : ", ") + std::to_string(r);
     }
+    if (!windows.empty())
+      ep_fail(fn, "comm", Rule::CommConfigMismatch,
+              "the ranks' communicators were made with different CommConfig::peer_windows: rank(s) " + windows +
+                  " differ from rank 0");
     if (!bad.empty())
       ep_fail(fn, "config", Rule::CommConfigMismatch,
               "rank(s) " + bad +
@@ -418,7 +426,7 @@ std::shared_ptr<EpGroupState<Exec>> make_group_state(const Exec& exec, const Com
     Kokkos::deep_copy(exec, tv, hv);
     return tv;
   };
-  if (s.R > 1) {
+  if (s.R > 1 && t->peer_windows() != PeerWindows::Off) {
     g->window_bytes = ctrl_bytes + 2 * rows_bytes + 3 * floats_bytes + counts_bytes;
     g->window = t->make_window(fn, g->window_bytes);
   }
@@ -444,7 +452,7 @@ std::shared_ptr<EpGroupState<Exec>> make_group_state(const Exec& exec, const Com
     g->in_counts = mine + o_counts;
     g->signals.ctrl = table("ctrl", [&](int r) { return base[r]; });
     g->signals.epoch = Kokkos::View<std::uint64_t*, Mem>("KokkosMoE::ep::window_epoch", kWindowRegions);
-    g->signals.err = Kokkos::View<std::int64_t*, Mem>("KokkosMoE::ep::window_error", 4);
+    g->signals.err = Kokkos::View<std::int64_t*, Mem>("KokkosMoE::ep::window_error", kErrWords);
     g->signals.R = s.R;
     g->signals.me = s.me;
     g->signals.timeout_ns = static_cast<std::uint64_t>(t->timeout_seconds() * 1e9);
@@ -519,12 +527,20 @@ void transfer(const Exec& exec, const char* fn, EpHandleState<Exec>& h, Directio
 template <class Exec>
 void throw_window_error(const char* fn, EpGroupState<Exec>& g, const std::int64_t* err) {
   const int region = static_cast<int>(err[1]);
+  const std::string what = region >= 0 && region < kWindowRegions ? kWindowRegionNames[region] : "?";
   g.transport->fail_and_abort(fn, CommFailure::Timeout,
-                              "rank " + std::to_string(err[2]) + " did not signal its " +
-                                  (region >= 0 && region < kWindowRegions ? kWindowRegionNames[region] : "?") +
-                                  " (epoch " + std::to_string(err[3]) + ") in the window within " +
-                                  std::to_string(g.transport->timeout_seconds()) +
+                              "rank " + std::to_string(err[2]) + " did not signal " +
+                                  (err[4] == 0 ? "its " + what : "that it consumed this rank's " + what) + " (epoch " +
+                                  std::to_string(err[3]) + ", its counter here at " + std::to_string(err[5]) +
+                                  ") in the window within " + std::to_string(g.transport->timeout_seconds()) +
                                   " s (stalled or dead peer); the communicator is aborted");
+}
+
+/// The error word read through the instance, after the work that sets it: CommError when a peer never signalled.
+template <class Exec>
+void check_window_word(const Exec& exec, const char* fn, EpGroupState<Exec>& g) {
+  auto err = to_host(exec, g.signals.err);
+  if (err(0) != 0) throw_window_error(fn, g, err.data());
 }
 
 template <class Exec>
@@ -533,6 +549,12 @@ void check_window(const Exec& exec, const char* fn, EpGroupState<Exec>& g) {
     exec.fence();
     if (g.signals.err(0) != 0) throw_window_error(fn, g, g.signals.err.data());
   }
+}
+
+/// The start of an operation that waits for peers in the windows (after its arguments are validated).
+template <class Exec>
+void enter_op(const char* fn, EpGroupState<Exec>& g, const EpShape& s) {
+  if (g.window && s.R > 1) g.transport->rendezvous(fn);
 }
 
 /// Before an operation writes \p region: with windows, every peer has consumed the previous rows there.
@@ -620,6 +642,7 @@ void layout(const Exec& exec, EpHandleState<Exec>& h, const IdxView& idx) {
   void* stream = ExecTraits<Exec>::stream(exec);
   const int W = s.E + 1 + s.R;
 
+  enter_op(fn, g, s);
   layout_count(exec, s, idx, h.v);
   if (g.window) {
     // The counts travel through the windows too, so that capacity mode waits on the device only.
@@ -637,6 +660,7 @@ void layout(const Exec& exec, EpHandleState<Exec>& h, const IdxView& idx) {
   if (!s.capacity_mode) {
     // Eager: the one host wait of the step, bounded by the communicator's timeout.
     g.transport->wait(fn, stream);
+    if (g.window) check_window_word(exec, fn, g);
     auto m = to_host(exec, h.v.gathered);
     auto cnt = [&](int i, int e) { return static_cast<std::int64_t>(m(static_cast<std::size_t>(i) * W + e)); };
     auto tok = [&](int i, int r) { return cnt(i, s.E + 1 + r); };
@@ -768,6 +792,7 @@ void dispatch(const Exec& exec, EpHandleState<Exec>& h, const XView& x, const WV
   ep_check_view(fn, "recv_x", recv_x, h.recv_rows, H, true);
   if (with_w) ep_check_view(fn, "recv_w", recv_w, h.recv_rows, 1, true);
   EpGroupState<Exec>& g = *h.group;
+  enter_op(fn, g, s);
   const std::size_t row_bytes = static_cast<std::size_t>(H) * sizeof(Scalar);
   const std::size_t pitch = token_pitch(row_bytes, s.K, true);
   with_unit<Scalar>(H, {x.data(), recv_x.data()}, [&](auto unit) {
@@ -814,6 +839,7 @@ void combine(const Exec& exec, EpHandleState<Exec>& h, CombineMode mode, const O
   if (weighted) ep_check_view(fn, "topk_w", w, s.T, s.K, false);
   ep_check_view(fn, "y", y, s.T, H, false);
   EpGroupState<Exec>& g = *h.group;
+  enter_op(fn, g, s);
   const std::size_t pitch = token_pitch(static_cast<std::size_t>(H) * sizeof(Scalar), s.K, false);
   const std::size_t fpitch = static_cast<std::size_t>(s.K) * sizeof(float);
   if (weighted) {
@@ -876,6 +902,7 @@ void combine_backward(const Exec& exec, EpHandleState<Exec>& h, CombineMode mode
     ep_check_view(fn, "grad_w", grad_w, s.T, s.K, false);
   }
   EpGroupState<Exec>& g = *h.group;
+  enter_op(fn, g, s);
   const std::size_t row_bytes = static_cast<std::size_t>(H) * sizeof(Scalar);
   // Weighted: grad_y travels with the token's weights in its trailer, and the dots come back as K floats per token.
   const std::size_t pitch = token_pitch(row_bytes, s.K, weighted);
@@ -944,6 +971,7 @@ void dispatch_backward(const Exec& exec, EpHandleState<Exec>& h, const GradRecvX
   }
   ep_check_view(fn, "grad_x", grad_x, s.T, H, false);
   EpGroupState<Exec>& g = *h.group;
+  enter_op(fn, g, s);
   const std::size_t row_bytes = static_cast<std::size_t>(H) * sizeof(Scalar);
   const std::size_t pitch = token_pitch(row_bytes, s.K, true);
   with_unit<Scalar>(H, {grad_recv_x.data(), grad_x.data()}, [&](auto unit) {
@@ -974,10 +1002,7 @@ EpStatus synchronize(const Exec& exec, EpHandleState<Exec>& h) {
   g.transport->wait(fn, ExecTraits<Exec>::stream(exec));
   exec.fence();
   EpStatus st;
-  if (g.window) {
-    auto err = to_host(exec, g.signals.err);
-    if (err(0) != 0) throw_window_error(fn, g, err.data());
-  }
+  if (g.window) check_window_word(exec, fn, g);
   if (!h.laid_out) return st;
   const EpShape& s = h.shape;
   {

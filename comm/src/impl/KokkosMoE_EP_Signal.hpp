@@ -54,11 +54,13 @@ KOKKOS_INLINE_FUNCTION void ep_fence_peers() {
 #endif
 }
 
+constexpr int kErrWords = 6;
+
 template <class Mem>
 struct WindowSignals {
   Kokkos::View<const std::uintptr_t*, Mem> ctrl;  // [R] every rank's control block
   Kokkos::View<std::uint64_t*, Mem> epoch;        // [kWindowRegions] this rank's completed epochs
-  Kokkos::View<std::int64_t*, Mem> err;           // [4] failed, region, peer, epoch
+  Kokkos::View<std::int64_t*, Mem> err;           // [kErrWords] failed, region, peer, epoch, kind, value seen
   int R = 0, me = 0;
   std::uint64_t timeout_ns = 0;
 
@@ -71,12 +73,15 @@ struct WindowSignals {
     const std::uint64_t start = ep_now_ns();
     for (int p = 0; p < R; ++p) {
       if (p == me) continue;
-      while (*flag(me, region, kind, p) < n) {
+      std::uint64_t seen = 0;
+      while ((seen = *flag(me, region, kind, p)) < n) {
         if (err(0) != 0) return false;
         if (ep_now_ns() - start > timeout_ns) {
           err(1) = region;
           err(2) = p;
           err(3) = static_cast<std::int64_t>(n);
+          err(4) = kind;
+          err(5) = static_cast<std::int64_t>(seen);
           ep_fence_peers();
           err(0) = 1;
           return false;

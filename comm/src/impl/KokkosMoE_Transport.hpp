@@ -70,6 +70,11 @@ class Transport {
   /// Collective: \p bytes per rank of memory every rank can write, or nullptr (on every rank alike) when this
   /// transport has no windows for this group of ranks.
   virtual std::shared_ptr<PeerWindow> make_window(const char* /*op*/, std::size_t /*bytes*/) { return nullptr; }
+  /// Ranks that share one device (loopback) meet on the host before an operation launches kernels that wait for
+  /// peers: an implicitly synchronizing CUDA call of one rank's thread between operations (cudaMalloc, cudaFree, a
+  /// copy on the legacy stream) would otherwise wait for a peer's wait kernel that waits for this very rank
+  /// (docs/ep.md §7.3). Bounded by the timeout; a no-op where ranks have devices of their own.
+  virtual void rendezvous(const char* /*op*/) {}
   /// Throws CommError(Aborted) after an abort or a failure.
   void require_open(const char* op) const { check_not_aborted(op); }
   /// A failure the EP layer found itself (a peer that never signalled in a window): aborts and throws.
@@ -82,6 +87,8 @@ class Transport {
   int size() const noexcept { return m_size; }
   int device() const noexcept { return m_device; }
   double timeout_seconds() const noexcept { return m_timeout; }
+  PeerWindows peer_windows() const noexcept { return m_windows; }
+  void set_peer_windows(PeerWindows w) noexcept { m_windows = w; }
   bool aborted() const noexcept { return m_aborted; }
 
   /// Operation counters (docs/ep.md §12 cases 6 and 7): calls into the library and the streams they used.
@@ -112,6 +119,7 @@ class Transport {
   int m_rank, m_size, m_device;
   double m_timeout;
   bool m_aborted = false;
+  PeerWindows m_windows = PeerWindows::Auto;
 };
 
 /// The counters of \p t as the public CommStats.
@@ -120,6 +128,10 @@ CommStats stats_of(const Transport& t);
 /// The timeout of a new communicator: KOKKOSMOE_COMM_TIMEOUT (seconds) when set, else `configured`.
 /// \throws InvalidArgument (Rule::ConfigValue) for a value that is not a finite number in (0, 1e6]
 double resolve_timeout(const char* fn, double configured);
+
+/// The window setting of a new communicator of kind \p kind.
+/// \throws InvalidArgument (Rule::ConfigValue) for a value that is no enumerator, or an NCCL-only one elsewhere
+PeerWindows resolve_peer_windows(const char* fn, const CommConfig& config, CommTransport kind);
 
 }  // namespace Impl
 }  // namespace KokkosMoE

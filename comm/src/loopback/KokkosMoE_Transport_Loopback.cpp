@@ -38,34 +38,68 @@ struct Post {
 };
 
 struct World {
-  explicit World(int n) : size(n), posts(static_cast<std::size_t>(n)), here(static_cast<std::size_t>(n), false) {}
+  explicit World(int n)
+      : size(n),
+        posts(static_cast<std::size_t>(n)),
+        here(static_cast<std::size_t>(n), false),
+        waiting_in(static_cast<std::size_t>(n)) {}
   const int size;
   std::mutex mu;
   std::condition_variable cv;
   std::uint64_t generation = 0;
   int arrived = 0;
+  std::string meeting;  // the operation of the meeting in progress (while arrived > 0)
   std::vector<Post> posts;
   std::vector<bool> here;
+  std::vector<std::string> waiting_in;  // per rank: the meeting it waits at, "" when none
 
-  /// Every rank of the world reaches it, or CommError(Timeout) naming the missing ranks at the deadline.
+  /// Every rank of the world reaches the same meeting (named by its operation), or CommError(Timeout) at the deadline
+  /// naming the ranks that did not come and where they wait instead. A rank that arrives at another meeting never
+  /// joins the one in progress; a rank that gives up withdraws, so the world stays consistent after a failure.
   void barrier(const char* op, int rank, std::chrono::steady_clock::time_point until, double timeout) {
     std::unique_lock<std::mutex> lock(mu);
+    waiting_in[rank] = op;
+    if (!cv.wait_until(lock, until, [&] { return arrived == 0 || meeting == op; })) {
+      waiting_in[rank].clear();
+      throw timeout_error(op, rank, timeout, "ranks " + who(true) + " are at " + meeting + ", not at " + op);
+    }
+    if (arrived == 0) meeting = op;
     const std::uint64_t gen = generation;
     here[rank] = true;
     if (++arrived == size) {
       arrived = 0;
       std::fill(here.begin(), here.end(), false);
+      for (std::string& w : waiting_in) w.clear();
       ++generation;
       cv.notify_all();
       return;
     }
     if (cv.wait_until(lock, until, [&] { return generation != gen; })) return;
-    std::string missing;
-    for (int r = 0; r < size; ++r)
-      if (!here[r]) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
-    throw CommError(op, rank, size, CommFailure::Timeout,
-                    "no answer within " + std::to_string(timeout) + " s from rank(s) " + missing +
-                        " of the loopback group (stalled or gone thread); the communicator is aborted");
+    here[rank] = false;
+    --arrived;
+    waiting_in[rank].clear();
+    const std::string missing = who(false);
+    cv.notify_all();
+    throw timeout_error(op, rank, timeout, missing + " did not reach " + op);
+  }
+
+ private:
+  /// The ranks at the meeting in progress (present) or missing from it, with where the missing ones wait.
+  std::string who(bool present) const {
+    std::string out;
+    int n = 0;
+    for (int r = 0; r < size; ++r) {
+      if (here[r] != present) continue;
+      out += (out.empty() ? "" : ", ") + std::to_string(r);
+      if (!present && !waiting_in[r].empty()) out += " (waiting at " + waiting_in[r] + ")";
+      ++n;
+    }
+    return present ? out : (n == 1 ? "rank " : "ranks ") + out + " of the loopback group";
+  }
+  CommError timeout_error(const char* op, int rank, double timeout, const std::string& what) const {
+    return CommError(
+        op, rank, size, CommFailure::Timeout,
+        what + " (waited " + std::to_string(timeout) + " s: stalled or gone thread); the communicator is aborted");
   }
 };
 
@@ -174,6 +208,11 @@ class LoopbackTransport final : public Transport {
 
   void abort() noexcept override { m_aborted = true; }
 
+  void rendezvous(const char* op) override {
+    check_not_aborted(op);
+    meet(op);
+  }
+
   std::shared_ptr<PeerWindow> make_window(const char* op, std::size_t bytes) override {
     check_not_aborted(op);
     constexpr std::size_t kAlign = 64;
@@ -261,6 +300,7 @@ class LoopbackTransport final : public Transport {
 std::vector<Communicator> make_loopback_communicators(int ranks, int device, const CommConfig& config) {
   constexpr const char* fn = "make_loopback_communicators";
   const double timeout = Impl::resolve_timeout(fn, config.timeout_seconds);
+  const PeerWindows windows = Impl::resolve_peer_windows(fn, config, CommTransport::Loopback);
   if (ranks < 1 || ranks > 4096)
     throw InvalidArgument(fn, "ranks", Rule::ConfigValue, "ranks (" + std::to_string(ranks) + ") must be in [1, 4096]");
 #if !defined(KOKKOSMOE_LOOPBACK_CUDA)
@@ -270,11 +310,34 @@ std::vector<Communicator> make_loopback_communicators(int ranks, int device, con
         "device " + std::to_string(device) + ": this build has no CUDA loopback (use -1, host memory)");
 #endif
   if (device < -1) throw InvalidArgument(fn, "device", Rule::ConfigValue, "device must be -1 (host) or a CUDA device");
+  if (device >= 0) {
+    if (ranks > kMaxDeviceLoopbackRanks)
+      throw InvalidArgument(fn, "ranks", Rule::ConfigValue,
+                            "ranks (" + std::to_string(ranks) + ") on one device must be at most " +
+                                std::to_string(kMaxDeviceLoopbackRanks) + " (one hardware queue per rank's stream)");
+    const char* loading = std::getenv("CUDA_MODULE_LOADING");
+    const char* queues = std::getenv("CUDA_DEVICE_MAX_CONNECTIONS");
+    const int nq = queues != nullptr ? std::atoi(queues) : 8;
+    if (loading == nullptr || std::string(loading) != "EAGER" || nq < ranks + 1)
+      throw InvalidArgument(
+          fn, "environment", Rule::ConfigValue,
+          "loopback ranks on a device need CUDA_MODULE_LOADING=EAGER and CUDA_DEVICE_MAX_CONNECTIONS >= ranks + 1 (" +
+              std::to_string(ranks + 1) + ") before CUDA starts (found " + (loading ? loading : "unset") + " and " +
+              (queues ? queues : "unset") + "): call prepare_loopback_environment() before Kokkos::initialize");
+  }
   auto world = std::make_shared<Impl::World>(ranks);
   std::vector<Communicator> out;
-  for (int r = 0; r < ranks; ++r)
-    out.emplace_back(std::make_shared<Impl::LoopbackTransport>(world, r, device, timeout));
+  for (int r = 0; r < ranks; ++r) {
+    auto t = std::make_shared<Impl::LoopbackTransport>(world, r, device, timeout);
+    t->set_peer_windows(windows);
+    out.emplace_back(std::move(t));
+  }
   return out;
+}
+
+void prepare_loopback_environment() {
+  setenv("CUDA_MODULE_LOADING", "EAGER", 0);
+  setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", 0);
 }
 
 }  // namespace KokkosMoE

@@ -249,6 +249,7 @@ Communicator make_mpi_shm_communicator(MPI_Comm comm, const CommConfig& config) 
 namespace {
 Communicator make_mpi(const char* fn, MPI_Comm comm, const CommConfig& config, bool shm) {
   const double timeout = Impl::resolve_timeout(fn, config.timeout_seconds);
+  const PeerWindows windows = Impl::resolve_peer_windows(fn, config, shm ? CommTransport::MpiShm : CommTransport::Mpi);
   int initialized = 0, finalized = 0;
   MPI_Initialized(&initialized);
   MPI_Finalized(&finalized);
@@ -279,7 +280,9 @@ Communicator make_mpi(const char* fn, MPI_Comm comm, const CommConfig& config, b
   if (rc != MPI_SUCCESS)
     throw CommError(fn, rank, size, CommFailure::Library, "MPI_Comm_dup: " + Impl::mpi_error_string(rc));
   MPI_Comm_set_errhandler(dup, MPI_ERRORS_RETURN);
-  return Communicator(std::make_shared<Impl::MpiTransport>(dup, rank, size, timeout, true, shm));
+  auto t = std::make_shared<Impl::MpiTransport>(dup, rank, size, timeout, true, shm);
+  t->set_peer_windows(windows);
+  return Communicator(std::move(t));
 }
 }  // namespace
 

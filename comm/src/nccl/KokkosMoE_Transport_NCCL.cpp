@@ -6,15 +6,31 @@
 // every call may return ncclInProgress; poll() waits for ncclCommGetAsyncError to leave ncclInProgress with a
 // deadline. Host waits poll cudaStreamQuery and the async error together; on a timeout the communicator is aborted,
 // which also releases kernels stuck waiting for a dead peer.
+//
+// Windows (docs/ep.md §7.2): NCCL symmetric windows where the library has them and every rank is in the
+// communicator's load/store team (ncclMemAlloc + ncclCommWindowRegister; peer pointers from the device API's
+// ncclGetLsaPointer), else cudaMalloc'd memory shared by CUDA IPC handles among the ranks of one node, else none
+// (messages). The window entry points are looked up at run time, so a binary built against NCCL 2.28's headers still
+// runs, without symmetric windows, on an older libnccl.
 #include <KokkosMoE_Communicator_NCCL.hpp>
 
 #include <cuda_runtime.h>
+#include <dlfcn.h>
 #include <impl/KokkosMoE_Transport.hpp>
+#include <unistd.h>
 
+#include <algorithm>
+#include <array>
 #include <chrono>
+#include <cstring>
+#include <functional>
 #include <string>
 #include <thread>
 #include <vector>
+
+#if defined(__CUDACC__)
+#include <nccl_device.h>
+#endif
 
 namespace KokkosMoE {
 namespace Impl {
@@ -32,6 +48,98 @@ class DeviceGuard {
 
  private:
   int m_old = 0;
+};
+
+/// NCCL's window entry points, where the loaded library has them (2.28 and later).
+struct WindowApi {
+  using Register = ncclResult_t (*)(ncclComm_t, void*, size_t, ncclWindow_t*, int);
+  using Deregister = ncclResult_t (*)(ncclComm_t, ncclWindow_t);
+  Register reg = nullptr;
+  Deregister dereg = nullptr;
+  void* team_lsa = nullptr;  // ncclTeam_t (*)(ncclComm_t), from the device API's host part
+  std::string why;           // empty when usable
+};
+
+const WindowApi& window_api() {
+  static const WindowApi api = [] {
+    WindowApi a;
+#if !defined(__CUDACC__)
+    a.why = "this build compiled the NCCL transport without a CUDA compiler (no device API)";
+#else
+    int version = 0;
+    ncclGetVersion(&version);
+    if (version < 22800) {
+      a.why = "the loaded NCCL is " + std::to_string(version) + "; symmetric windows need 2.28 or later";
+      return a;
+    }
+    a.reg = reinterpret_cast<WindowApi::Register>(dlsym(RTLD_DEFAULT, "ncclCommWindowRegister"));
+    a.dereg = reinterpret_cast<WindowApi::Deregister>(dlsym(RTLD_DEFAULT, "ncclCommWindowDeregister"));
+    a.team_lsa = dlsym(RTLD_DEFAULT, "ncclTeamLsa");
+    if (a.reg == nullptr || a.dereg == nullptr || a.team_lsa == nullptr)
+      a.why = "the loaded NCCL has no ncclCommWindowRegister/ncclTeamLsa";
+#endif
+    return a;
+  }();
+  return api;
+}
+
+/// Whether every rank of \p comm is in this rank's load/store team (symmetric windows reach all peers).
+bool lsa_is_world(const WindowApi& api, ncclComm_t comm, int size) {
+  if (!api.why.empty()) return false;
+#if defined(__CUDACC__)
+  using TeamLsa = ncclTeam_t (*)(ncclComm_t);
+  return reinterpret_cast<TeamLsa>(api.team_lsa)(comm).nRanks == size;
+#else
+  (void)comm;
+  (void)size;
+  return false;
+#endif
+}
+
+#if defined(__CUDACC__)
+/// Every rank's part of a symmetric window as this rank addresses it (the device API computes it on the device).
+__global__ void lsa_bases(ncclWindow_t w, int n, std::uintptr_t* out) {
+  const int p = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
+  if (p < n) out[p] = reinterpret_cast<std::uintptr_t>(ncclGetLsaPointer(w, 0, p));
+}
+#endif
+
+/// What each rank tells the others before a window is made (one all-gather).
+struct WindowProbe {
+  std::uint64_t node = 0;  // hash of the host name and boot id
+  std::int64_t pid = 0;
+  int device = -1;
+  cudaIpcMemHandle_t ipc{};
+  std::uintptr_t raw = 0;  // the IPC allocation as this process sees it (peers in the same process use it as is)
+};
+
+std::uint64_t node_id() {
+  char host[256] = {};
+  gethostname(host, sizeof(host) - 1);
+  std::string id = host;
+  if (FILE* f = std::fopen("/proc/sys/kernel/random/boot_id", "r")) {
+    char boot[64] = {};
+    if (std::fgets(boot, sizeof(boot), f) != nullptr) id += boot;
+    std::fclose(f);
+  }
+  return std::hash<std::string>{}(id);
+}
+
+class NcclTransport;
+
+/// A window of the ranks of one NCCL communicator. Released collectively (every rank meets first, so no peer still
+/// writes into memory being freed); a window of an aborted communicator is left allocated (a peer may be gone).
+class NcclWindow final : public PeerWindow {
+ public:
+  enum class Kind { Symmetric, Ipc };
+  NcclWindow(NcclTransport* t, Kind kind) : m_t(t), m_kind(kind) {}
+  ~NcclWindow() override;
+
+  NcclTransport* m_t;
+  Kind m_kind;
+  void* m_mine = nullptr;
+  ncclWindow_t m_win = nullptr;
+  std::vector<void*> m_opened;  // IPC handles opened from other processes
 };
 
 class NcclTransport final : public Transport {
@@ -96,7 +204,11 @@ class NcclTransport final : public Transport {
     check_not_aborted(op);
     ++waits;
     DeviceGuard guard(m_device);
-    auto s = static_cast<cudaStream_t>(stream);
+    drain(op, static_cast<cudaStream_t>(stream));
+  }
+
+  /// Host wait for \p s and the communicator's asynchronous errors, bounded by the timeout.
+  void drain(const char* op, cudaStream_t s) {
     const auto until = deadline();
     for (int spin = 0;; ++spin) {
       const cudaError_t q = cudaStreamQuery(s);
@@ -160,6 +272,87 @@ class NcclTransport final : public Transport {
     return std::make_shared<NcclTransport>(sub, r, n, m_device, m_timeout, true);
   }
 
+  std::shared_ptr<PeerWindow> make_window(const char* op, std::size_t bytes) override {
+    check_not_aborted(op);
+    DeviceGuard guard(m_device);
+    const WindowApi& api = window_api();
+    const std::size_t n =
+        (bytes + NCCL_WIN_REQUIRED_ALIGNMENT - 1) / NCCL_WIN_REQUIRED_ALIGNMENT * NCCL_WIN_REQUIRED_ALIGNMENT;
+    if (m_windows == PeerWindows::NcclSymmetric || m_windows == PeerWindows::Auto) {
+      // Every rank learns whether every rank can try (the same answer everywhere).
+      const std::vector<int> can = host_allgather(op, lsa_is_world(api, m_comm, m_size) ? 1 : 0);
+      const bool all_can = std::all_of(can.begin(), can.end(), [](int c) { return c != 0; });
+      if (all_can) {
+        if (auto w = symmetric_window(op, n, bytes, api)) return w;
+      }
+      if (m_windows == PeerWindows::NcclSymmetric)
+        fail(op, CommFailure::Library,
+             std::string("CommConfig::peer_windows = nccl, but NCCL gives no symmetric window here (") +
+                 (!all_can
+                      ? (api.why.empty() ? std::string("not every rank is in this rank's load/store team") : api.why)
+                      : std::string("the communicator has no symmetric memory support")) +
+                 ")");
+    }
+    if (m_windows != PeerWindows::CudaIpc && m_windows != PeerWindows::Auto) return nullptr;
+    WindowProbe mine;
+    mine.node = node_id();
+    mine.pid = static_cast<std::int64_t>(getpid());
+    mine.device = m_device;
+    void* ipc = nullptr;
+    cuda(op, cudaMalloc(&ipc, n), "cudaMalloc (window)");
+    const cudaError_t he = cudaIpcGetMemHandle(&mine.ipc, ipc);
+    if (he != cudaSuccess) {
+      cudaFree(ipc);
+      cuda(op, he, "cudaIpcGetMemHandle");
+    }
+    mine.raw = reinterpret_cast<std::uintptr_t>(ipc);
+    std::vector<WindowProbe> all;
+    try {
+      all = host_allgather(op, mine);
+    } catch (...) {
+      cudaFree(ipc);
+      throw;
+    }
+    const bool one_node =
+        std::all_of(all.begin(), all.end(), [&](const WindowProbe& p) { return p.node == all[0].node; });
+    if (!one_node) {
+      cudaFree(ipc);
+      if (m_windows == PeerWindows::CudaIpc)
+        fail(op, CommFailure::Library, "CommConfig::peer_windows = ipc, but the ranks are on more than one node");
+      return nullptr;  // ranks on several nodes: messages
+    }
+    return ipc_window(op, ipc, n, bytes, all);
+  }
+
+  /// Every rank's \p mine, over the communicator itself (device memory, a stream of its own, bounded), not counted in
+  /// the EP statistics.
+  template <class T>
+  std::vector<T> host_allgather(const char* op, const T& mine) {
+    std::vector<T> all(static_cast<std::size_t>(m_size));
+    cudaStream_t s = nullptr;
+    cuda(op, cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate");
+    void* d = nullptr;
+    const cudaError_t e = cudaMalloc(&d, sizeof(T) * (m_size + 1));
+    if (e != cudaSuccess) {
+      cudaStreamDestroy(s);
+      cuda(op, e, "cudaMalloc (window setup)");
+    }
+    auto* send = static_cast<char*>(d) + sizeof(T) * m_size;
+    try {
+      cuda(op, cudaMemcpyAsync(send, &mine, sizeof(T), cudaMemcpyHostToDevice, s), "cudaMemcpyAsync");
+      check(op, "ncclAllGather", ncclAllGather(send, d, sizeof(T), ncclUint8, m_comm, s));
+      cuda(op, cudaMemcpyAsync(all.data(), d, sizeof(T) * m_size, cudaMemcpyDeviceToHost, s), "cudaMemcpyAsync");
+      drain(op, s);
+    } catch (...) {
+      cudaFree(d);
+      cudaStreamDestroy(s);
+      throw;
+    }
+    cudaFree(d);
+    cudaStreamDestroy(s);
+    return all;
+  }
+
   void abort() noexcept override {
     if (m_aborted) return;
     m_aborted = true;
@@ -203,6 +396,112 @@ class NcclTransport final : public Transport {
   ncclComm_t comm() const noexcept { return m_comm; }
 
  private:
+  std::shared_ptr<PeerWindow> symmetric_window(const char* op, std::size_t n, std::size_t bytes, const WindowApi& api) {
+#if defined(__CUDACC__)
+    void* mem = nullptr;
+    check(op, "ncclMemAlloc", ncclMemAlloc(&mem, n));
+    ncclWindow_t win = nullptr;
+    const ncclResult_t r = api.reg(m_comm, mem, n, &win, NCCL_WIN_COLL_SYMMETRIC);
+    if (r != ncclSuccess && r != ncclInProgress) ncclMemFree(mem);
+    check(op, "ncclCommWindowRegister", r);
+    // A communicator without symmetric memory support registers nothing and still succeeds (the window stays null):
+    // every rank must have a window, or none keeps one.
+    const std::vector<int> got = host_allgather(op, win != nullptr ? 1 : 0);
+    if (!std::all_of(got.begin(), got.end(), [](int g) { return g != 0; })) {
+      if (win != nullptr) check(op, "ncclCommWindowDeregister", api.dereg(m_comm, win));
+      ncclMemFree(mem);
+      return nullptr;
+    }
+    auto w = std::make_shared<NcclWindow>(this, NcclWindow::Kind::Symmetric);
+    w->bytes = bytes;
+    w->m_mine = mem;
+    w->m_win = win;
+    std::uintptr_t* d = nullptr;
+    cuda(op, cudaMalloc(&d, sizeof(std::uintptr_t) * m_size), "cudaMalloc");
+    cudaStream_t s = nullptr;
+    cuda(op, cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate");
+    w->base.resize(static_cast<std::size_t>(m_size));
+    lsa_bases<<<(m_size + 127) / 128, 128, 0, s>>>(w->m_win, m_size, d);
+    cudaError_t e = cudaGetLastError();
+    if (e == cudaSuccess)
+      e = cudaMemcpyAsync(w->base.data(), d, sizeof(std::uintptr_t) * m_size, cudaMemcpyDeviceToHost, s);
+    if (e == cudaSuccess) e = cudaMemsetAsync(w->m_mine, 0, n, s);
+    if (e == cudaSuccess) drain(op, s);
+    cudaFree(d);
+    cudaStreamDestroy(s);
+    cuda(op, e, "the window's peer pointers (ncclGetLsaPointer)");
+    meet(op);  // nobody writes into a peer before every peer zeroed its part
+    return w;
+#else
+    (void)n;
+    (void)bytes;
+    fail(op, CommFailure::Library, "NCCL symmetric windows are unavailable: " + api.why);
+#endif
+  }
+
+  /// Takes \p mine (freed with the window from here on, also when this throws).
+  std::shared_ptr<PeerWindow> ipc_window(const char* op, void* mine, std::size_t n, std::size_t bytes,
+                                         const std::vector<WindowProbe>& all) {
+    auto w = std::make_shared<NcclWindow>(this, NcclWindow::Kind::Ipc);
+    w->bytes = bytes;
+    w->m_mine = mine;
+    w->base.resize(static_cast<std::size_t>(m_size));
+    for (int r = 0; r < m_size; ++r) {
+      const WindowProbe& p = all[r];
+      if (r == m_rank) {
+        w->base[r] = reinterpret_cast<std::uintptr_t>(w->m_mine);
+      } else if (p.pid == all[m_rank].pid) {
+        // Another GPU of this process: its allocation is addressable as is once peer access is on.
+        if (p.device != m_device) {
+          const cudaError_t e = cudaDeviceEnablePeerAccess(p.device, 0);
+          if (e != cudaSuccess && e != cudaErrorPeerAccessAlreadyEnabled) cuda(op, e, "cudaDeviceEnablePeerAccess");
+          cudaGetLastError();  // clear the sticky "already enabled"
+        }
+        w->base[r] = p.raw;
+      } else {
+        void* q = nullptr;
+        cuda(op, cudaIpcOpenMemHandle(&q, p.ipc, cudaIpcMemLazyEnablePeerAccess),
+             ("cudaIpcOpenMemHandle (rank " + std::to_string(r) + ")").c_str());
+        w->m_opened.push_back(q);
+        w->base[r] = reinterpret_cast<std::uintptr_t>(q);
+      }
+    }
+    cuda(op, cudaMemset(w->m_mine, 0, n), "cudaMemset (window)");
+    cuda(op, cudaDeviceSynchronize(), "cudaDeviceSynchronize (window)");
+    meet(op);
+    return w;
+  }
+
+ public:
+  /// Every rank gets here (a one-int all-gather), bounded by the timeout.
+  void meet(const char* op) {
+    const int one = 1;
+    (void)host_allgather(op, one);
+  }
+
+  /// Releases \p w (see NcclWindow); never throws.
+  void release(NcclWindow& w) noexcept {
+    if (m_aborted || m_comm == nullptr) return;
+    DeviceGuard guard(m_device);
+    try {
+      meet("~EpGroup");
+      if (w.m_kind == NcclWindow::Kind::Symmetric) {
+        check("~EpGroup", "ncclCommWindowDeregister", window_api().dereg(m_comm, w.m_win));
+        ncclMemFree(w.m_mine);
+        return;
+      }
+      for (void* q : w.m_opened) cudaIpcCloseMemHandle(q);
+      cudaFree(w.m_mine);
+    } catch (...) {
+    }
+  }
+
+ private:
+  void cuda(const char* op, cudaError_t e, const char* what) {
+    if (e == cudaSuccess) return;
+    fail(op, CommFailure::Device, std::string(what) + ": " + cudaGetErrorString(e));
+  }
+
   void check(const char* op, const char* what, ncclResult_t r) {
     if (r == ncclInProgress) {
       poll_comm(op, m_comm, what);
@@ -217,6 +516,8 @@ class NcclTransport final : public Transport {
   ncclComm_t m_comm;
   bool m_owned;
 };
+
+NcclWindow::~NcclWindow() { m_t->release(*this); }
 
 void check_cuda(const char* fn, int rank, int size, cudaError_t e, const char* what) {
   if (e != cudaSuccess)
@@ -237,6 +538,7 @@ ncclUniqueId make_nccl_unique_id() {
 Communicator make_nccl_communicator(const ncclUniqueId& id, int rank, int size, int device, const CommConfig& config) {
   constexpr const char* fn = "make_nccl_communicator";
   const double timeout = Impl::resolve_timeout(fn, config.timeout_seconds);
+  const PeerWindows windows = Impl::resolve_peer_windows(fn, config, CommTransport::Nccl);
   if (size < 1 || rank < 0 || rank >= size)
     throw InvalidArgument(fn, "rank", Rule::CommSize,
                           "rank (" + std::to_string(rank) + ") must be in [0, size = " + std::to_string(size) + ")");
@@ -255,6 +557,7 @@ Communicator make_nccl_communicator(const ncclUniqueId& id, int rank, int size, 
     throw CommError(fn, rank, size, CommFailure::Library, "ncclCommInitRankConfig: " + Impl::nccl_text(r));
   }
   auto t = std::make_shared<Impl::NcclTransport>(comm, rank, size, device, timeout, true);
+  t->set_peer_windows(windows);
   t->poll_comm(fn, comm, "ncclCommInitRankConfig");
   return Communicator(std::move(t));
 }
@@ -262,6 +565,7 @@ Communicator make_nccl_communicator(const ncclUniqueId& id, int rank, int size, 
 std::vector<Communicator> make_nccl_communicators(const std::vector<int>& devices, const CommConfig& config) {
   constexpr const char* fn = "make_nccl_communicators";
   const double timeout = Impl::resolve_timeout(fn, config.timeout_seconds);
+  const PeerWindows windows = Impl::resolve_peer_windows(fn, config, CommTransport::Nccl);
   const int n = static_cast<int>(devices.size());
   if (n < 1) throw InvalidArgument(fn, "devices", Rule::CommSize, "devices must name at least one GPU");
   const ncclUniqueId id = make_nccl_unique_id();
@@ -283,8 +587,10 @@ std::vector<Communicator> make_nccl_communicators(const std::vector<int>& device
   }
   std::vector<Communicator> out;
   std::vector<std::shared_ptr<Impl::NcclTransport>> ts;
-  for (int i = 0; i < n; ++i)
+  for (int i = 0; i < n; ++i) {
     ts.push_back(std::make_shared<Impl::NcclTransport>(comms[i], i, n, devices[i], timeout, true));
+    ts.back()->set_peer_windows(windows);
+  }
   for (int i = 0; i < n; ++i) ts[i]->poll_comm(fn, comms[i], "ncclCommInitRankConfig");
   for (auto& t : ts) out.emplace_back(std::move(t));
   return out;
@@ -304,11 +610,14 @@ Communicator make_nccl_communicator(const Communicator& host, int device, const 
 Communicator borrow_nccl_communicator(ncclComm_t comm, int device, const CommConfig& config) {
   constexpr const char* fn = "borrow_nccl_communicator";
   const double timeout = Impl::resolve_timeout(fn, config.timeout_seconds);
+  const PeerWindows windows = Impl::resolve_peer_windows(fn, config, CommTransport::Nccl);
   if (comm == nullptr) throw InvalidArgument(fn, "comm", Rule::ConfigValue, "comm is null");
   int rank = 0, size = 0;
   ncclCommUserRank(comm, &rank);
   ncclCommCount(comm, &size);
-  return Communicator(std::make_shared<Impl::NcclTransport>(comm, rank, size, device, timeout, false));
+  auto t = std::make_shared<Impl::NcclTransport>(comm, rank, size, device, timeout, false);
+  t->set_peer_windows(windows);
+  return Communicator(std::move(t));
 }
 
 }  // namespace KokkosMoE
