@@ -1,0 +1,531 @@
+/*
+ * KokkosMoE: Mixture-of-Experts routing for Kokkos. SPDX-License-Identifier: Apache-2.0
+ */
+// The EP test matrix of docs/ep.md §12, its steps (cases 4-8 and 10: dispatch, combine, the backwards, capacity,
+// streams, graphs); tstEp.cpp holds setup and layout. One source for every transport, as there.
+#include <KokkosMoE_EnableDeviceTypes.hpp>
+
+#include <EpCases.hpp>
+#include <EpStep.hpp>
+#include <boost/test/unit_test.hpp>
+#include <impl/KokkosMoE_Transport.hpp>
+#if defined(KOKKOSMOE_HAVE_NCCL)
+#include <KokkosMoE_Communicator_NCCL.hpp>
+#endif
+#if defined(KOKKOSMOE_HAVE_SHARDING)
+#include <KokkosMoE_Planner.hpp>
+#include <KokkosMoE_Topology.hpp>
+#endif
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <numeric>
+#include <random>
+#include <set>
+#include <string>
+#include <vector>
+
+using namespace KokkosMoE;
+using namespace KokkosMoE::Test;
+
+// ----- cases 4 and 5: round trips, gradients, the oracle over the adversarial matrix ---------------------------------
+BOOST_AUTO_TEST_SUITE(ep_dispatch_combine)
+
+BOOST_AUTO_TEST_CASE_TEMPLATE(step_matches_oracle, DeviceType, KOKKOSMOE_DEVICE_TYPES) {
+  using Exec = typename DeviceType::execution_space;
+  const int R = ep_comm<Exec>().size();
+  auto c = default_config(R);
+  auto c2 = c;
+  c2.num_experts = 3 * R;
+  c2.hidden = 37;  // not a multiple of 16 bytes: the element-wise path
+  c2.top_k = 3;
+  c2.max_tokens_per_rank = 50;
+  c2.expert_alignment = 4;
+  for (Routing r : {Routing::Uniform, Routing::Skewed, Routing::AllToOneExpert, Routing::SomeExpertsEmpty,
+                    Routing::WithMinusOne, Routing::Duplicates}) {
+    for (CombineMode m : {CombineMode::Sum, CombineMode::Weighted}) {
+      check_step<Exec, float>(c, r, m, 100 + static_cast<int>(r), false, "default shape");
+      check_step<Exec, bf16_t>(c2, r, m, 200 + static_cast<int>(r), true, "odd shape, T varies (T = 0 on rank 1)");
+    }
+  }
+  // Capacity mode with room for everything, and the fixed expert-major layout.
+  auto cap = c2;
+  cap.max_recv_tokens_per_rank = cap.max_tokens_per_rank * cap.top_k * R + 64;
+  check_step<Exec, float>(cap, Routing::Skewed, CombineMode::Weighted, 300, true, "capacity mode");
+  check_step<Exec, bf16_t>(cap, Routing::Uniform, CombineMode::Sum, 301, false, "capacity mode");
+  auto fixed = c;
+  fixed.layout = RecvLayout::ExpertMajorFixed;
+  check_step<Exec, bf16_t>(fixed, Routing::Uniform, CombineMode::Weighted, 302, false, "fixed layout");
+  check_step<Exec, float>(fixed, Routing::AllToOneExpert, CombineMode::Sum, 303, true, "fixed layout");
+}
+
+BOOST_AUTO_TEST_CASE_TEMPLATE(identity_expert_round_trip, DeviceType, KOKKOSMOE_DEVICE_TYPES) {
+  using Exec = typename DeviceType::execution_space;
+  using Mem = typename Exec::memory_space;
+  Exec exec;
+  const Communicator& comm = ep_comm<Exec>();
+  auto c = default_config(comm.size());
+  c.max_tokens_per_rank = 12;
+  for (Routing r : {Routing::Uniform, Routing::Skewed}) {
+    const auto in = group_inputs(c, r, 51, false, false);
+    const RankInputs& mine = in[comm.rank()];
+    EpGroup<Exec> group(exec, comm, c);
+    auto handle = group.make_handle({false, "identity"});
+    // 3-D input [batch = 3, sequence = 4, hidden] flattened to [12, hidden] without a copy.
+    Kokkos::View<float***, Kokkos::LayoutRight, Mem> x3("x3", 3, 4, c.hidden);
+    StepViews<Exec, float> s(c, mine);
+    Kokkos::deep_copy(
+        x3, Kokkos::View<float***, Kokkos::LayoutRight, Mem, Kokkos::MemoryUnmanaged>(s.x.data(), 3, 4, c.hidden));
+    Kokkos::View<float**, Kokkos::LayoutRight, Mem, Kokkos::MemoryUnmanaged> x2(x3.data(), 12, c.hidden);
+    // Normalized weights: the Weighted combine of the identity expert gives the input back.
+    auto hw = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), s.w);
+    for (int t = 0; t < mine.T; ++t) {
+      float sum = 0;
+      for (int k = 0; k < c.top_k; ++k) sum += hw(t, k);
+      for (int k = 0; k < c.top_k; ++k) hw(t, k) /= sum;
+    }
+    Kokkos::deep_copy(s.w, hw);
+    ep_layout(exec, handle, s.idx);
+    const int N = handle.num_recv_rows();
+    Kokkos::View<float**, Kokkos::LayoutRight, Mem> rx("rx", N, c.hidden);
+    Kokkos::View<float*, Mem> rw("rw", N);
+    Kokkos::View<float**, Kokkos::LayoutRight, Mem> y("y", mine.T, c.hidden), ysum("ysum", mine.T, c.hidden);
+    ep_dispatch(exec, handle, x2, s.w, rx, rw);
+    ep_combine(exec, handle, CombineMode::Weighted, rx, s.w, y);
+    ep_combine(exec, handle, CombineMode::Sum, rx, Kokkos::View<float**, Kokkos::LayoutRight, Mem>(), ysum);
+    ep_synchronize(exec, handle);
+    auto hy = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), y);
+    auto hs = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), ysum);
+    for (int t = 0; t < mine.T; ++t)
+      for (int h = 0; h < c.hidden; ++h) {
+        const float xv = mine.x[static_cast<std::size_t>(t) * c.hidden + h];
+        BOOST_TEST(close(hy(t, h), xv, false), "y(" << t << ", " << h << ") = " << hy(t, h) << ", x = " << xv);
+        BOOST_TEST(close(hs(t, h), c.top_k * xv, false));
+      }
+  }
+}
+
+BOOST_AUTO_TEST_CASE_TEMPLATE(closed_form_gradients, DeviceType, KOKKOSMOE_DEVICE_TYPES) {
+  using Exec = typename DeviceType::execution_space;
+  using Mem = typename Exec::memory_space;
+  Exec exec;
+  const Communicator& comm = ep_comm<Exec>();
+  auto c = default_config(comm.size());
+  c.max_tokens_per_rank = 9;
+  const auto in = group_inputs(c, Routing::Uniform, 61, false, false);
+  const RankInputs& mine = in[comm.rank()];
+  EpGroup<Exec> group(exec, comm, c);
+  auto handle = group.make_handle();
+  StepViews<Exec, float> s(c, mine);
+  ep_layout(exec, handle, s.idx);
+  const int N = handle.num_recv_rows(), T = mine.T, K = c.top_k, H = c.hidden;
+  Kokkos::View<float**, Kokkos::LayoutRight, Mem> rx("rx", N, H), gout("gout", N, H), gx("gx", T, H);
+  Kokkos::View<float*, Mem> rw("rw", N);
+  Kokkos::View<float**, Kokkos::LayoutRight, Mem> gw("gw", T, K), gwc("gwc", T, K), uni("uni", T, K);
+  ep_dispatch(exec, handle, s.x, s.w, rx, rw);
+  // Dispatch backward with every slot's upstream gradient its own token: grad_x = K * x; grad_w = recv_w.
+  ep_dispatch_backward(exec, handle, rx, rw, gx, gw);
+  // Combine backward with uniform weights 1/K: grad_out = grad_y / K; grad_w = dot(grad_y, out).
+  Kokkos::deep_copy(uni, 1.0f / K);
+  ep_combine_backward(exec, handle, CombineMode::Weighted, s.x, uni, rx, gout, gwc);
+  ep_synchronize(exec, handle);
+  auto hgx = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), gx);
+  auto hgw = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), gw);
+  auto hgwc = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), gwc);
+  auto hgo = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), gout);
+  auto hrx = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), rx);
+  for (int t = 0; t < T; ++t) {
+    float xx = 0;
+    for (int h = 0; h < H; ++h) {
+      const float xv = mine.x[static_cast<std::size_t>(t) * H + h];
+      xx += xv * xv;
+      BOOST_TEST(close(hgx(t, h), K * xv, false));
+    }
+    for (int k = 0; k < K; ++k) {
+      BOOST_TEST(close(hgw(t, k), mine.w[static_cast<std::size_t>(t) * K + k], false));
+      BOOST_TEST(std::fabs(hgwc(t, k) - xx) <= 1e-4f * (1 + xx));  // out = x (identity) so dot = |x|^2
+    }
+  }
+  for (int r = 0; r < N; ++r)
+    for (int h = 0; h < H; ++h) BOOST_TEST(close(hgo(r, h), hrx(r, h) / K, false));
+}
+
+BOOST_AUTO_TEST_CASE_TEMPLATE(same_bits_every_run, DeviceType, KOKKOSMOE_DEVICE_TYPES) {
+  using Exec = typename DeviceType::execution_space;
+  Exec exec;
+  const Communicator& comm = ep_comm<Exec>();
+  auto c = default_config(comm.size());
+  c.max_tokens_per_rank = 40;
+  c.top_k = 2;
+  const auto in = group_inputs(c, Routing::Skewed, 71, true, true);
+  EpGroup<Exec> group(exec, comm, c);
+  auto h1 = group.make_handle();
+  auto h2 = group.make_handle();
+  const auto a = run_step<Exec, bf16_t>(exec, group, h1, in[comm.rank()], CombineMode::Weighted);
+  const auto b = run_step<Exec, bf16_t>(exec, group, h2, in[comm.rank()], CombineMode::Weighted);
+  BOOST_TEST(a.recv_x == b.recv_x);
+  BOOST_TEST(a.y == b.y);
+  BOOST_TEST(a.grad_x == b.grad_x);
+  BOOST_TEST(a.grad_w_combine == b.grad_w_combine);
+  BOOST_TEST(a.grad_out == b.grad_out);
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+// ----- cases 6, 7, 8 and 10 ----------------------------------------------------------------------------------------
+BOOST_AUTO_TEST_SUITE(ep_capacity_and_streams)
+
+BOOST_AUTO_TEST_CASE_TEMPLATE(no_stray_communication, DeviceType, KOKKOSMOE_DEVICE_TYPES) {
+  using Exec = typename DeviceType::execution_space;
+  Exec exec;
+  const Communicator& comm = ep_comm<Exec>();
+  for (bool capacity : {false, true}) {
+    auto c = default_config(comm.size());
+    if (capacity) c.max_recv_tokens_per_rank = c.max_tokens_per_rank * c.top_k * c.ep_size;
+    const auto in = group_inputs(c, Routing::Uniform, 81, false, false);
+    EpGroup<Exec> group(exec, comm, c);
+    auto handle = group.make_handle();
+    const CommStats before = group.stats();
+    run_step<Exec, float>(exec, group, handle, in[comm.rank()], CombineMode::Weighted);
+    const CommStats after = group.stats();
+    const int R = comm.size();
+    // One count exchange and the layout's meta; dispatch and dispatch backward: one transfer each; the Weighted
+    // combine and combine backward: two each (the weights to the experts' ranks, then the rows back; the rows with
+    // their weights, then the dots back). Weights and weight gradients ride in their rows' trailers (docs/ep.md §3).
+    // Direct writes into shared windows need no library call at all: the counts travel through the window too.
+    const bool windows = comm.transport() == CommTransport::MpiShm && R > 1;
+    BOOST_TEST(after.allgathers - before.allgathers == (windows ? 0 : 1));
+    const std::int64_t transfers = R == 1 || windows ? 0 : 7;
+    BOOST_TEST(after.alltoalls - before.alltoalls == (capacity ? transfers : 0));
+    BOOST_TEST(after.exchanges - before.exchanges == (capacity ? 0 : transfers));
+  }
+}
+
+BOOST_AUTO_TEST_CASE_TEMPLATE(wire_bytes_are_exact, DeviceType, KOKKOSMOE_DEVICE_TYPES) {
+  using Exec = typename DeviceType::execution_space;
+  Exec exec;
+  const Communicator& comm = ep_comm<Exec>();
+  const int R = comm.size(), me = comm.rank();
+  const bool windows = comm.transport() == CommTransport::MpiShm;
+  auto c = default_config(R);
+  c.top_k = 3;
+  c.num_experts = 3 * R;
+  c.max_tokens_per_rank = 10;
+  const auto in = group_inputs(c, Routing::Uniform, 97, false, false);
+  // The oracle of docs/ep.md §9: one FP32 row per (token, remote rank it reaches), trailer of K floats.
+  const int L = c.num_experts / R, H = c.hidden;
+  std::int64_t rows = 0, slots = 0;
+  for (int t = 0; t < in[me].T; ++t) {
+    std::set<int> ranks;
+    for (int k = 0; k < c.top_k; ++k) {
+      const int e = in[me].idx[static_cast<std::size_t>(t) * c.top_k + k];
+      if (e >= 0 && e / L != me) {
+        ranks.insert(e / L);
+        ++slots;
+      }
+    }
+    rows += static_cast<std::int64_t>(ranks.size());
+  }
+  const std::int64_t pitch = (4 * H + 15) / 16 * 16 + (4 * c.top_k + 15) / 16 * 16;
+  const std::int64_t signals = windows ? 16 * (R - 1) : 0;
+  std::int64_t eager_wire = 0;
+  for (bool capacity : {false, true}) {
+    BOOST_TEST_CONTEXT((capacity ? "capacity" : "eager") << " mode") {
+      auto cc = c;
+      if (capacity) cc.max_recv_tokens_per_rank = c.max_tokens_per_rank * c.top_k * R;
+      EpGroup<Exec> group(exec, comm, cc);
+      auto handle = group.make_handle();
+      const ByteCount before = group.stats().bytes["ep_dispatch"];
+      run_step<Exec, float>(exec, group, handle, in[me], CombineMode::Sum);
+      const ByteCount after = group.stats().bytes["ep_dispatch"];
+      const std::int64_t logical = after.logical - before.logical, wire = after.wire - before.wire;
+      BOOST_TEST(logical == rows * 4 * H);
+      BOOST_TEST(logical <= slots * 4 * H);  // deduplicated: never more than one row per remote slot
+      if (!capacity) {
+        BOOST_TEST(wire == (R == 1 ? 0 : rows * pitch + signals));
+        eager_wire = wire;
+      } else if (windows || R == 1) {
+        BOOST_TEST(wire == eager_wire);  // direct writes send only real rows in capacity mode too
+      } else {
+        BOOST_TEST(wire == static_cast<std::int64_t>(R - 1) * c.max_tokens_per_rank * pitch);  // whole blocks
+      }
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE_TEMPLATE(one_stream, DeviceType, KOKKOSMOE_DEVICE_TYPES) {
+  using Exec = typename DeviceType::execution_space;
+  const Communicator& comm = ep_comm<Exec>();
+  auto c = default_config(comm.size());
+  const auto in = group_inputs(c, Routing::Uniform, 91, false, false);
+#if defined(KOKKOS_ENABLE_CUDA)
+  if constexpr (std::is_same<Exec, Kokkos::Cuda>::value) {
+    cudaStream_t stream = nullptr;
+    cudaStreamCreate(&stream);
+    {
+      Kokkos::Cuda exec(stream);
+      EpGroup<Exec> group(exec, comm, c);
+      auto handle = group.make_handle();
+      const CommStats before = group.stats();
+      run_step<Exec, float>(exec, group, handle, in[comm.rank()], CombineMode::Sum);
+      const CommStats after = group.stats();
+      // Every library call of the step went to the instance's stream.
+      BOOST_TEST(std::count(after.streams.begin(), after.streams.end(), static_cast<void*>(stream)) == 1);
+      BOOST_TEST(after.calls > before.calls);
+    }
+    cudaStreamDestroy(stream);
+    return;
+  }
+#endif
+  Exec exec;
+  EpGroup<Exec> group(exec, comm, c);
+  auto handle = group.make_handle();
+  run_step<Exec, float>(exec, group, handle, in[comm.rank()], CombineMode::Sum);
+  const CommStats s = group.stats();
+  BOOST_TEST(s.streams.size() == 1u);
+  BOOST_TEST(s.streams[0] == nullptr);
+}
+
+BOOST_AUTO_TEST_CASE_TEMPLATE(drop_on_overflow, DeviceType, KOKKOSMOE_DEVICE_TYPES) {
+  using Exec = typename DeviceType::execution_space;
+  Exec exec;
+  const Communicator& comm = ep_comm<Exec>();
+  auto c = default_config(comm.size());
+  c.max_tokens_per_rank = 16;
+  c.max_recv_tokens_per_rank = 6;  // smaller than the skewed demand on rank 0
+  c.drop_on_overflow = true;
+  for (CombineMode m : {CombineMode::Sum, CombineMode::Weighted}) {
+    check_step<Exec, float>(c, Routing::Skewed, m, 401, false, "drop");
+    check_step<Exec, bf16_t>(c, Routing::AllToOneExpert, m, 402, false, "drop");
+  }
+  // The reported demand exceeds the capacity where slots were dropped.
+  const auto in = group_inputs(c, Routing::AllToOneExpert, 403, false, false);
+  EpGroup<Exec> group(exec, comm, c);
+  auto handle = group.make_handle();
+  const auto got = run_step<Exec, float>(exec, group, handle, in[comm.rank()], CombineMode::Sum);
+  const auto want = expected_step(c, in, comm.rank(), CombineMode::Sum, false);
+  BOOST_TEST(got.status.recv_demand == want.status.recv_demand);
+  if (comm.rank() == comm.size() - 1) BOOST_TEST(got.status.recv_demand > c.max_recv_tokens_per_rank);
+  // Without drop_on_overflow the same step fails at the synchronization on every rank when any rank overflowed;
+  // each reports its own overflow, or the lowest rank that overflowed.
+  c.drop_on_overflow = false;
+  EpGroup<Exec> strict(exec, comm, c);
+  auto sh = strict.make_handle({false, "strict"});
+  StepViews<Exec, float> s(c, in[comm.rank()]);
+  ep_layout(exec, sh, s.idx);
+  const OracleLayout o = oracle_layout(c, in);
+  int culprit = -1;
+  for (int j = comm.size() - 1; j >= 0; --j)
+    if (o.dropped_recv[j] > 0) culprit = j;
+  if (o.dropped_recv[comm.rank()] > 0) culprit = comm.rank();
+  if (culprit >= 0) {
+    BOOST_CHECK_EXCEPTION(ep_synchronize(exec, sh), CapacityOverflow, [&](const CapacityOverflow& e) {
+      return e.capacity() == c.max_recv_tokens_per_rank && e.rank() == culprit && e.demand() == o.demand[culprit];
+    });
+  } else {
+    BOOST_CHECK_NO_THROW(ep_synchronize(exec, sh));
+  }
+}
+
+// The minimal case of a kept row that was never written (3 ranks; any R >= 2 runs it): E = 4R, K = 1, B = 2,
+// capacity 1, drop on overflow. Rank 0 routes nothing, rank 1 sends its 2 tokens to expert 1, rank 2 one token to
+// expert 0 (experts 0 and 1 live on rank 0). Rank 0 keeps rank 2's row in row 0; rank 2's combine returns the
+// expert's output for it. The segments of rank 1's overflowing slots must not hide rank 2's segment from the
+// receive side's search (3, 5 and 6 ranks are where they did).
+BOOST_AUTO_TEST_CASE_TEMPLATE(kept_rows_arrive_at_every_world_size, DeviceType, KOKKOSMOE_DEVICE_TYPES) {
+  using Exec = typename DeviceType::execution_space;
+  Exec exec;
+  const Communicator& comm = ep_comm<Exec>();
+  const int R = comm.size(), me = comm.rank();
+  EpGroupConfig c = tiny_capacity_config(R, 4);
+  c.drop_on_overflow = true;
+  std::vector<RankInputs> in;
+  for (int r = 0; r < R; ++r) {
+    std::vector<int> idx = {-1, -1};
+    if (r == 1) idx = {1, 1};
+    if (r == 2) idx = {0, -1};
+    in.push_back(explicit_inputs(c, r, idx, 601));
+  }
+  for (CombineMode m : {CombineMode::Sum, CombineMode::Weighted}) {
+    EpGroup<Exec> group(exec, comm, c);
+    auto handle = group.make_handle();
+    const StepOutputs got = run_step<Exec, float>(exec, group, handle, in[me], m);
+    const StepOutputs want = expected_step(c, in, me, m, false);
+    compare("recv_x", got.recv_x, want.recv_x, false, want.recv_x.size());
+    compare("y", got.y, want.y, false, want.y.size());
+    BOOST_TEST(got.recv_expert == want.recv_expert, boost::test_tools::per_element());
+    BOOST_TEST(got.status.dropped_slots == want.status.dropped_slots);
+    BOOST_TEST(got.status.dropped_recv_slots == want.status.dropped_recv_slots);
+    if (R >= 3 && me == 0) {
+      // Row 0 is rank 2's token 0 (expert 0 comes first); rank 1's two rows for expert 1 are past the capacity.
+      BOOST_TEST(got.recv_expert[0] == 0);
+      for (int h = 0; h < c.hidden; ++h) BOOST_TEST(got.recv_x[h] == in[2].x[h]);
+      BOOST_TEST(got.status.dropped_recv_slots == 2);
+      BOOST_TEST(got.status.recv_demand == 3);
+    }
+    if (R >= 3 && me == 2) {
+      const float cf = m == CombineMode::Weighted ? in[2].w[0] : 1.0f;
+      for (int h = 0; h < c.hidden; ++h) BOOST_TEST(close(got.y[h], cf * expert_fn(in[2].x[h], 0, false), false));
+    }
+    if (R >= 2 && me == 1) BOOST_TEST(got.status.dropped_slots == (R >= 3 ? 2 : 1));
+  }
+}
+
+// Overflow without drop: the receiver whose demand exceeds its capacity throws CapacityOverflow with its own
+// demand, and so does every other rank (naming that rank), so no rank goes on alone into the next collective.
+BOOST_AUTO_TEST_CASE_TEMPLATE(overflow_raises_on_every_rank, DeviceType, KOKKOSMOE_DEVICE_TYPES) {
+  using Exec = typename DeviceType::execution_space;
+  Exec exec;
+  const Communicator& comm = ep_comm<Exec>();
+  const int R = comm.size(), me = comm.rank();
+  EpGroupConfig c = tiny_capacity_config(R, 2);
+  const int victim = 1 % R;       // rank 1, or rank 0 itself at one rank
+  const int expert = victim * 2;  // its first local expert
+  std::vector<RankInputs> in;
+  for (int r = 0; r < R; ++r)
+    in.push_back(explicit_inputs(c, r, r == 0 ? std::vector<int>{expert, expert} : std::vector<int>{-1, -1}, 602));
+  for (bool drop : {false, true}) {
+    c.drop_on_overflow = drop;
+    EpGroup<Exec> group(exec, comm, c);
+    auto handle = group.make_handle({false, "overflow"});
+    StepViews<Exec, float> sv(c, in[me]);
+    const auto t0 = std::chrono::steady_clock::now();
+    ep_layout(exec, handle, sv.idx);
+    if (!drop) {
+      BOOST_CHECK_EXCEPTION(ep_synchronize(exec, handle), CapacityOverflow, [&](const CapacityOverflow& e) {
+        BOOST_TEST_MESSAGE("rank " << me << ": " << e.what());
+        return e.rank() == victim && e.demand() == 2 && e.capacity() == 1;
+      });
+      BOOST_TEST(seconds_since(t0) < 2.0);
+    } else {
+      const EpStatus st = ep_synchronize(exec, handle);
+      BOOST_TEST(st.recv_demand == (me == victim ? 2 : 0));
+      BOOST_TEST(st.dropped_recv_slots == (me == victim ? 1 : 0));
+      BOOST_TEST(st.dropped_slots == (me == 0 ? 1 : 0));
+    }
+  }
+  // Every rank is still in step: a full step against the oracle.
+  c.drop_on_overflow = true;
+  step_still_matches_oracle(exec, comm, c, in, "y after the overflow");
+}
+
+// Randomized capacity-mode steps with drops against the oracle: shapes, alignment, capacity, layout, routing, mode
+// and row type drawn from one seed (the same on every rank), at every world size the suites run at.
+BOOST_AUTO_TEST_CASE_TEMPLATE(randomized_capacity_steps_match_oracle, DeviceType, KOKKOSMOE_DEVICE_TYPES) {
+  using Exec = typename DeviceType::execution_space;
+  const Communicator& comm = ep_comm<Exec>();
+  const int R = comm.size();
+  std::mt19937 gen(7001u + static_cast<unsigned>(R));
+  auto pick = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(gen); };
+  const Routing routings[] = {Routing::Uniform,          Routing::Skewed,       Routing::AllToOneExpert,
+                              Routing::SomeExpertsEmpty, Routing::WithMinusOne, Routing::Duplicates};
+  const int cases = 24;
+  int dropped_somewhere = 0;
+  for (int i = 0; i < cases; ++i) {
+    EpGroupConfig c;
+    c.ep_size = R;
+    c.num_experts = R * pick(1, 6);
+    c.top_k = pick(1, std::min(4, c.num_experts));
+    c.hidden = i % 3 == 0 ? 13 : 16;  // 13: the element-wise path
+    c.max_tokens_per_rank = pick(1, 10);
+    const bool fixed = i % 5 == 4;
+    c.layout = fixed ? RecvLayout::ExpertMajorFixed : RecvLayout::ExpertMajor;
+    c.expert_alignment = fixed ? 1 : std::vector<int>{1, 2, 3, 4}[pick(0, 3)];
+    // Mostly below the demand, so that slots drop: the room left after the first experts' rows is what the
+    // receiver keeps.
+    c.max_recv_tokens_per_rank = fixed ? 0 : pick(1, c.max_tokens_per_rank * c.top_k * R / (i % 2 == 0 ? 4 : 1) + 1);
+    c.drop_on_overflow = true;
+    const Routing routing = fixed ? Routing::Duplicates : routings[pick(0, 5)];
+    const CombineMode mode = i % 2 == 0 ? CombineMode::Weighted : CombineMode::Sum;
+    const std::string label = "random case " + std::to_string(i) + " (E " + std::to_string(c.num_experts) + ", K " +
+                              std::to_string(c.top_k) + ", B " + std::to_string(c.max_tokens_per_rank) + ", C " +
+                              std::to_string(c.max_recv_tokens_per_rank) + ", A " + std::to_string(c.expert_alignment) +
+                              (fixed ? ", fixed" : "") + ")";
+    const bool vary = i % 3 == 2 && c.max_tokens_per_rank >= 3;  // T = B - (rank % 3), T = 0 on rank 1
+    const auto in = group_inputs(c, routing, 7100 + i, i % 4 == 1, vary);
+    const OracleLayout o = oracle_layout(c, in);
+    for (int d : o.dropped_recv) dropped_somewhere += d > 0;
+    if (i % 4 == 1) {
+      check_step<Exec, bf16_t>(c, routing, mode, 7100 + i, vary, label);
+    } else {
+      check_step<Exec, float>(c, routing, mode, 7100 + i, vary, label);
+    }
+  }
+  BOOST_TEST(dropped_somewhere > 0, "no random case dropped a slot: the drop paths went untested");
+}
+
+BOOST_AUTO_TEST_CASE_TEMPLATE(graph_capture_replays_new_routing, DeviceType, KOKKOSMOE_DEVICE_TYPES) {
+  using Exec = typename DeviceType::execution_space;
+  if (!is_cuda<Exec>()) {
+    BOOST_TEST_MESSAGE(
+        "graph capture needs Kokkos::Cuda; capacity mode's no-sync property is covered by "
+        "no_stray_communication on host spaces");
+    return;
+  }
+#if defined(KOKKOS_ENABLE_CUDA)
+  if constexpr (std::is_same<Exec, Kokkos::Cuda>::value) {
+    using Mem = typename Exec::memory_space;
+    const Communicator& comm = ep_comm<Exec>();
+    auto c = default_config(comm.size());
+    c.max_tokens_per_rank = 24;
+    c.max_recv_tokens_per_rank = c.max_tokens_per_rank * c.top_k * c.ep_size;
+    cudaStream_t stream = nullptr;
+    cudaStreamCreate(&stream);
+    {
+      Kokkos::Cuda exec(stream);
+      EpGroup<Exec> group(exec, comm, c);
+      auto handle = group.make_handle({false, "graph"});
+      const auto in1 = group_inputs(c, Routing::Uniform, 501, false, false);
+      const auto in2 = group_inputs(c, Routing::Skewed, 502, false, false);
+      StepViews<Exec, float> s(c, in1[comm.rank()]);
+      const int N = group.capacity_rows();
+      Kokkos::View<float**, Kokkos::LayoutRight, Mem> rx("rx", N, c.hidden), y("y", s.x.extent(0), c.hidden);
+      Kokkos::View<float*, Mem> rw("rw", N);
+      // Warm up once eagerly (Kokkos' lazy first-launch setup), then capture layout, dispatch and combine.
+      ep_layout(exec, handle, s.idx);
+      ep_dispatch(exec, handle, s.x, s.w, rx, rw);
+      ep_combine(exec, handle, CombineMode::Weighted, rx, s.w, y);
+      ep_synchronize(exec, handle);
+      cudaGraph_t graph = nullptr;
+      BOOST_TEST_REQUIRE(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal) == cudaSuccess);
+      ep_layout(exec, handle, s.idx);
+      ep_dispatch(exec, handle, s.x, s.w, rx, rw);
+      ep_combine(exec, handle, CombineMode::Weighted, rx, s.w, y);
+      BOOST_TEST_REQUIRE(cudaStreamEndCapture(stream, &graph) == cudaSuccess);
+      cudaGraphExec_t inst = nullptr;
+      BOOST_TEST_REQUIRE(cudaGraphInstantiate(&inst, graph, 0) == cudaSuccess);
+      // New routing and tokens in the same buffers, then replay.
+      StepViews<Exec, float> s2(c, in2[comm.rank()]);
+      Kokkos::deep_copy(s.idx, s2.idx);
+      Kokkos::deep_copy(s.w, s2.w);
+      Kokkos::deep_copy(s.x, s2.x);
+      Kokkos::fence();
+      BOOST_TEST_REQUIRE(cudaGraphLaunch(inst, stream) == cudaSuccess);
+      ep_synchronize(exec, handle);
+      const auto want = expected_step(c, in2, comm.rank(), CombineMode::Weighted, false);
+      compare("recv_x (replayed)", to_host_floats(rx), want.recv_x, false, want.recv_x.size());
+      // The captured combine ran on the received rows themselves (an identity expert): y = sum of w * x.
+      const std::vector<float> y_identity = identity_combine(c, in2, comm.rank());
+      compare("y (replayed)", to_host_floats(y), y_identity, false, y_identity.size());
+      cudaGraphExecDestroy(inst);
+      cudaGraphDestroy(graph);
+    }
+    cudaStreamDestroy(stream);
+  }
+#endif
+}
+
+BOOST_AUTO_TEST_CASE(dp_and_ep_groups_follow_the_mesh) {
+  const Communicator& world = host_world();
+  const Test::Mesh mesh = host_mesh();
+  const Communicator& ep = ep_comm<Kokkos::DefaultHostExecutionSpace>();
+  const Communicator& dp = host_dp();
+  BOOST_TEST(ep.size() == mesh.ep);
+  BOOST_TEST(dp.size() == mesh.dp);
+  BOOST_TEST(ep.rank() == world.rank() % mesh.ep);
+  BOOST_TEST(dp.rank() == world.rank() / mesh.ep);
+}
+
+BOOST_AUTO_TEST_SUITE_END()
