@@ -697,6 +697,9 @@ void layout(const Exec& exec, EpHandleState<Exec>& h, const IdxView& idx) {
     h.ensure_eager_rows(padded);
     h.recv_rows = static_cast<int>(padded);
     h.arrivals = d_o;
+    // Ranks that share a device meet again before the meta's wait kernels: no rank's kernel spins while a peer's
+    // thread is still in this host section (docs/ep.md §7.3).
+    if (g.window && s.R > 1) g.transport->rendezvous("ep_layout (receive rows known)");
   } else {
     h.recv_rows = g.recv_rows_fixed;
     h.arrivals = g.stage_rows;
