@@ -11,6 +11,7 @@
 #include <EpStep.hpp>
 #include <boost/test/unit_test.hpp>
 #include <impl/KokkosMoE_EP_Signal.hpp>
+#include <impl/KokkosMoE_Transport.hpp>
 
 #include <chrono>
 #include <cmath>
@@ -308,6 +309,71 @@ void peer_that_never_signals(Fault fault) {
 }  // namespace
 
 BOOST_AUTO_TEST_SUITE(ep_loopback)
+
+// The loopback world's meetings (any Kokkos, no execution space): a rank at another meeting never completes the one in
+// progress, every rank fails within the deadline naming the others, and later calls fail as aborted.
+BOOST_AUTO_TEST_CASE(meetings_are_named) {
+  CommConfig cc;
+  cc.timeout_seconds = 1.0;
+  std::vector<Communicator> comms = make_loopback_communicators(3, -1, cc);
+  const double timeout = comms[0].timeout_seconds();  // KOKKOSMOE_COMM_TIMEOUT may override cc
+  std::vector<std::string> found(3);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 3; ++r)
+    threads.emplace_back([&, r] {
+      Impl::Transport& t = *comms[r].impl_transport();
+      const auto t0 = std::chrono::steady_clock::now();
+      try {
+        t.rendezvous(r == 1 ? "elsewhere" : "ep_dispatch");
+        found[r] = "the meeting passed with a rank at another one";
+        return;
+      } catch (const CommError& e) {
+        const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        const std::string what = e.what();
+        if (e.cause() != CommFailure::Timeout) found[r] += "not a timeout; ";
+        if (sec > 2 * timeout + 2.0) found[r] += "failed after " + std::to_string(sec) + " s; ";
+        // Every message names ranks of the group; the two at ep_dispatch name rank 1 among them (missing, or at the
+        // meeting in progress), rank 1 names the meeting of the others or them.
+        const std::size_t end = what.find(" of the loopback group");
+        const std::size_t begin = end == std::string::npos ? end : what.rfind("rank", end);
+        const std::string ranks = begin == std::string::npos ? "" : what.substr(begin, end - begin);
+        if (ranks.empty()) found[r] += "no ranks named: " + what;
+        if (r != 1 && ranks.find('1') == std::string::npos) found[r] += "rank 1 is not named: " + what;
+        if (r == 1 && what.find("ep_dispatch") == std::string::npos && ranks.find('0') == std::string::npos)
+          found[r] += "the others are not named: " + what;
+      }
+      try {
+        t.rendezvous("ep_combine");
+        found[r] += "a later meeting did not fail";
+      } catch (const CommError& e) {
+        if (e.cause() != CommFailure::Aborted) found[r] += "a later meeting failed, but not as aborted";
+      }
+    });
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < 3; ++r) BOOST_TEST(found[r].empty(), "rank " << r << ": " << found[r]);
+}
+
+BOOST_AUTO_TEST_CASE(factory_refuses_what_it_cannot_run) {
+  auto rule = [](auto&& f) -> int {
+    try {
+      f();
+    } catch (const InvalidArgument& e) {
+      return static_cast<int>(e.rule());
+    }
+    return -1;
+  };
+  const int config = static_cast<int>(Rule::ConfigValue);
+  BOOST_TEST(rule([] { make_loopback_communicators(0, -1); }) == config);
+  CommConfig nccl_only;
+  nccl_only.peer_windows = PeerWindows::NcclSymmetric;
+  BOOST_TEST(rule([&] { make_loopback_communicators(2, -1, nccl_only); }) == config);
+#if defined(KOKKOS_ENABLE_CUDA)
+  BOOST_TEST(rule([] { make_loopback_communicators(kMaxDeviceLoopbackRanks + 1, Kokkos::Cuda().cuda_device()); }) ==
+             config);
+#else
+  BOOST_TEST(rule([] { make_loopback_communicators(2, 0); }) == config);  // no CUDA loopback in this build
+#endif
+}
 
 #if defined(KOKKOS_ENABLE_CUDA)
 BOOST_AUTO_TEST_CASE(cuda_steps_match_oracle) { steps_match_oracle<Kokkos::Cuda>(); }

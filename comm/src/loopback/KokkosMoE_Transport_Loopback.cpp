@@ -42,6 +42,7 @@ struct World {
       : size(n),
         posts(static_cast<std::size_t>(n)),
         here(static_cast<std::size_t>(n), false),
+        came(static_cast<std::size_t>(n), false),
         waiting_in(static_cast<std::size_t>(n)) {}
   const int size;
   std::mutex mu;
@@ -50,7 +51,8 @@ struct World {
   int arrived = 0;
   std::string meeting;  // the operation of the meeting in progress (while arrived > 0)
   std::vector<Post> posts;
-  std::vector<bool> here;
+  std::vector<bool> here;               // at the meeting in progress now
+  std::vector<bool> came;               // came to the meeting in progress (some may have given up since)
   std::vector<std::string> waiting_in;  // per rank: the meeting it waits at, "" when none
 
   /// Every rank of the world reaches the same meeting (named by its operation), or CommError(Timeout) at the deadline
@@ -61,11 +63,16 @@ struct World {
     waiting_in[rank] = op;
     if (!cv.wait_until(lock, until, [&] { return arrived == 0 || meeting == op; })) {
       waiting_in[rank].clear();
-      throw timeout_error(op, rank, timeout, "ranks " + who(true) + " are at " + meeting + ", not at " + op);
+      throw timeout_error(op, rank, timeout,
+                          "the meeting in progress is " + meeting + " (" + who(true) + "), not " + op);
     }
-    if (arrived == 0) meeting = op;
+    if (arrived == 0) {
+      meeting = op;
+      std::fill(came.begin(), came.end(), false);
+    }
     const std::uint64_t gen = generation;
     here[rank] = true;
+    came[rank] = true;
     if (++arrived == size) {
       arrived = 0;
       std::fill(here.begin(), here.end(), false);
@@ -89,12 +96,12 @@ struct World {
     std::string out;
     int n = 0;
     for (int r = 0; r < size; ++r) {
-      if (here[r] != present) continue;
+      if (present ? !here[r] : came[r]) continue;
       out += (out.empty() ? "" : ", ") + std::to_string(r);
       if (!present && !waiting_in[r].empty()) out += " (waiting at " + waiting_in[r] + ")";
       ++n;
     }
-    return present ? out : (n == 1 ? "rank " : "ranks ") + out + " of the loopback group";
+    return (n == 1 ? "rank " : "ranks ") + out + " of the loopback group";
   }
   CommError timeout_error(const char* op, int rank, double timeout, const std::string& what) const {
     return CommError(
