@@ -50,12 +50,6 @@ std::uint8_t oracle_code(float x) {
   return static_cast<std::uint8_t>(sign | best);
 }
 
-float bits_to_float(std::uint32_t u) {
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-
 /// Inputs that exercise every branch: the codes' values and the midpoints between neighbours (ties), their float
 /// neighbours, the saturation edge, subnormals, zeros, infinities, NaN, random magnitudes.
 std::vector<float> probe_values() {
