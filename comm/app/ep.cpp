@@ -375,6 +375,16 @@ int run(const Args& args, const Exec& exec, const Communicator& comm, int world_
   double errs[3] = {err_y, err_gx, err_gw}, errs_max[3];
   job.max3(world_rank, errs, errs_max);
   const ByteCount wire = group.stats().bytes["ep_dispatch"];
+  // Rank 0's cumulative statistics (kept on the device across the steps, read once here).
+  auto load = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), handle.expert_load());
+  auto waits = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), group.peer_wait_ns());
+  std::int64_t load_min = L > 0 ? load(0) : 0, load_max = load_min, load_sum = 0, wait_max = 0;
+  for (int l = 0; l < L; ++l) {
+    load_min = std::min<std::int64_t>(load_min, load(l));
+    load_max = std::max<std::int64_t>(load_max, load(l));
+    load_sum += load(l);
+  }
+  for (int r = 0; r < R; ++r) wait_max = std::max<std::int64_t>(wait_max, waits(r));
   if (world_rank == 0) {
     std::printf(
         "kokkosmoe-ep: %s (E = %d, top-%d, %d local experts per rank), %d ranks over %s, %s rows of %d, %s mode\n",
@@ -389,6 +399,11 @@ int run(const Args& args, const Exec& exec, const Communicator& comm, int world_
     std::printf("rank 0's dispatch: %.1f wire bytes per token (%.1f logical) over %ld steps\n",
                 T > 0 ? static_cast<double>(wire.wire) / args.iters / T : 0.0,
                 T > 0 ? static_cast<double>(wire.logical) / args.iters / T : 0.0, args.iters);
+    std::printf(
+        "rank 0's cumulative expert load (every layout of the run): min %lld, mean %.1f, max %lld slots per local "
+        "expert; longest wait for one peer %.1f us in total\n",
+        static_cast<long long>(load_min), L > 0 ? static_cast<double>(load_sum) / L : 0.0,
+        static_cast<long long>(load_max), static_cast<double>(wait_max) / 1e3);
     std::printf(
         "check against the single-rank computation: max |y err| %.3g, |grad_x err| %.3g, rel |grad_w err| %.3g, "
         "router grad_logits finite: %s -> %s\n",

@@ -65,6 +65,9 @@ class EpGroup {
   std::size_t buffer_bytes() const { return Impl::buffer_bytes(*m_state); }
   /// Whether token rows go straight into the peers' windows (shm, loopback) rather than through stages and messages.
   bool direct_writes() const noexcept { return static_cast<bool>(m_state->window); }
+  /// [R] nanoseconds this rank's operations spent waiting for each peer's signal since creation or the last
+  /// ep_reset_statistics (device memory, updated on the device; direct writes only: 0 over messages).
+  Kokkos::View<const std::int64_t*, memory_space> peer_wait_ns() const { return m_state->signals.wait_ns; }
 
   /// \brief A handle for one layer. Two handles never share memory.
   EpHandle<ExecSpace> make_handle(const EpHandleOptions& options = {}) const {
@@ -127,6 +130,10 @@ class EpHandle {
   /// [R * (E + 1)] the all-gathered counts: slots from rank i to expert e at i * (E + 1) + e, rank i's count of
   /// invalid expert ids at i * (E + 1) + E.
   Kokkos::View<const int*, memory_space> count_matrix() const { return m_state->v.counts; }
+  /// [L] slots addressed to each local expert (the demand: dropped ones included), summed over every layout of this
+  /// handle since creation or the last ep_reset_statistics: a device View updated on the device (no host wait, and
+  /// a captured layout keeps counting at each replay). Read it after ep_synchronize.
+  Kokkos::View<const std::int64_t*, memory_space> expert_load() const { return m_state->v.expert_load; }
   /// Pointers of the handle's device memory (tests: two handles never alias).
   std::vector<const void*> impl_buffers() const { return Impl::handle_buffers(*m_state); }
 
@@ -203,6 +210,18 @@ void ep_dispatch_backward(const ExecSpace& exec, const EpHandle<ExecSpace>& hand
 template <class ExecSpace>
 EpStatus ep_synchronize(const ExecSpace& exec, const EpHandle<ExecSpace>& handle) {
   return Impl::synchronize(exec, *handle.impl_state());
+}
+
+/// \brief Zeroes \p handle's expert_load() on \p exec (ordered after the work already enqueued there).
+template <class ExecSpace>
+void ep_reset_statistics(const ExecSpace& exec, const EpHandle<ExecSpace>& handle) {
+  Kokkos::deep_copy(exec, handle.impl_state()->v.expert_load, std::int64_t(0));
+}
+
+/// \brief Zeroes \p group's peer_wait_ns() on \p exec.
+template <class ExecSpace>
+void ep_reset_statistics(const ExecSpace& exec, const EpGroup<ExecSpace>& group) {
+  Kokkos::deep_copy(exec, group.impl_state()->signals.wait_ns, std::int64_t(0));
 }
 
 }  // namespace KokkosMoE

@@ -172,6 +172,51 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(same_bits_every_run, DeviceType, KOKKOSMOE_DEVICE_
   BOOST_TEST(a.grad_out == b.grad_out);
 }
 
+// Load statistics (docs/ep.md §5): the handle's expert load is the sum of every layout's demand per local expert,
+// from the oracle's count matrix; the peers' wait times are non-negative, 0 for this rank itself and over messages;
+// both reset to 0 and count again.
+BOOST_AUTO_TEST_CASE_TEMPLATE(load_statistics_accumulate_and_reset, DeviceType, KOKKOSMOE_DEVICE_TYPES) {
+  using Exec = typename DeviceType::execution_space;
+  Exec exec;
+  const Communicator& comm = ep_comm<Exec>();
+  const int R = comm.size(), me = comm.rank();
+  const EpGroupConfig c = default_config(R);
+  const int L = c.num_experts / R, E = c.num_experts;
+  EpGroup<Exec> group(exec, comm, c);
+  auto handle = group.make_handle();
+  auto demand = [&](const std::vector<RankInputs>& in) {
+    const StepOutputs want = expected_step(c, in, me, CombineMode::Weighted, false);
+    std::vector<std::int64_t> d(static_cast<std::size_t>(L), 0);
+    for (int i = 0; i < R; ++i)
+      for (int l = 0; l < L; ++l) d[l] += want.counts[static_cast<std::size_t>(i) * (E + 1) + me * L + l];
+    return d;
+  };
+  std::vector<std::int64_t> want(static_cast<std::size_t>(L), 0);
+  for (std::uint64_t seed : {31u, 32u, 33u}) {
+    const auto in = group_inputs(c, seed == 32u ? Routing::Skewed : Routing::Uniform, seed, false, true);
+    run_step<Exec, float>(exec, group, handle, in[me], CombineMode::Weighted);
+    const auto d = demand(in);
+    for (int l = 0; l < L; ++l) want[l] += d[l];
+  }
+  auto load = to_host<std::int64_t>(exec, handle.expert_load());
+  BOOST_TEST(load == want, "expert load after three steps");
+  auto waits = to_host<std::int64_t>(exec, group.peer_wait_ns());
+  BOOST_REQUIRE(waits.size() == static_cast<std::size_t>(R));
+  for (int p = 0; p < R; ++p) {
+    BOOST_TEST(waits[p] >= 0);
+    if (p == me || !group.direct_writes()) BOOST_TEST(waits[p] == 0, "wait for rank " << p);
+  }
+  ep_reset_statistics(exec, handle);
+  ep_reset_statistics(exec, group);
+  load = to_host<std::int64_t>(exec, handle.expert_load());
+  waits = to_host<std::int64_t>(exec, group.peer_wait_ns());
+  BOOST_TEST(load == std::vector<std::int64_t>(static_cast<std::size_t>(L), 0));
+  BOOST_TEST(waits == std::vector<std::int64_t>(static_cast<std::size_t>(R), 0));
+  const auto in = group_inputs(c, Routing::Skewed, 34u, false, false);
+  run_step<Exec, float>(exec, group, handle, in[me], CombineMode::Sum);
+  BOOST_TEST(to_host<std::int64_t>(exec, handle.expert_load()) == demand(in), "after the reset: one step's demand");
+}
+
 BOOST_AUTO_TEST_SUITE_END()
 
 // ----- cases 6, 7, 8 and 10 ----------------------------------------------------------------------------------------

@@ -212,6 +212,7 @@ struct EpHandleState {
     v.sent_rows = a("sent_rows", s.R);
     v.ret_rows = a("ret_rows", s.R);
     v.traffic = Kokkos::View<std::int64_t*, Mem>("KokkosMoE::ep::traffic", 2 * kEpOps);
+    v.expert_load = Kokkos::View<std::int64_t*, Mem>("KokkosMoE::ep::expert_load", s.L);
     v.status = a("status", 4);
     v.rank_status = a("rank_status", 2 * static_cast<std::int64_t>(s.R));
     recv_rows_alloc = group->capacity_mode() ? group->recv_rows_fixed : BK;
@@ -251,7 +252,8 @@ std::size_t handle_bytes(const EpGroupState<Exec>& g) {
   const std::size_t RB = R > 1 ? R * B : 0;
   const std::size_t ints = BK + nch * E + nch * R + nch + 2 * B * R + (E + 1 + R) + R * (E + 1 + R) + R * (E + 1) +
                            2 * E + (L + 1) + L + 5 * R + 2 * BK + RB * s.K + RB + 3 * N + 4 + 2 * R + 2 * R;
-  return ints * sizeof(int) + B * R + BK + 2 * kEpOps * 8;  // + token_in_rank, slot_kept and the traffic counters
+  // + token_in_rank, slot_kept, the traffic counters and the expert load
+  return ints * sizeof(int) + B * R + BK + 2 * kEpOps * 8 + L * 8;
 }
 
 template <class Exec>
@@ -270,7 +272,7 @@ std::vector<const void*> handle_buffers(const EpHandleState<Exec>& h) {
       v.dest_base.data(),   v.dest_limit.data(),   v.expert_offsets.data(), v.recv_count.data(),  v.send_base.data(),
       v.fwd_base.data(),    v.arrive_base.data(),  v.arrive_count.data(),   v.ret_base.data(),    v.slot_row.data(),
       v.slot_rank.data(),   v.slot_kept.data(),    v.fwd_rows.data(),       v.arrive_rank.data(), v.recv_expert.data(),
-      v.recv_src.data(),    v.recv_k.data(),       v.status.data(),         v.rank_status.data()};
+      v.recv_src.data(),    v.recv_k.data(),       v.status.data(),         v.rank_status.data(), v.expert_load.data()};
 }
 
 template <class Exec>
@@ -480,6 +482,8 @@ std::shared_ptr<EpGroupState<Exec>> make_group_state(const Exec& exec, const Com
     g->in_ret_f = reinterpret_cast<const char*>(g->src_flt.data());
   }
   exec.fence();
+  // Direct writes measure their waits per peer; over messages there is no wait kernel and these stay 0.
+  g->signals.wait_ns = Kokkos::View<std::int64_t*, Mem>("KokkosMoE::ep::peer_wait_ns", s.R);
   return g;
 }
 
@@ -705,6 +709,7 @@ void layout(const Exec& exec, EpHandleState<Exec>& h, const IdxView& idx) {
     h.arrivals = g.stage_rows;
   }
   layout_offsets(exec, s, h.v);
+  accumulate_load(exec, s, h.v);
   layout_slots(exec, s, idx, h.v, h.recv_rows);
   // The receivers learn which of their rows each arriving token feeds: K ints per token row, one transfer.
   const std::size_t meta_pitch = static_cast<std::size_t>(s.K) * sizeof(int);

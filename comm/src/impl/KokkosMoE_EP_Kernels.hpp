@@ -66,17 +66,18 @@ struct EpLayoutViews {
   Kokkos::View<int*, Mem> ret_base;                // [R] index of the first return row for rank i at i's end
   Kokkos::View<int*, Mem> slot_row;   // [B*K] receive row of the slot on its expert's rank; -1: none or dropped
   Kokkos::View<int*, Mem> slot_rank;  // [B*K] rank of the slot's expert, -1 for an empty or invalid slot
-  Kokkos::View<std::uint8_t*, Mem> slot_kept;  // [B*K] 1 iff the slot has an expert and was not dropped
-  Kokkos::View<int*, Mem> fwd_rows;            // [R*B*K] per arrival index, the K receive rows it feeds (-1 none)
-  Kokkos::View<int*, Mem> arrive_rank;         // [R*B] source rank of each arrival index, -1 unused
-  Kokkos::View<int*, Mem> recv_expert;         // [N] local expert of each receive row, -1 for padding and drops
-  Kokkos::View<int*, Mem> recv_src;            // [N] arrival index feeding receive row q, -1: local or none
-  Kokkos::View<int*, Mem> recv_k;              // [N] the slot k of that arrival
-  Kokkos::View<int*, Mem> sent_rows;           // [R] token rows this rank writes for rank r (a kept slot there)
-  Kokkos::View<int*, Mem> ret_rows;            // [R] return rows this rank writes for rank i
-  Kokkos::View<std::int64_t*, Mem> traffic;    // [2 * kEpOps] logical and wire bytes per operation since the sync
-  Kokkos::View<int*, Mem> status;              // [4] invalid ids, dropped slots, receive demand (rows), unused
-  Kokkos::View<int*, Mem> rank_status;         // [2R] every rank's receive demand and receive-side drops: (2j, 2j + 1)
+  Kokkos::View<std::uint8_t*, Mem> slot_kept;    // [B*K] 1 iff the slot has an expert and was not dropped
+  Kokkos::View<int*, Mem> fwd_rows;              // [R*B*K] per arrival index, the K receive rows it feeds (-1 none)
+  Kokkos::View<int*, Mem> arrive_rank;           // [R*B] source rank of each arrival index, -1 unused
+  Kokkos::View<int*, Mem> recv_expert;           // [N] local expert of each receive row, -1 for padding and drops
+  Kokkos::View<int*, Mem> recv_src;              // [N] arrival index feeding receive row q, -1: local or none
+  Kokkos::View<int*, Mem> recv_k;                // [N] the slot k of that arrival
+  Kokkos::View<int*, Mem> sent_rows;             // [R] token rows this rank writes for rank r (a kept slot there)
+  Kokkos::View<int*, Mem> ret_rows;              // [R] return rows this rank writes for rank i
+  Kokkos::View<std::int64_t*, Mem> traffic;      // [2 * kEpOps] logical and wire bytes per operation since the sync
+  Kokkos::View<std::int64_t*, Mem> expert_load;  // [L] slots addressed to each local expert since creation or reset
+  Kokkos::View<int*, Mem> status;                // [4] invalid ids, dropped slots, receive demand (rows), unused
+  Kokkos::View<int*, Mem> rank_status;  // [2R] every rank's receive demand and receive-side drops: (2j, 2j + 1)
 };
 
 /// The operations whose bytes are counted (CommStats::bytes), in the order of EpLayoutViews::traffic.
@@ -235,6 +236,17 @@ void gather_pack(const Exec& exec, const EpShape s, const EpLayoutViews<typename
         const int r = static_cast<int>(i / W), j = static_cast<int>(i % W);
         reinterpret_cast<int*>(peers(r))[static_cast<std::int64_t>(s.me) * W + j] = send(j);
       });
+}
+
+/// The layout's demand per local expert (recv_count, dropped slots included) joins the handle's cumulative load; on
+/// the device only, so a captured layout keeps counting at every replay.
+template <class Exec>
+void accumulate_load(const Exec& exec, const EpShape s, const EpLayoutViews<typename Exec::memory_space>& v) {
+  auto load = v.expert_load;
+  auto recv_count = v.recv_count;
+  Kokkos::parallel_for(
+      "KokkosMoE::ep_layout::load", light(Kokkos::RangePolicy<Exec>(exec, 0, s.L)),
+      KOKKOS_LAMBDA(int l) { load(l) += recv_count(l); });
 }
 
 /// K3: offsets from the all-gathered vectors (every rank derives every peer's offsets: no second count exchange).

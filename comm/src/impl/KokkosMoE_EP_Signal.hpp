@@ -61,6 +61,7 @@ struct WindowSignals {
   Kokkos::View<const std::uintptr_t*, Mem> ctrl;  // [R] every rank's control block
   Kokkos::View<std::uint64_t*, Mem> epoch;        // [kWindowRegions] this rank's completed epochs
   Kokkos::View<std::int64_t*, Mem> err;           // [kErrWords] failed, region, peer, epoch, kind, value seen
+  Kokkos::View<std::int64_t*, Mem> wait_ns;  // [R] nanoseconds spent waiting for each peer, since creation or reset
   int R = 0, me = 0;
   std::uint64_t timeout_ns = 0;
 
@@ -73,6 +74,7 @@ struct WindowSignals {
     const std::uint64_t start = ep_now_ns();
     for (int p = 0; p < R; ++p) {
       if (p == me) continue;
+      const std::uint64_t since = ep_now_ns();
       std::uint64_t seen = 0;
       while ((seen = *flag(me, region, kind, p)) < n) {
         if (err(0) != 0) return false;
@@ -87,6 +89,7 @@ struct WindowSignals {
           return false;
         }
       }
+      wait_ns(p) += static_cast<std::int64_t>(ep_now_ns() - since);  // one thread per rank: no race
     }
     ep_fence_peers();
     return true;
