@@ -8,24 +8,10 @@
 #include <EpCases.hpp>
 #include <EpStep.hpp>
 #include <boost/test/unit_test.hpp>
-#include <impl/KokkosMoE_Transport.hpp>
-#if defined(KOKKOSMOE_HAVE_NCCL)
-#include <KokkosMoE_Communicator_NCCL.hpp>
-#endif
-#if defined(KOKKOSMOE_HAVE_SHARDING)
-#include <KokkosMoE_Planner.hpp>
-#include <KokkosMoE_Topology.hpp>
-#endif
 
 #include <algorithm>
-#include <chrono>
-#include <cmath>
-#include <cstdlib>
-#include <numeric>
 #include <random>
 #include <set>
-#include <string>
-#include <vector>
 
 using namespace KokkosMoE;
 using namespace KokkosMoE::Test;
