@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The EP layer (comm/) on the GPU machine: tests, sanitizers, the main job, the benchmarks and ncu kernel durations.
 #   gpu_ep_tests_bench.sh BIN_DIR OUT_DIR [tests|bench|profile|all]
-# BIN_DIR holds the CUDA-build binaries KokkosMoE_CommTests, KokkosMoE_CommLoopbackTests, kokkosmoe-ep,
-# KokkosMoE_CommBenchmarks (+
+# BIN_DIR holds the CUDA-build binaries KokkosMoE_CommTests, KokkosMoE_CommLoopbackTests, KokkosMoE_Fp8Tests,
+# kokkosmoe-ep, KokkosMoE_CommBenchmarks (+
 # libbenchmark.so.1debian, libmpi_cxx.so.40). NCCL comes from PyTorch's environment there. Logs go to OUT_DIR.
 set -uo pipefail
 bin=$(cd "$1" && pwd)
@@ -25,9 +25,13 @@ if [ "$phase" = tests ] || [ "$phase" = all ]; then
   step "EP suites on Serial + Cuda (NCCL, one rank)"
   timeout 300 "${mpi1[@]}" "$bin/KokkosMoE_CommTests" --report_level=short --log_level=warning >"$out/comm-tests.log" 2>&1
   echo "exit $?" | tee -a "$out/comm-tests.log"; tail -8 "$out/comm-tests.log"
-  step "loopback ranks on this GPU: steps at R = 1, 2, 3, 4, 8, a silent peer, graph capture at R = 8"
-  timeout 300 "$bin/KokkosMoE_CommLoopbackTests" --report_level=short --log_level=test_suite >"$out/loopback-tests.log" 2>&1
+  step "loopback ranks on this GPU: steps at R = 1, 2, 3, 4, 8, faults, graph capture at R = 8 (10 s deadline)"
+  KOKKOSMOE_COMM_TIMEOUT=10 timeout 300 "$bin/KokkosMoE_CommLoopbackTests" --report_level=short \
+    --log_level=test_suite >"$out/loopback-tests.log" 2>&1
   echo "exit $?" | tee -a "$out/loopback-tests.log"; tail -6 "$out/loopback-tests.log"
+  step "FP8 rows on Serial and Cuda"
+  timeout 120 "$bin/KokkosMoE_Fp8Tests" --report_level=short >"$out/fp8-tests.log" 2>&1
+  echo "exit $?" | tee -a "$out/fp8-tests.log"; tail -4 "$out/fp8-tests.log"
   step "multi-GPU suites through the launcher on one GPU (must report skipped with the gate's reason)"
   bash "$here/unit_test/comm/multi_gpu_launch.sh" 2 60 -- "$bin/KokkosMoE_CommTests" --run_test=ep_setup \
     >"$out/multi-gpu-dry-run.log" 2>&1
