@@ -252,8 +252,7 @@ void BM_Alltoallv(benchmark::State& state, int T) {
   Fixture f(T, false);
   const Communicator& comm = *g_comm;
   const int R = comm.size(), me = comm.rank();
-  auto pad16 = [](std::size_t b) { return (b + 15) / 16 * 16; };
-  const std::size_t pitch = pad16(f.cfg.hidden * sizeof(Row)) + pad16(f.cfg.top_k * sizeof(float));
+  const std::size_t pitch = Impl::token_pitch(f.cfg.hidden * sizeof(Row), f.cfg.top_k, true);  // the dispatch's
   auto tpr = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), f.handle->tokens_per_rank());
   std::vector<int> scount(R), rcount(R), sdispl(R), rdispl(R);
   for (int p = 0; p < R; ++p) scount[p] = p == me ? 0 : static_cast<int>(tpr(p) * pitch);

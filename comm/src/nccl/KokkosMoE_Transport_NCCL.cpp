@@ -50,6 +50,11 @@ class DeviceGuard {
   int m_old = 0;
 };
 
+void check_cuda(const char* fn, int rank, int size, cudaError_t e, const char* what) {
+  if (e != cudaSuccess)
+    throw CommError(fn, rank, size, CommFailure::Device, std::string(what) + ": " + cudaGetErrorString(e));
+}
+
 /// NCCL's window entry points, where the loaded library has them (2.28 and later).
 struct WindowApi {
   using Register = ncclResult_t (*)(ncclComm_t, void*, size_t, ncclWindow_t*, int);
@@ -497,10 +502,7 @@ class NcclTransport final : public Transport {
   }
 
  private:
-  void cuda(const char* op, cudaError_t e, const char* what) {
-    if (e == cudaSuccess) return;
-    fail(op, CommFailure::Device, std::string(what) + ": " + cudaGetErrorString(e));
-  }
+  void cuda(const char* op, cudaError_t e, const char* what) const { check_cuda(op, m_rank, m_size, e, what); }
 
   void check(const char* op, const char* what, ncclResult_t r) {
     if (r == ncclInProgress) {
@@ -518,11 +520,6 @@ class NcclTransport final : public Transport {
 };
 
 NcclWindow::~NcclWindow() { m_t->release(*this); }
-
-void check_cuda(const char* fn, int rank, int size, cudaError_t e, const char* what) {
-  if (e != cudaSuccess)
-    throw CommError(fn, rank, size, CommFailure::Device, std::string(what) + ": " + cudaGetErrorString(e));
-}
 
 }  // namespace
 }  // namespace Impl
