@@ -112,15 +112,47 @@ inline std::size_t token_pitch(std::size_t row_bytes, int top_k, bool with_float
   return pad16(row_bytes) + (with_floats ? pad16(static_cast<std::size_t>(top_k) * sizeof(float)) : 0);
 }
 
-/// A host copy of \p v through \p exec alone: no global fence, which in a process driving several ranks (loopback)
-/// would wait for a peer's kernels that wait for this rank.
+/// Host memory the EP layer reads or fills through an instance. It is not Kokkos-owned on purpose: Kokkos 4 fences
+/// every execution space when it frees a HostSpace allocation, and in a process driving several ranks (loopback) that
+/// fence waits for a peer's kernels that wait for this rank (docs/ep.md §7.3). Viewed through an unmanaged View.
+template <class View>
+class HostCopy {
+ public:
+  using value_type = typename View::non_const_value_type;
+  using host_view = Kokkos::View<typename View::non_const_data_type, typename View::array_layout, Kokkos::HostSpace,
+                                 Kokkos::MemoryUnmanaged>;
+  explicit HostCopy(const View& like) : m_data(like.span()), m_view(m_data.data(), like.layout()) {}
+  HostCopy(const HostCopy&) = delete;
+  HostCopy& operator=(const HostCopy&) = delete;
+  HostCopy(HostCopy&&) noexcept = default;  // the vector's buffer, and with it the View's pointer, moves along
+  template <class... I>
+  value_type& operator()(I... i) const {
+    return m_view(i...);
+  }
+  value_type* data() const { return m_view.data(); }
+  const host_view& view() const { return m_view; }
+
+ private:
+  std::vector<value_type> m_data;
+  host_view m_view;
+};
+
+/// A host copy of \p v through \p exec alone: no global fence, no Kokkos host allocation (see HostCopy).
 template <class Exec, class View>
-auto to_host(const Exec& exec, const View& v) {
-  Kokkos::View<typename View::non_const_data_type, typename View::array_layout, Kokkos::HostSpace> h(
-      Kokkos::view_alloc(Kokkos::WithoutInitializing, "KokkosMoE::ep::host_copy"), v.layout());
-  Kokkos::deep_copy(exec, h, v);
+HostCopy<View> to_host(const Exec& exec, const View& v) {
+  HostCopy<View> h(v);
+  Kokkos::deep_copy(exec, h.view(), v);
   exec.fence();
   return h;
+}
+
+/// \p values into the device View \p v through \p exec alone (see HostCopy).
+template <class Exec, class View>
+void from_host(const Exec& exec, const View& v, const std::vector<typename View::non_const_value_type>& values) {
+  using T = typename View::non_const_value_type;
+  Kokkos::View<const T*, Kokkos::HostSpace, Kokkos::MemoryUnmanaged> h(values.data(), values.size());
+  Kokkos::deep_copy(exec, v, h);
+  exec.fence();
 }
 
 // ----- state -------------------------------------------------------------------------------------------------------
@@ -367,12 +399,7 @@ std::shared_ptr<EpGroupState<Exec>> make_group_state(const Exec& exec, const Com
     // Per rank: invalid marker, config digest, the communicator's window setting (make_window is collective).
     constexpr int kWords = 3;
     Kokkos::View<std::uint64_t*, Mem> mine("KokkosMoE::ep::digest", kWords), all("KokkosMoE::ep::digests", kWords * R);
-    auto hm = Kokkos::create_mirror_view(mine);
-    hm(0) = invalid ? 1u : 0u;
-    hm(1) = config_digest(config);
-    hm(2) = static_cast<std::uint64_t>(t->peer_windows());
-    Kokkos::deep_copy(exec, mine, hm);
-    exec.fence();
+    from_host(exec, mine, {invalid ? 1u : 0u, config_digest(config), static_cast<std::uint64_t>(t->peer_windows())});
     t->allgather(fn, mine.data(), all.data(), kWords * sizeof(std::uint64_t), ExecTraits<Exec>::stream(exec));
     t->wait(fn, ExecTraits<Exec>::stream(exec));
     auto host = to_host(exec, all);
@@ -423,9 +450,9 @@ std::shared_ptr<EpGroupState<Exec>> make_group_state(const Exec& exec, const Com
   const std::size_t counts_bytes = pad16(static_cast<std::size_t>(s.R) * (s.E + 1 + s.R) * sizeof(int));
   auto table = [&](const char* name, auto&& addr) {
     Kokkos::View<std::uintptr_t*, Mem> tv(std::string("KokkosMoE::ep::peers_") + name, static_cast<std::size_t>(s.R));
-    auto hv = Kokkos::create_mirror_view(tv);
-    for (int r = 0; r < s.R; ++r) hv(r) = addr(r);
-    Kokkos::deep_copy(exec, tv, hv);
+    std::vector<std::uintptr_t> hv(static_cast<std::size_t>(s.R));
+    for (int r = 0; r < s.R; ++r) hv[r] = addr(r);
+    from_host(exec, tv, hv);
     return tv;
   };
   if (s.R > 1 && t->peer_windows() != PeerWindows::Off) {

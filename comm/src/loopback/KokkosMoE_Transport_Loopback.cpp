@@ -19,6 +19,7 @@
 #include <condition_variable>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -38,76 +39,64 @@ struct Post {
 };
 
 struct World {
-  explicit World(int n)
-      : size(n),
-        posts(static_cast<std::size_t>(n)),
-        here(static_cast<std::size_t>(n), false),
-        came(static_cast<std::size_t>(n), false),
-        waiting_in(static_cast<std::size_t>(n)) {}
+  explicit World(int n) : size(n), posts(static_cast<std::size_t>(n)), waiting_in(static_cast<std::size_t>(n)) {}
   const int size;
   std::mutex mu;
   std::condition_variable cv;
-  std::uint64_t generation = 0;
-  int arrived = 0;
-  std::string meeting;  // the operation of the meeting in progress (while arrived > 0)
   std::vector<Post> posts;
-  std::vector<bool> here;               // at the meeting in progress now
-  std::vector<bool> came;               // came to the meeting in progress (some may have given up since)
   std::vector<std::string> waiting_in;  // per rank: the meeting it waits at, "" when none
 
   /// Every rank of the world reaches the same meeting (named by its operation), or CommError(Timeout) at the deadline
-  /// naming the ranks that did not come and where they wait instead. A rank that arrives at another meeting never
-  /// joins the one in progress; a rank that gives up withdraws, so the world stays consistent after a failure.
+  /// naming the ranks that did not come and where they wait instead. Meetings of different names never block each
+  /// other: a rank at another meeting (e.g. its ~EpGroup) neither completes this one nor keeps it from starting, and
+  /// a rank that gives up withdraws, so the world stays consistent after a failure.
   void barrier(const char* op, int rank, std::chrono::steady_clock::time_point until, double timeout) {
     std::unique_lock<std::mutex> lock(mu);
+    Gathering& m = meetings[op];  // std::map: the reference stays valid while other meetings come and go
+    if (m.here.empty()) {
+      m.here.assign(static_cast<std::size_t>(size), false);
+      m.gave_up.assign(static_cast<std::size_t>(size), false);
+    }
+    const std::uint64_t gen = m.generation;
     waiting_in[rank] = op;
-    if (!cv.wait_until(lock, until, [&] { return arrived == 0 || meeting == op; })) {
-      waiting_in[rank].clear();
-      throw timeout_error(op, rank, timeout,
-                          "the meeting in progress is " + meeting + " (" + who(true) + "), not " + op);
-    }
-    if (arrived == 0) {
-      meeting = op;
-      std::fill(came.begin(), came.end(), false);
-    }
-    const std::uint64_t gen = generation;
-    here[rank] = true;
-    came[rank] = true;
-    if (++arrived == size) {
-      arrived = 0;
-      std::fill(here.begin(), here.end(), false);
-      for (std::string& w : waiting_in) w.clear();
-      ++generation;
+    m.here[rank] = true;
+    m.gave_up[rank] = false;
+    if (++m.arrived == size) {
+      m.arrived = 0;
+      std::fill(m.here.begin(), m.here.end(), false);
+      for (std::string& w : waiting_in)
+        if (w == op) w.clear();
+      ++m.generation;
       cv.notify_all();
       return;
     }
-    if (cv.wait_until(lock, until, [&] { return generation != gen; })) return;
-    here[rank] = false;
-    --arrived;
+    if (cv.wait_until(lock, until, [&] { return m.generation != gen; })) return;
+    m.here[rank] = false;
+    m.gave_up[rank] = true;
+    --m.arrived;
     waiting_in[rank].clear();
-    const std::string missing = who(false);
-    cv.notify_all();
-    throw timeout_error(op, rank, timeout, missing + " did not reach " + op);
+    std::string missing;
+    for (int r = 0; r < size; ++r) {
+      if (r == rank || m.here[r]) continue;
+      missing += (missing.empty() ? "rank " : ", rank ") + std::to_string(r);
+      if (!waiting_in[r].empty()) {
+        missing += " (waiting at " + waiting_in[r] + ")";
+      } else if (m.gave_up[r]) {
+        missing += " (came, gave up at its deadline)";
+      }
+    }
+    throw CommError(op, rank, size, CommFailure::Timeout,
+                    missing + " of the loopback group did not reach " + op + " (waited " + std::to_string(timeout) +
+                        " s: stalled or gone thread); the communicator is aborted");
   }
 
  private:
-  /// The ranks at the meeting in progress (present) or missing from it, with where the missing ones wait.
-  std::string who(bool present) const {
-    std::string out;
-    int n = 0;
-    for (int r = 0; r < size; ++r) {
-      if (present ? !here[r] : came[r]) continue;
-      out += (out.empty() ? "" : ", ") + std::to_string(r);
-      if (!present && !waiting_in[r].empty()) out += " (waiting at " + waiting_in[r] + ")";
-      ++n;
-    }
-    return (n == 1 ? "rank " : "ranks ") + out + " of the loopback group";
-  }
-  CommError timeout_error(const char* op, int rank, double timeout, const std::string& what) const {
-    return CommError(
-        op, rank, size, CommFailure::Timeout,
-        what + " (waited " + std::to_string(timeout) + " s: stalled or gone thread); the communicator is aborted");
-  }
+  struct Gathering {
+    int arrived = 0;
+    std::uint64_t generation = 0;
+    std::vector<bool> here, gave_up;
+  };
+  std::map<std::string, Gathering> meetings;
 };
 
 class LoopbackWindow final : public PeerWindow {
