@@ -48,8 +48,9 @@ void record_context() {
   benchmark::AddCustomContext("execution_space_concurrency", std::to_string(ExecSpace().concurrency()));
   benchmark::AddCustomContext("host_execution_space", Kokkos::DefaultHostExecutionSpace::name());
 #if defined(KOKKOS_ENABLE_CUDA)
-  int device = 0, driver = 0, runtime = 0;
-  cudaGetDevice(&device);
+  // The GPU of the instance the benchmarks run on (ExecSpace() is that instance), not the thread's current device.
+  const int device = ExecSpace().cuda_device();
+  int driver = 0, runtime = 0;
   cudaDriverGetVersion(&driver);
   cudaRuntimeGetVersion(&runtime);
   cudaDeviceProp prop;

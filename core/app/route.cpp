@@ -189,14 +189,15 @@ const char* function_name(ScoreFunction f, bool pre) {
   }
 }
 
-std::string backend_description(int& concurrency) {
-  concurrency = ExecSpace().concurrency();
+// The device is the instance's (the one the run's kernels go to), not whichever is current on this thread.
+std::string backend_description(const ExecSpace& exec, int& concurrency) {
+  concurrency = exec.concurrency();
   std::string s = ExecSpace::name();
 #if defined(KOKKOS_ENABLE_CUDA)
-  if (std::is_same_v<ExecSpace, Kokkos::Cuda>) {
-    int dev = 0;
+  if constexpr (std::is_same_v<ExecSpace, Kokkos::Cuda>) {
+    const int dev = exec.cuda_device();
     cudaDeviceProp prop;
-    if (cudaGetDevice(&dev) == cudaSuccess && cudaGetDeviceProperties(&prop, dev) == cudaSuccess)
+    if (cudaGetDeviceProperties(&prop, dev) == cudaSuccess)
       return s + " on " + prop.name + " (device " + std::to_string(dev) + ", " +
              std::to_string(prop.multiProcessorCount) + " SMs)";
   }
@@ -205,6 +206,21 @@ std::string backend_description(int& concurrency) {
     s += " (" + std::to_string(concurrency) + (concurrency == 1 ? " thread)" : " threads)");
   return s;
 }
+
+#if defined(KOKKOS_ENABLE_CUDA)
+// Free memory of the instance's device: cudaMemGetInfo reports the current device's, so that one is made the
+// instance's for the query and the caller's current device is given back afterwards.
+bool free_device_memory(const Kokkos::Cuda& exec, std::size_t& free_bytes) {
+  int current = -1;
+  if (cudaGetDevice(&current) != cudaSuccess) return false;
+  const int dev = exec.cuda_device();
+  if (dev != current && cudaSetDevice(dev) != cudaSuccess) return false;
+  std::size_t total = 0;
+  const bool ok = cudaMemGetInfo(&free_bytes, &total) == cudaSuccess;
+  if (dev != current) cudaSetDevice(current);
+  return ok;
+}
+#endif
 
 // --- the run ----------------------------------------------------------------------------------------------------
 
@@ -346,7 +362,7 @@ int run(const Args& args, const RouterPreset& preset) {
   r.kokkos_version = std::to_string(KOKKOS_VERSION / 10000) + "." + std::to_string(KOKKOS_VERSION / 100 % 100) + "." +
                      std::to_string(KOKKOS_VERSION % 100);
   r.execution_space = ExecSpace::name();
-  r.backend = backend_description(r.concurrency);
+  r.backend = backend_description(exec, r.concurrency);
   const bool specialized = Impl::TopkSpec<ExecSpace>::is_specialized;
   r.implementation = cfg.implementation == Implementation::Portable
                          ? "portable Kokkos kernels (forced)"
@@ -405,9 +421,9 @@ int main(int argc, char** argv) {
     int kargc = static_cast<int>(kargs.size());
     Kokkos::ScopeGuard guard(kargc, kargv.data());
 #if defined(KOKKOS_ENABLE_CUDA)
-    if (std::is_same_v<ExecSpace, Kokkos::Cuda>) {
-      std::size_t free_b = 0, total_b = 0;
-      if (cudaMemGetInfo(&free_b, &total_b) == cudaSuccess && need > 0.9 * static_cast<double>(free_b))
+    if constexpr (std::is_same_v<ExecSpace, Kokkos::Cuda>) {
+      std::size_t free_b = 0;
+      if (free_device_memory(ExecSpace(), free_b) && need > 0.9 * static_cast<double>(free_b))
         throw Impl::CliUsageError("--tokens " + std::to_string(args.tokens) + " needs about " +
                                   std::to_string(static_cast<long long>(need / 1e9)) + " GB for preset " + preset.name +
                                   "; the device has " + std::to_string(static_cast<long long>(free_b / 1000000000ull)) +

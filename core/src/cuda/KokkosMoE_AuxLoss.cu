@@ -178,8 +178,8 @@ cudaError_t aux_bwd(const AuxLossBackwardArgs& a, const Queue& q) {
 }  // namespace detail
 
 cudaError_t aux_loss_forward(const AuxLossArgs& a, const Queue& q) {
-  const cudaError_t cur = detail::make_current(q);
-  if (cur != cudaSuccess) return cur;
+  const detail::DeviceGuard device(q);
+  if (device.status() != cudaSuccess) return device.status();
   switch (a.probs_type) {
     case DType::F32:
       return detail::aux_fwd<detail::kDtF32>(a, q);
@@ -193,8 +193,8 @@ cudaError_t aux_loss_forward(const AuxLossArgs& a, const Queue& q) {
 }
 
 cudaError_t aux_loss_backward(const AuxLossBackwardArgs& a, const Queue& q) {
-  const cudaError_t cur = detail::make_current(q);
-  if (cur != cudaSuccess) return cur;
+  const detail::DeviceGuard device(q);
+  if (device.status() != cudaSuccess) return device.status();
   switch (a.grad_probs_type) {
     case DType::F32:
       return detail::aux_bwd<detail::kDtF32>(a, q);

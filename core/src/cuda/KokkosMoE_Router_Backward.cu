@@ -830,8 +830,8 @@ using namespace detail;
 
 cudaError_t topk_backward(const TopkBackwardArgs& a, const Queue& q) {
   if (a.num_tokens <= 0) return cudaSuccess;
-  const cudaError_t cur = make_current(q);
-  if (cur != cudaSuccess) return cur;
+  const DeviceGuard device(q);
+  if (device.status() != cudaSuccess) return device.status();
   BwdParams P;
   P.T = a.num_tokens;
   P.E = a.num_experts;
@@ -891,8 +891,8 @@ cudaError_t topk_backward(const TopkBackwardArgs& a, const Queue& q) {
 
 cudaError_t aux_scores_backward(const AuxScoresBackwardArgs& a, const Queue& q) {
   if (a.num_tokens <= 0) return cudaSuccess;
-  const cudaError_t cur = make_current(q);
-  if (cur != cudaSuccess) return cur;
+  const DeviceGuard device(q);
+  if (device.status() != cudaSuccess) return device.status();
   BwdParams P;
   P.T = a.num_tokens;
   P.E = a.num_experts;

@@ -4,7 +4,7 @@
 // Host helpers of the native CUDA router kernels: cached device properties and occupancy-based persistent grids,
 // per device (the execution space instance's, passed down in a Queue). All of them are host-only queries (no stream
 // work, no allocation), so they are legal during graph capture. Function attributes and occupancy queries apply to
-// the current device, so the launchers call make_current(queue) first.
+// the current device, so the launchers hold a DeviceGuard of the queue's device while they run.
 
 #include <algorithm>
 #include <cuda/KokkosMoE_Router_Cuda_Common.cuh>
@@ -47,11 +47,17 @@ const DeviceInfo& device_info(int dev) {
 }
 }  // namespace
 
-cudaError_t make_current(const Queue& q) {
-  // cudaGetDevice reads the calling thread's current device; the set is needed only when another one is current
+DeviceGuard::DeviceGuard(const Queue& q) {
+  // cudaGetDevice reads the calling thread's current device; the set (and the restore) only when another is current
   int current = -1;
-  if (cudaGetDevice(&current) == cudaSuccess && current == q.device) return cudaSuccess;
-  return cudaSetDevice(q.device);
+  m_status = cudaGetDevice(&current);
+  if (m_status != cudaSuccess || current == q.device) return;
+  m_status = cudaSetDevice(q.device);
+  if (m_status == cudaSuccess) m_restore = current;
+}
+
+DeviceGuard::~DeviceGuard() {
+  if (m_restore >= 0) cudaSetDevice(m_restore);
 }
 
 int sm_count(int dev) {

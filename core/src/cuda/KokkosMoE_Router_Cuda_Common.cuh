@@ -239,9 +239,22 @@ __device__ __forceinline__ int seg_excl_scan(int v, int ls) {
 // ------------------------------------------------------------------------------------------------------------
 inline bool aligned16(const void* p) { return (reinterpret_cast<std::uintptr_t>(p) & 15u) == 0; }
 
-/// Makes the queue's device the current one (what Kokkos does before each of its launches): the attribute calls,
-/// occupancy queries and launches below act on the current device.
-cudaError_t make_current(const Queue& q);
+/// Makes the queue's device current for the guard's lifetime and gives the caller's current device back when it
+/// ends: the attribute calls, occupancy queries and launches below act on the current device, and a library call
+/// that left another device current would move the caller's own later CUDA calls (allocations, launches) there.
+/// status() is the error of reading or setting the device; the launch must not proceed unless it is cudaSuccess.
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(const Queue& q);
+  ~DeviceGuard();
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+  cudaError_t status() const { return m_status; }
+
+ private:
+  int m_restore = -1;  ///< the caller's device, or -1 when the guard changed nothing
+  cudaError_t m_status = cudaSuccess;
+};
 
 /// Multiprocessor count of device `dev` (cached per device; host-only query, capture-safe).
 int sm_count(int dev);

@@ -44,8 +44,9 @@ detail::FwdParams lower_aux(const AuxScoresArgs& a) {
 
 /// Launches P on q; a shape without a native kernel is a caller error (handles() said so first).
 cudaError_t launch(detail::FwdParams& P, DType dt, const Queue& q) {
-  cudaError_t err = detail::make_current(q);
-  if (err != cudaSuccess) return err;
+  const detail::DeviceGuard device(q);
+  if (device.status() != cudaSuccess) return device.status();
+  cudaError_t err = cudaSuccess;
   if (!dispatch(P, dt, &q, &err)) return cudaErrorInvalidValue;
   return err;
 }
