@@ -409,11 +409,17 @@ class NcclTransport final : public Transport {
     const ncclResult_t r = api.reg(m_comm, mem, n, &win, NCCL_WIN_COLL_SYMMETRIC);
     if (r != ncclSuccess && r != ncclInProgress) ncclMemFree(mem);
     check(op, "ncclCommWindowRegister", r);
+    // A non-blocking communicator may still be busy with the registration after it returned success: the next call
+    // on it (the all-gather below) would fail as "used before the previous operation returned ncclSuccess".
+    poll_comm(op, m_comm, "ncclCommWindowRegister");
     // A communicator without symmetric memory support registers nothing and still succeeds (the window stays null):
     // every rank must have a window, or none keeps one.
     const std::vector<int> got = host_allgather(op, win != nullptr ? 1 : 0);
     if (!std::all_of(got.begin(), got.end(), [](int g) { return g != 0; })) {
-      if (win != nullptr) check(op, "ncclCommWindowDeregister", api.dereg(m_comm, win));
+      if (win != nullptr) {
+        check(op, "ncclCommWindowDeregister", api.dereg(m_comm, win));
+        poll_comm(op, m_comm, "ncclCommWindowDeregister");
+      }
       ncclMemFree(mem);
       return nullptr;
     }
@@ -492,6 +498,7 @@ class NcclTransport final : public Transport {
       meet("~EpGroup");
       if (w.m_kind == NcclWindow::Kind::Symmetric) {
         check("~EpGroup", "ncclCommWindowDeregister", window_api().dereg(m_comm, w.m_win));
+        poll_comm("~EpGroup", m_comm, "ncclCommWindowDeregister");
         ncclMemFree(w.m_mine);
         return;
       }
