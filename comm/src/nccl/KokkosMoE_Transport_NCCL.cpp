@@ -408,18 +408,12 @@ class NcclTransport final : public Transport {
     ncclWindow_t win = nullptr;
     const ncclResult_t r = api.reg(m_comm, mem, n, &win, NCCL_WIN_COLL_SYMMETRIC);
     if (r != ncclSuccess && r != ncclInProgress) ncclMemFree(mem);
-    check(op, "ncclCommWindowRegister", r);
-    // A non-blocking communicator may still be busy with the registration after it returned success: the next call
-    // on it (the all-gather below) would fail as "used before the previous operation returned ncclSuccess".
-    poll_comm(op, m_comm, "ncclCommWindowRegister");
+    check_settled(op, "ncclCommWindowRegister", r);
     // A communicator without symmetric memory support registers nothing and still succeeds (the window stays null):
     // every rank must have a window, or none keeps one.
     const std::vector<int> got = host_allgather(op, win != nullptr ? 1 : 0);
     if (!std::all_of(got.begin(), got.end(), [](int g) { return g != 0; })) {
-      if (win != nullptr) {
-        check(op, "ncclCommWindowDeregister", api.dereg(m_comm, win));
-        poll_comm(op, m_comm, "ncclCommWindowDeregister");
-      }
+      if (win != nullptr) check_settled(op, "ncclCommWindowDeregister", api.dereg(m_comm, win));
       ncclMemFree(mem);
       return nullptr;
     }
@@ -497,8 +491,7 @@ class NcclTransport final : public Transport {
     try {
       meet("~EpGroup");
       if (w.m_kind == NcclWindow::Kind::Symmetric) {
-        check("~EpGroup", "ncclCommWindowDeregister", window_api().dereg(m_comm, w.m_win));
-        poll_comm("~EpGroup", m_comm, "ncclCommWindowDeregister");
+        check_settled("~EpGroup", "ncclCommWindowDeregister", window_api().dereg(m_comm, w.m_win));
         ncclMemFree(w.m_mine);
         return;
       }
@@ -520,6 +513,14 @@ class NcclTransport final : public Transport {
       abort();
       fail(op, CommFailure::Library, std::string(what) + ": " + nccl_text(r));
     }
+  }
+
+  /// check(), then wait until the non-blocking communicator has settled: window (de)registration may keep it busy
+  /// after returning success, and the next call on it would fail as "used before the previous operation returned
+  /// ncclSuccess" (NCCL 2.28.9).
+  void check_settled(const char* op, const char* what, ncclResult_t r) {
+    check(op, what, r);
+    poll_comm(op, m_comm, what);
   }
 
   ncclComm_t m_comm;
