@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The EP layer (comm/) on the GPU machine: tests, sanitizers, the main job, the benchmarks and ncu kernel durations.
-#   gpu_ep_tests_bench.sh BIN_DIR OUT_DIR [tests|bench|profile|all]
+#   gpu_ep_tests_bench.sh BIN_DIR OUT_DIR [tests|sanitize|bench|profile|all]
+# bench runs every EP benchmark, or those KOKKOSMOE_BENCH_FILTER (a --benchmark_filter regex) names.
 # BIN_DIR holds the CUDA-build binaries KokkosMoE_CommTests, KokkosMoE_CommLoopbackTests, KokkosMoE_Fp8Tests,
 # kokkosmoe-ep, KokkosMoE_CommBenchmarks (+
 # libbenchmark.so.1debian, libmpi_cxx.so.40). NCCL comes from PyTorch's environment there. Logs go to OUT_DIR.
@@ -36,6 +37,16 @@ if [ "$phase" = tests ] || [ "$phase" = all ]; then
   bash "$here/unit_test/comm/multi_gpu_launch.sh" 2 60 -- "$bin/KokkosMoE_CommTests" --run_test=ep_setup \
     >"$out/multi-gpu-dry-run.log" 2>&1
   echo "launcher exit $? (77 = skipped)" | tee -a "$out/multi-gpu-dry-run.log"; cat "$out/multi-gpu-dry-run.log"
+  step "main job: kokkosmoe-ep, DeepSeek-V3, 4096 tokens, bf16 (eager, then capacity)"
+  timeout 120 "${mpi1[@]}" "$bin/kokkosmoe-ep" --tokens 4096 --iters 5 2>&1 | tee "$out/ep.txt"
+  timeout 120 "${mpi1[@]}" "$bin/kokkosmoe-ep" --tokens 4096 --iters 5 --capacity 40000 2>&1 | tee -a "$out/ep.txt"
+  step "main job over loopback: 8 ranks on this GPU (eager, then capacity)"
+  (cd "$bin" && timeout 120 ./kokkosmoe-ep --transport loopback --ranks 8 --tokens 4096 --iters 3 2>&1 | tee -a "$out/ep.txt")
+  (cd "$bin" && timeout 120 ./kokkosmoe-ep --transport loopback --ranks 8 --tokens 4096 --iters 3 --capacity 50000 2>&1 \
+    | tee -a "$out/ep.txt")
+fi
+
+if [ "$phase" = sanitize ] || [ "$phase" = all ]; then
   step "compute-sanitizer memcheck over the Cuda EP cases"
   timeout 400 "${mpi1[@]}" compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 9 "$bin/KokkosMoE_CommTests" \
     --run_test='*/*Cuda*' --report_level=short >"$out/memcheck.log" 2>&1
@@ -44,24 +55,23 @@ if [ "$phase" = tests ] || [ "$phase" = all ]; then
   timeout 400 "${mpi1[@]}" compute-sanitizer --tool racecheck --error-exitcode 9 "$bin/KokkosMoE_CommTests" \
     --run_test='ep_dispatch_combine/*Cuda*' --report_level=short >"$out/racecheck.log" 2>&1
   echo "exit $?" | tee -a "$out/racecheck.log"; grep -E "RACECHECK SUMMARY|ERROR SUMMARY|test cases|exit" "$out/racecheck.log"
-  step "main job: kokkosmoe-ep, DeepSeek-V3, 4096 tokens, bf16 (eager, then capacity)"
-  timeout 120 "${mpi1[@]}" "$bin/kokkosmoe-ep" --tokens 4096 --iters 5 2>&1 | tee "$out/ep.txt"
-  timeout 120 "${mpi1[@]}" "$bin/kokkosmoe-ep" --tokens 4096 --iters 5 --capacity 40000 2>&1 | tee -a "$out/ep.txt"
-  step "main job over loopback: 8 ranks on this GPU (eager, then capacity)"
-  (cd "$bin" && timeout 120 ./kokkosmoe-ep --transport loopback --ranks 8 --tokens 4096 --iters 3 2>&1 | tee -a "$out/ep.txt")
-  (cd "$bin" && timeout 120 ./kokkosmoe-ep --transport loopback --ranks 8 --tokens 4096 --iters 3 --capacity 50000 2>&1 \
-    | tee -a "$out/ep.txt")
   step "compute-sanitizer memcheck over the loopback steps"
   KOKKOSMOE_COMM_TIMEOUT=150 timeout 200 compute-sanitizer --tool memcheck --error-exitcode 9 \
     "$bin/KokkosMoE_CommLoopbackTests" --run_test=ep_loopback/cuda_steps_match_oracle --report_level=short \
     >"$out/memcheck-loopback.log" 2>&1
   echo "exit $?" | tee -a "$out/memcheck-loopback.log"; grep -E "ERROR SUMMARY|test cases|exit" "$out/memcheck-loopback.log"
+  step "compute-sanitizer racecheck over the loopback steps at R = 2 (every kernel of the remote path)"
+  KOKKOSMOE_TEST_LOOPBACK_R=2 KOKKOSMOE_COMM_TIMEOUT=150 timeout 300 compute-sanitizer --tool racecheck --error-exitcode 9 \
+    "$bin/KokkosMoE_CommLoopbackTests" --run_test=ep_loopback/cuda_steps_match_oracle --report_level=short \
+    >"$out/racecheck-loopback.log" 2>&1
+  echo "exit $?" | tee -a "$out/racecheck-loopback.log"
+  grep -E "RACECHECK SUMMARY|ERROR SUMMARY|test cases|exit" "$out/racecheck-loopback.log"
 fi
 
 if [ "$phase" = bench ] || [ "$phase" = all ]; then
   step "EP benchmarks (prefill 4096 and decode 128 tokens; one rank over NCCL, then loopback at R = 2, 4, 8)"
   (cd "$bin" && timeout 300 "${mpi1[@]}" ./KokkosMoE_CommBenchmarks --benchmark_out="$out/h200_comm.json" \
-    --benchmark_out_format=json) >"$out/bench.log" 2>&1
+    --benchmark_out_format=json --benchmark_filter="${KOKKOSMOE_BENCH_FILTER:-.}") >"$out/bench.log" 2>&1
   echo "exit $?" | tee -a "$out/bench.log"; grep -E "^ep/" "$out/bench.log" | cut -c1-220
 fi
 
@@ -74,5 +84,17 @@ if [ "$phase" = profile ] || [ "$phase" = all ]; then
       --benchmark_filter="ep/(layout|dispatch|combine)/capacity") >"$out/ncu-$shape.txt" 2>&1
     echo "ncu exit $? (T = $shape)"
     grep -E "KokkosMoE|gpu__time_duration|dram__throughput|Kernel|ncclDevKernel" "$out/ncu-$shape.txt" | head -60
+  done
+  # ncu serializes kernels, so a rank's receive-side wait for a peer whose pack has not run yet ends at the deadline
+  # (2 s here, then CommError): the pack, expand and reduce kernels it did profile are what this step is for.
+  step "ncu: DRAM bytes and time of the loopback R = 8 copy kernels (dispatch and combine, eager, 4096 tokens)"
+  for op in dispatch combine; do
+    (cd "$bin" && KOKKOSMOE_COMM_TIMEOUT=2 timeout 240 ncu --kernel-name-base demangled \
+      --kernel-name regex:'pack_tokens|expand_arrivals|reduce_arrivals|reduce_ranks' --launch-count 24 \
+      --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,sm__warps_active.avg.pct_of_peak_sustained_active \
+      ./KokkosMoE_CommBenchmarks --benchmark_filter="ep_loopback/$op/eager/R8/prefill\$") >"$out/ncu-loopback-$op.txt" 2>&1
+    echo "ncu exit $? ($op)"
+    grep -E "pack_tokens|expand_arrivals|reduce_arrivals|reduce_ranks|gpu__time|dram__|warps_active" \
+      "$out/ncu-loopback-$op.txt" | cut -c1-160 | head -60
   done
 fi

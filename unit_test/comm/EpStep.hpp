@@ -223,6 +223,14 @@ inline StepOutputs expected_step(const EpGroupConfig& c, const std::vector<RankI
       e.grad_out[static_cast<std::size_t>(r) * H + h] = row(cf * upstream_grad(i, t, h, bf16));
     }
   }
+  // Rows past off(L) (capacity mode's tail, owned by no expert) are never written: they keep the sentinel.
+  for (int r = o.offsets[me][L]; r < N; ++r) {
+    e.recv_w[r] = kSentinel;
+    for (int h = 0; h < H; ++h) {
+      e.recv_x[static_cast<std::size_t>(r) * H + h] = kSentinel;
+      e.grad_out[static_cast<std::size_t>(r) * H + h] = kSentinel;
+    }
+  }
   const RankInputs& mine = in[me];
   const int T = mine.T, R = c.ep_size;
   e.y.assign(static_cast<std::size_t>(T) * H, 0.0f);

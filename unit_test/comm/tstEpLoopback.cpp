@@ -212,7 +212,11 @@ void steps_match_oracle() {
   // Direct writes at every R; messages (the staged path, peer_windows = off) at R = 3.
   const std::pair<int, PeerWindows> runs[] = {{1, PeerWindows::Auto}, {2, PeerWindows::Auto}, {3, PeerWindows::Auto},
                                               {4, PeerWindows::Auto}, {8, PeerWindows::Auto}, {3, PeerWindows::Off}};
+  // KOKKOSMOE_TEST_LOOPBACK_R=2 (say) keeps only the runs at that R: the sanitizers' runs, whose tools slow every
+  // launch down by orders of magnitude, need every kernel but not every group size.
+  const char* only = std::getenv("KOKKOSMOE_TEST_LOOPBACK_R");
   for (const auto& [R, windows] : runs) {
+    if (only != nullptr && *only != '\0' && std::atoi(only) != R) continue;
     CommConfig cc;
     cc.peer_windows = windows;
     for (const Case& k : cases) {
@@ -445,7 +449,10 @@ BOOST_AUTO_TEST_CASE(cuda_graph_capture_replays_new_routing) {
     ep_synchronize(exec, handle);
     std::ostringstream out;
     const auto want = expected_step(c, in2, me, CombineMode::Weighted, false);
-    diff(out, "recv_x (replayed)", to_host_floats(exec, rx), want.recv_x, false);
+    // Rows past off(L) are never written: they hold whatever the first routing left there.
+    std::vector<float> want_x = want.recv_x;
+    want_x.resize(static_cast<std::size_t>(want.offsets.back()) * c.hidden);
+    diff(out, "recv_x (replayed)", to_host_floats(exec, rx), want_x, false);
     const std::vector<float> y_identity = identity_combine(c, in2, me);
     diff(out, "y (replayed)", to_host_floats(exec, y), y_identity, false);
     cudaGraphExecDestroy(inst);

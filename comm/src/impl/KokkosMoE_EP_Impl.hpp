@@ -840,8 +840,8 @@ void dispatch(const Exec& exec, EpHandleState<Exec>& h, const XView& x, const WV
                                     PeerRows<Mem>{g.peers.fwd, h.v.fwd_base, pitch}, pad16(row_bytes),
                                     "KokkosMoE::ep_dispatch::pack");
     wire_move(exec, fn, h, kRegionFwd, pitch);
-    expand_arrivals<Exec, Scalar, Unit>(exec, h.recv_rows, LocalRows{g.in_fwd, pitch}, pad16(row_bytes), false, h.v, rx,
-                                        rw, "KokkosMoE::ep_dispatch::expand");
+    expand_arrivals<Exec, Scalar, Unit>(exec, s, h.arrivals, h.recv_rows, LocalRows{g.in_fwd, pitch}, pad16(row_bytes),
+                                        h.v, rx, rw, "KokkosMoE::ep_dispatch::expand");
     wire_release(exec, g, kRegionFwd);
   });
   account(exec, h, kOpDispatch, true, pitch, row_bytes);
@@ -952,7 +952,7 @@ void combine_backward(const Exec& exec, EpHandleState<Exec>& h, CombineMode mode
       pack_tokens<Exec, Scalar, Unit>(exec, s, gy, Unmanaged2<const float, Mem>(), true, false, h.v, go,
                                       Unmanaged1<float, Mem>(), dst, 0, "KokkosMoE::ep_combine_backward::pack");
       wire_move(exec, fn, h, kRegionFwd, pitch);
-      expand_arrivals<Exec, Scalar, Unit>(exec, h.recv_rows, LocalRows{g.in_fwd, pitch}, 0, false, h.v, go,
+      expand_arrivals<Exec, Scalar, Unit>(exec, s, h.arrivals, h.recv_rows, LocalRows{g.in_fwd, pitch}, 0, h.v, go,
                                           Unmanaged1<float, Mem>(), "KokkosMoE::ep_combine_backward::expand");
       wire_release(exec, g, kRegionFwd);
       return;
@@ -964,7 +964,7 @@ void combine_backward(const Exec& exec, EpHandleState<Exec>& h, CombineMode mode
                                     pad16(row_bytes), "KokkosMoE::ep_combine_backward::pack");
     wire_move(exec, fn, h, kRegionFwd, pitch);
     wire_acquire(exec, fn, g, kRegionRetF);
-    expand_with_dots<Exec, Scalar, Unit>(exec, h.recv_rows, LocalRows{g.in_fwd, pitch}, pad16(row_bytes), o, h.v,
+    expand_with_dots<Exec, Scalar, Unit>(exec, s, h.recv_rows, LocalRows{g.in_fwd, pitch}, pad16(row_bytes), o, h.v,
                                          PeerRows<Mem>{g.peers.ret_f, h.v.ret_base, fpitch}, go);
     wire_move(exec, fn, h, kRegionRetF, fpitch);
     wire_release(exec, g, kRegionFwd);

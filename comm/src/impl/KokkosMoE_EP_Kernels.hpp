@@ -559,6 +559,18 @@ struct UnitOps<bf16_t, Chunk16> {
   }
 };
 
+/// Units per thread in the copy loops of a row: that many independent loads in flight per thread before its
+/// stores. One load per iteration (the stores may alias the source, so the compiler cannot hoist the next one) leaves
+/// HBM under-subscribed even at full occupancy. Thread b of the team takes units b, b + nb, ... (nb = units /
+/// kUnitBatch rounded up), so each batch step stays coalesced across the team.
+constexpr int kUnitBatch = 4;
+
+template <class Member, class F>
+KOKKOS_INLINE_FUNCTION void team_unit_batches(const Member& m, int units, const F& f) {
+  const int nb = (units + kUnitBatch - 1) / kUnitBatch;
+  Kokkos::parallel_for(Kokkos::TeamThreadRange(m, nb), [&](int b) { f(b, nb); });
+}
+
 /// Combine backward, Weighted, one slot: dst(rd, :) = c * g(rg, :) and the FP32 dot(g(rg, :), out(ro, :)), in one
 /// pass over the units (a team reduction in a fixed order). Both the source and the expert side use it.
 template <class Scalar, class Unit, class Member, class G, class O, class D>
@@ -644,19 +656,28 @@ void pack_tokens(const Exec& exec, const EpShape s, const Unmanaged2<const Unit,
         token_targets<Mem>(m, s, v, t, w, dst, ptr, lrow, lcoef, &lrow(s.K));
         m.team_barrier();
         const int nl = write_local ? lrow(s.K) : 0, nr = lrow(s.K + 1);
-        Kokkos::parallel_for(Kokkos::TeamThreadRange(m, units), [&](int u) {
-          const Unit val = src(t, u);
-          for (int i = 0; i < nl; ++i) {
-            if (scale_local) {
-              float f[Ops::n];
-              Ops::load(val, f);
-              for (int j = 0; j < Ops::n; ++j) f[j] *= lcoef(i);
-              Ops::store(f, local(lrow(i), u));
-            } else {
-              local(lrow(i), u) = val;
+        team_unit_batches(m, units, [&](int b, int nb) {
+          Unit val[kUnitBatch];
+          for (int j = 0; j < kUnitBatch; ++j)
+            if (b + j * nb < units) val[j] = src(t, b + j * nb);
+          for (int i = 0; i < nl; ++i)
+            for (int j = 0; j < kUnitBatch; ++j) {
+              const int u = b + j * nb;
+              if (u >= units) break;
+              if (scale_local) {
+                float f[Ops::n];
+                Ops::load(val[j], f);
+                for (int e = 0; e < Ops::n; ++e) f[e] *= lcoef(i);
+                Ops::store(f, local(lrow(i), u));
+              } else {
+                local(lrow(i), u) = val[j];
+              }
             }
+          for (int i = 0; i < nr; ++i) {
+            Unit* out = reinterpret_cast<Unit*>(ptr(i));
+            for (int j = 0; j < kUnitBatch; ++j)
+              if (b + j * nb < units) out[b + j * nb] = val[j];
           }
-          for (int i = 0; i < nr; ++i) reinterpret_cast<Unit*>(ptr(i))[u] = val;
         });
         if (trailer_off > 0) {
           Kokkos::parallel_for(Kokkos::TeamThreadRange(m, nr * s.K), [&](int j) {
@@ -687,46 +708,69 @@ void pack_weights(const Exec& exec, const EpShape s, const Unmanaged2<const floa
       });
 }
 
-/// Forward direction, destination side: receive row q fed by arrival a = recv_src(q) gets the arrived row (times the
-/// slot's trailer float when \p scale), and dst_f(q) that float; rows without a slot (padding, drops) are zeroed;
-/// local rows were written by the pack.
+/// Forward direction, destination side: every arrived token row is read once and written to the receive rows of its
+/// kept slots here (fwd_rows), and dst_f of each such row gets the slot's trailer float (1 without a trailer); the
+/// receive rows no slot feeds inside the experts' slabs (alignment padding, drops) are zeroed, rows and dst_f alike.
+/// Rows past off(L) (capacity mode's unused tail, owned by no expert) are not written. Local rows were written by the
+/// pack. One launch: teams [0, arrivals) expand, teams [arrivals, arrivals + recv_rows) zero.
 template <class Exec, class Scalar, class Unit>
-void expand_arrivals(const Exec& exec, int recv_rows, const LocalRows in, std::size_t trailer_off, bool scale,
-                     const EpLayoutViews<typename Exec::memory_space>& v,
+void expand_arrivals(const Exec& exec, const EpShape s, std::int64_t arrivals, int recv_rows, const LocalRows in,
+                     std::size_t trailer_off, const EpLayoutViews<typename Exec::memory_space>& v,
                      const Unmanaged2<Unit, typename Exec::memory_space>& dst,
                      const Unmanaged1<float, typename Exec::memory_space>& dst_f, const char* label) {
   using Team = typename Kokkos::TeamPolicy<Exec>::member_type;
-  using Ops = UnitOps<Scalar, Unit>;
+  using SInt = Kokkos::View<int*, typename Exec::scratch_memory_space, Kokkos::MemoryUnmanaged>;
   if (recv_rows == 0) return;
   const int units = static_cast<int>(dst.extent(1));
   const bool with_f = dst_f.extent(0) > 0;
   auto recv_src = v.recv_src;
-  auto recv_k = v.recv_k;
   auto recv_expert = v.recv_expert;
+  auto arrive_rank = v.arrive_rank;
+  auto fwd_rows = v.fwd_rows;
+  auto offsets = v.expert_offsets;
+  const int teams = static_cast<int>(arrivals) + recv_rows;
+  Kokkos::TeamPolicy<Exec> policy(exec, teams, Kokkos::AUTO);
   Kokkos::parallel_for(
-      label, light(Kokkos::TeamPolicy<Exec>(exec, recv_rows, Kokkos::AUTO)), KOKKOS_LAMBDA(const Team& m) {
-        const int q = m.league_rank();
-        const int a = recv_src(q);
-        if (a < 0) {
-          if (recv_expert(q) >= 0) return;  // a local slot: the pack wrote it
+      label, light(policy.set_scratch_size(0, Kokkos::PerTeam(SInt::shmem_size(s.K + 1)))),
+      KOKKOS_LAMBDA(const Team& m) {
+        const std::int64_t i = m.league_rank();
+        if (i >= arrivals) {
+          const int q = static_cast<int>(i - arrivals);
+          if (recv_src(q) >= 0 || recv_expert(q) >= 0 || q >= offsets(s.L)) return;  // fed, local, or past off(L)
           Kokkos::parallel_for(Kokkos::TeamThreadRange(m, units), [&](int u) { dst(q, u) = Unit{}; });
           if (with_f) Kokkos::single(Kokkos::PerTeam(m), [&]() { dst_f(q) = 0.0f; });
           return;
         }
-        const char* row = in.at<char>(a);
-        const float c = trailer_off > 0 ? reinterpret_cast<const float*>(row + trailer_off)[recv_k(q)] : 1.0f;
-        const Unit* r = reinterpret_cast<const Unit*>(row);
-        Kokkos::parallel_for(Kokkos::TeamThreadRange(m, units), [&](int u) {
-          if (scale) {
-            float f[Ops::n];
-            Ops::load(r[u], f);
-            for (int j = 0; j < Ops::n; ++j) f[j] *= c;
-            Ops::store(f, dst(q, u));
-          } else {
-            dst(q, u) = r[u];
+        if (arrive_rank(i) < 0) return;
+        // The token's kept rows here, compacted in k order (a slot is fed by exactly one arrival: no conflicts).
+        SInt rows(m.team_scratch(0), s.K + 1);
+        Kokkos::single(Kokkos::PerTeam(m), [&]() {
+          int n = 0;
+          for (int k = 0; k < s.K; ++k) {
+            const int row = fwd_rows(i * s.K + k);
+            if (row >= 0) rows(n++) = row;
           }
+          rows(s.K) = n;
         });
-        if (with_f) Kokkos::single(Kokkos::PerTeam(m), [&]() { dst_f(q) = c; });
+        m.team_barrier();
+        const int n = rows(s.K);
+        const char* row = in.at<char>(i);
+        const Unit* r = reinterpret_cast<const Unit*>(row);
+        team_unit_batches(m, units, [&](int b, int nb) {
+          Unit val[kUnitBatch];
+          for (int j = 0; j < kUnitBatch; ++j)
+            if (b + j * nb < units) val[j] = r[b + j * nb];
+          for (int d = 0; d < n; ++d)
+            for (int j = 0; j < kUnitBatch; ++j)
+              if (b + j * nb < units) dst(rows(d), b + j * nb) = val[j];
+        });
+        if (with_f) {
+          const float* c = trailer_off > 0 ? reinterpret_cast<const float*>(row + trailer_off) : nullptr;
+          Kokkos::parallel_for(Kokkos::TeamThreadRange(m, s.K), [&](int k) {
+            const int q = fwd_rows(i * s.K + k);
+            if (q >= 0) dst_f(q) = c != nullptr ? c[k] : 1.0f;
+          });
+        }
       });
 }
 
@@ -741,35 +785,53 @@ void reduce_arrivals(const Exec& exec, const EpShape s, std::int64_t arrivals,
                      const PeerRows<typename Exec::memory_space>& ret, std::size_t trailer_off, const char* label) {
   using Team = typename Kokkos::TeamPolicy<Exec>::member_type;
   using Ops = UnitOps<Scalar, Unit>;
+  using SInt = Kokkos::View<int*, typename Exec::scratch_memory_space, Kokkos::MemoryUnmanaged>;
+  using SFlt = Kokkos::View<float*, typename Exec::scratch_memory_space, Kokkos::MemoryUnmanaged>;
   if (arrivals == 0) return;
   const int units = static_cast<int>(src.extent(1));
   const bool with_coef = coef.base != nullptr, with_f = extra_f.extent(0) > 0;
   auto arrive_rank = v.arrive_rank;
   auto arrive_base = v.arrive_base;
   auto fwd_rows = v.fwd_rows;
+  const std::size_t shmem = SInt::shmem_size(s.K + 1) + SFlt::shmem_size(s.K);
+  Kokkos::TeamPolicy<Exec> policy(exec, static_cast<int>(arrivals), Kokkos::AUTO);
   Kokkos::parallel_for(
-      label, light(Kokkos::TeamPolicy<Exec>(exec, static_cast<int>(arrivals), Kokkos::AUTO)),
-      KOKKOS_LAMBDA(const Team& m) {
+      label, light(policy.set_scratch_size(0, Kokkos::PerTeam(shmem))), KOKKOS_LAMBDA(const Team& m) {
         const std::int64_t a = m.league_rank();
         const int i = arrive_rank(a);
         if (i < 0) return;
-        bool kept = false;
-        for (int k = 0; k < s.K; ++k) kept = kept || fwd_rows(a * s.K + k) >= 0;
-        if (!kept) return;  // every slot of the token here was dropped: its rank reads no return row
-        char* out = ret.template at<char>(i, static_cast<int>(a - arrive_base(i)));
-        const float* c = with_coef ? coef.at<float>(a) : nullptr;
-        Kokkos::parallel_for(Kokkos::TeamThreadRange(m, units), [&](int u) {
-          float acc[Ops::n];
-          for (int j = 0; j < Ops::n; ++j) acc[j] = 0.0f;
+        // The kept rows of the token here and their coefficients, in k order (the order of the sum).
+        SInt rows(m.team_scratch(0), s.K + 1);
+        SFlt cs(m.team_scratch(0), s.K);
+        Kokkos::single(Kokkos::PerTeam(m), [&]() {
+          const float* c = with_coef ? coef.at<float>(a) : nullptr;
+          int n = 0;
           for (int k = 0; k < s.K; ++k) {
             const int row = fwd_rows(a * s.K + k);
             if (row < 0) continue;
-            const float ck = with_coef ? c[k] : 1.0f;
-            float f[Ops::n];
-            Ops::load(src(row, u), f);
-            for (int j = 0; j < Ops::n; ++j) acc[j] += ck * f[j];
+            rows(n) = row;
+            cs(n) = with_coef ? c[k] : 1.0f;
+            ++n;
           }
-          Ops::store(acc, reinterpret_cast<Unit*>(out)[u]);
+          rows(s.K) = n;
+        });
+        m.team_barrier();
+        const int n = rows(s.K);
+        if (n == 0) return;  // every slot of the token here was dropped: its rank reads no return row
+        char* out = ret.template at<char>(i, static_cast<int>(a - arrive_base(i)));
+        team_unit_batches(m, units, [&](int b, int nb) {
+          float acc[kUnitBatch][Ops::n];
+          for (int j = 0; j < kUnitBatch; ++j)
+            for (int e = 0; e < Ops::n; ++e) acc[j][e] = 0.0f;
+          for (int r = 0; r < n; ++r)
+            for (int j = 0; j < kUnitBatch; ++j) {
+              if (b + j * nb >= units) break;
+              float f[Ops::n];
+              Ops::load(src(rows(r), b + j * nb), f);
+              for (int e = 0; e < Ops::n; ++e) acc[j][e] += cs(r) * f[e];
+            }
+          for (int j = 0; j < kUnitBatch; ++j)
+            if (b + j * nb < units) Ops::store(acc[j], reinterpret_cast<Unit*>(out)[b + j * nb]);
         });
         if (trailer_off > 0) {
           Kokkos::parallel_for(Kokkos::TeamThreadRange(m, s.K), [&](int k) {
@@ -794,6 +856,7 @@ void reduce_ranks(const Exec& exec, const EpShape s, const Unmanaged2<const Unit
   using Team = typename Kokkos::TeamPolicy<Exec>::member_type;
   using Ops = UnitOps<Scalar, Unit>;
   using SInt = Kokkos::View<int*, typename Exec::scratch_memory_space, Kokkos::MemoryUnmanaged>;
+  using SFlt = Kokkos::View<float*, typename Exec::scratch_memory_space, Kokkos::MemoryUnmanaged>;
   if (s.T == 0) return;
   const int units = static_cast<int>(y.extent(1));
   const bool with_coef = coef.extent(0) > 0, with_f = out_f.extent(0) > 0;
@@ -801,13 +864,18 @@ void reduce_ranks(const Exec& exec, const EpShape s, const Unmanaged2<const Unit
   auto slot_rank = v.slot_rank;
   auto tok_pos = v.tok_pos;
   auto send_base = v.send_base;
-  const std::size_t shmem = SInt::shmem_size(s.K + 1);
+  const std::size_t shmem = 3 * SInt::shmem_size(s.K + 1) + SFlt::shmem_size(s.K);
   Kokkos::TeamPolicy<Exec> policy(exec, s.T, Kokkos::AUTO);
   Kokkos::parallel_for(
       label, light(policy.set_scratch_size(0, Kokkos::PerTeam(shmem))), KOKKOS_LAMBDA(const Team& m) {
         const int t = m.league_rank();
         const std::int64_t q0 = static_cast<std::int64_t>(t) * s.K;
-        SInt order(m.team_scratch(0), s.K + 1);  // the distinct ranks of the kept slots, ascending; count last
+        // The distinct ranks of the kept slots, ascending (count last); per rank the returned row's index, -1 for
+        // this rank, whose kept rows and coefficients follow in k order (count last).
+        SInt order(m.team_scratch(0), s.K + 1);
+        SInt from(m.team_scratch(0), s.K + 1);
+        SInt lrow(m.team_scratch(0), s.K + 1);
+        SFlt lcoef(m.team_scratch(0), s.K);
         Kokkos::single(Kokkos::PerTeam(m), [&]() {
           int n = 0, prev = -1;
           for (;;) {
@@ -817,39 +885,50 @@ void reduce_ranks(const Exec& exec, const EpShape s, const Unmanaged2<const Unit
               if (slot_row(q0 + k) >= 0 && r > prev && (next < 0 || r < next)) next = r;
             }
             if (next < 0) break;
+            from(n) = next == s.me ? -1 : send_base(next) + tok_pos(static_cast<std::int64_t>(t) * s.R + next);
             order(n++) = next;
             prev = next;
           }
           order(s.K) = n;
+          int nl = 0;
+          for (int k = 0; k < s.K; ++k) {
+            if (slot_row(q0 + k) < 0 || slot_rank(q0 + k) != s.me) continue;
+            lrow(nl) = slot_row(q0 + k);
+            lcoef(nl) = with_coef ? coef(t, k) : 1.0f;
+            ++nl;
+          }
+          lrow(s.K) = nl;
         });
         m.team_barrier();
-        const int nd = order(s.K);
-        Kokkos::parallel_for(Kokkos::TeamThreadRange(m, units), [&](int u) {
-          float acc[Ops::n];
-          for (int j = 0; j < Ops::n; ++j) acc[j] = 0.0f;
+        const int nd = order(s.K), nl = lrow(s.K);
+        team_unit_batches(m, units, [&](int b, int nb) {
+          float acc[kUnitBatch][Ops::n];
+          for (int j = 0; j < kUnitBatch; ++j)
+            for (int e = 0; e < Ops::n; ++e) acc[j][e] = 0.0f;
           for (int d = 0; d < nd; ++d) {
-            const int r = order(d);
-            float part[Ops::n];
-            if (r == s.me) {
-              for (int j = 0; j < Ops::n; ++j) part[j] = 0.0f;
-              for (int k = 0; k < s.K; ++k) {
-                const int row = slot_row(q0 + k);
-                if (row < 0 || slot_rank(q0 + k) != r) continue;
-                const float c = with_coef ? coef(t, k) : 1.0f;
-                float f[Ops::n];
-                Ops::load(local(row, u), f);
-                for (int j = 0; j < Ops::n; ++j) part[j] += c * f[j];
+            const int i = from(d);
+            for (int j = 0; j < kUnitBatch; ++j) {
+              const int u = b + j * nb;
+              if (u >= units) break;
+              float part[Ops::n];
+              if (i < 0) {
+                for (int e = 0; e < Ops::n; ++e) part[e] = 0.0f;
+                for (int l = 0; l < nl; ++l) {
+                  float f[Ops::n];
+                  Ops::load(local(lrow(l), u), f);
+                  for (int e = 0; e < Ops::n; ++e) part[e] += lcoef(l) * f[e];
+                }
+                Unit rounded;
+                Ops::store(part, rounded);
+                Ops::load(rounded, part);
+              } else {
+                Ops::load(ret.at<Unit>(i)[u], part);
               }
-              Unit rounded;
-              Ops::store(part, rounded);
-              Ops::load(rounded, part);
-            } else {
-              const std::int64_t i = send_base(r) + tok_pos(static_cast<std::int64_t>(t) * s.R + r);
-              Ops::load(ret.at<Unit>(i)[u], part);
+              for (int e = 0; e < Ops::n; ++e) acc[j][e] += part[e];
             }
-            for (int j = 0; j < Ops::n; ++j) acc[j] += part[j];
           }
-          Ops::store(acc, y(t, u));
+          for (int j = 0; j < kUnitBatch; ++j)
+            if (b + j * nb < units) Ops::store(acc[j], y(t, b + j * nb));
         });
         if (with_f) {
           Kokkos::parallel_for(Kokkos::TeamThreadRange(m, s.K), [&](int k) {
@@ -903,9 +982,9 @@ void local_dots(const Exec& exec, const EpShape s, const Unmanaged2<const Unit, 
 
 /// Combine backward, Weighted, expert side: receive row q fed by arrival a gets grad_out = w * g (w from the arrived
 /// trailer) and the slot's dot(g, out[q]) goes back to a's source in the float row of the return (K floats per
-/// token); rows without a slot are zeroed.
+/// token); rows without a slot are zeroed up to off(L), as in expand_arrivals.
 template <class Exec, class Scalar, class Unit>
-void expand_with_dots(const Exec& exec, int recv_rows, const LocalRows in, std::size_t trailer_off,
+void expand_with_dots(const Exec& exec, const EpShape s, int recv_rows, const LocalRows in, std::size_t trailer_off,
                       const Unmanaged2<const Unit, typename Exec::memory_space>& out,
                       const EpLayoutViews<typename Exec::memory_space>& v,
                       const PeerRows<typename Exec::memory_space>& dots,
@@ -918,13 +997,14 @@ void expand_with_dots(const Exec& exec, int recv_rows, const LocalRows in, std::
   auto recv_expert = v.recv_expert;
   auto arrive_rank = v.arrive_rank;
   auto arrive_base = v.arrive_base;
+  auto offsets = v.expert_offsets;
   Kokkos::parallel_for(
       "KokkosMoE::ep_combine_backward::expert", light(Kokkos::TeamPolicy<Exec>(exec, recv_rows, Kokkos::AUTO)),
       KOKKOS_LAMBDA(const Team& m) {
         const int q = m.league_rank();
         const int a = recv_src(q);
         if (a < 0) {
-          if (recv_expert(q) < 0)
+          if (recv_expert(q) < 0 && q < offsets(s.L))
             Kokkos::parallel_for(Kokkos::TeamThreadRange(m, units), [&](int u) { grad_out(q, u) = Unit{}; });
           return;
         }
