@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The EP layer (comm/) on the GPU machine: tests, sanitizers, the main job, the benchmarks and ncu kernel durations.
-#   gpu_ep_tests_bench.sh BIN_DIR OUT_DIR [tests|sanitize|bench|profile|all]
+#   gpu_ep_tests_bench.sh BIN_DIR OUT_DIR [suites|tests|sanitize|sanitize-loopback|bench|profile|profile-loopback|all]
+# suites: the NCCL one-rank suites only; tests: suites, loopback, FP8, launcher, main jobs.
 # bench runs every EP benchmark, or those KOKKOSMOE_BENCH_FILTER (a --benchmark_filter regex) names.
 # BIN_DIR holds the CUDA-build binaries KokkosMoE_CommTests, KokkosMoE_CommLoopbackTests, KokkosMoE_Fp8Tests,
 # kokkosmoe-ep, KokkosMoE_CommBenchmarks (+
@@ -22,10 +23,13 @@ step "machine"
 { nvidia-smi -L; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv; echo "NCCL from $nccl_lib"; \
   ls "$nccl_lib"; date -u; } 2>&1 | tee -a "$out/steps.log"
 
-if [ "$phase" = tests ] || [ "$phase" = all ]; then
+if [ "$phase" = suites ] || [ "$phase" = tests ] || [ "$phase" = all ]; then
   step "EP suites on Serial + Cuda (NCCL, one rank)"
   timeout 300 "${mpi1[@]}" "$bin/KokkosMoE_CommTests" --report_level=short --log_level=warning >"$out/comm-tests.log" 2>&1
   echo "exit $?" | tee -a "$out/comm-tests.log"; tail -8 "$out/comm-tests.log"
+fi
+
+if [ "$phase" = tests ] || [ "$phase" = all ]; then
   step "loopback ranks on this GPU: steps at R = 1, 2, 3, 4, 8, faults, graph capture at R = 8 (10 s deadline)"
   KOKKOSMOE_COMM_TIMEOUT=10 timeout 300 "$bin/KokkosMoE_CommLoopbackTests" --report_level=short \
     --log_level=test_suite >"$out/loopback-tests.log" 2>&1
@@ -55,8 +59,11 @@ if [ "$phase" = sanitize ] || [ "$phase" = all ]; then
   timeout 400 "${mpi1[@]}" compute-sanitizer --tool racecheck --error-exitcode 9 "$bin/KokkosMoE_CommTests" \
     --run_test='ep_dispatch_combine/*Cuda*' --report_level=short >"$out/racecheck.log" 2>&1
   echo "exit $?" | tee -a "$out/racecheck.log"; grep -E "RACECHECK SUMMARY|ERROR SUMMARY|test cases|exit" "$out/racecheck.log"
+fi
+
+if [ "$phase" = sanitize-loopback ] || [ "$phase" = all ]; then
   step "compute-sanitizer memcheck over the loopback steps"
-  KOKKOSMOE_COMM_TIMEOUT=150 timeout 200 compute-sanitizer --tool memcheck --error-exitcode 9 \
+  KOKKOSMOE_COMM_TIMEOUT=150 timeout 240 compute-sanitizer --tool memcheck --error-exitcode 9 \
     "$bin/KokkosMoE_CommLoopbackTests" --run_test=ep_loopback/cuda_steps_match_oracle --report_level=short \
     >"$out/memcheck-loopback.log" 2>&1
   echo "exit $?" | tee -a "$out/memcheck-loopback.log"; grep -E "ERROR SUMMARY|test cases|exit" "$out/memcheck-loopback.log"
@@ -85,6 +92,9 @@ if [ "$phase" = profile ] || [ "$phase" = all ]; then
     echo "ncu exit $? (T = $shape)"
     grep -E "KokkosMoE|gpu__time_duration|dram__throughput|Kernel|ncclDevKernel" "$out/ncu-$shape.txt" | head -60
   done
+fi
+
+if [ "$phase" = profile-loopback ] || [ "$phase" = all ]; then
   # ncu serializes kernels, so a rank's receive-side wait for a peer whose pack has not run yet ends at the deadline
   # (2 s here, then CommError): the pack, expand and reduce kernels it did profile are what this step is for.
   step "ncu: DRAM bytes and time of the loopback R = 8 copy kernels (dispatch and combine, eager, 4096 tokens)"
@@ -92,7 +102,7 @@ if [ "$phase" = profile ] || [ "$phase" = all ]; then
     (cd "$bin" && KOKKOSMOE_COMM_TIMEOUT=2 timeout 240 ncu --kernel-name-base demangled \
       --kernel-name regex:'pack_tokens|expand_arrivals|reduce_arrivals|reduce_ranks' --launch-count 24 \
       --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,sm__warps_active.avg.pct_of_peak_sustained_active \
-      ./KokkosMoE_CommBenchmarks --benchmark_filter="ep_loopback/$op/eager/R8/prefill\$") >"$out/ncu-loopback-$op.txt" 2>&1
+      ./KokkosMoE_CommBenchmarks --benchmark_filter="ep_loopback/$op/eager/R8/prefill/iter") >"$out/ncu-loopback-$op.txt" 2>&1
     echo "ncu exit $? ($op)"
     grep -E "pack_tokens|expand_arrivals|reduce_arrivals|reduce_ranks|gpu__time|dram__|warps_active" \
       "$out/ncu-loopback-$op.txt" | cut -c1-160 | head -60

@@ -398,8 +398,6 @@ class NcclTransport final : public Transport {
     }
   }
 
-  ncclComm_t comm() const noexcept { return m_comm; }
-
  private:
   std::shared_ptr<PeerWindow> symmetric_window(const char* op, std::size_t n, std::size_t bytes, const WindowApi& api) {
 #if defined(__CUDACC__)
