@@ -559,16 +559,27 @@ struct UnitOps<bf16_t, Chunk16> {
   }
 };
 
-/// Units per thread in the copy loops of a row: that many independent loads in flight per thread before its
-/// stores. One load per iteration (the stores may alias the source, so the compiler cannot hoist the next one) leaves
-/// HBM under-subscribed even at full occupancy. Thread b of the team takes units b, b + nb, ... (nb = units /
-/// kUnitBatch rounded up), so each batch step stays coalesced across the team.
-constexpr int kUnitBatch = 4;
+/// Units per thread in the copy loops of a row (pack, expand): that many independent loads in flight per thread
+/// before its stores. One load per iteration (the stores may alias the source, so the compiler cannot hoist the next
+/// one) leaves HBM under-subscribed. Thread b of the team takes units b, b + nb, ... (nb = units / batch rounded up),
+/// so each batch step stays coalesced across the team. The reduces keep one unit per thread: their FP32 accumulators
+/// (8 per 16-byte bf16 unit) times a batch cost occupancy. Chosen on the H200 at loopback R = 8
+/// (perf_test/results/h200/README.md §6).
+constexpr int kUnitBatch = 2;
+constexpr int kReduceBatch = 1;
 
-template <class Member, class F>
+template <int Batch, class Member, class F>
 KOKKOS_INLINE_FUNCTION void team_unit_batches(const Member& m, int units, const F& f) {
-  const int nb = (units + kUnitBatch - 1) / kUnitBatch;
+  const int nb = (units + Batch - 1) / Batch;
   Kokkos::parallel_for(Kokkos::TeamThreadRange(m, nb), [&](int b) { f(b, nb); });
+}
+
+/// Loads a token's K per-slot entries into team scratch with K threads at once, then a barrier: the one thread
+/// that builds the token's tables next reads shared memory instead of issuing K dependent global loads in turn.
+template <class Member, class F>
+KOKKOS_INLINE_FUNCTION void team_prefetch(const Member& m, int K, const F& f) {
+  Kokkos::parallel_for(Kokkos::TeamThreadRange(m, K), f);
+  m.team_barrier();
 }
 
 /// Combine backward, Weighted, one slot: dst(rd, :) = c * g(rg, :) and the FP32 dot(g(rg, :), out(ro, :)), in one
@@ -599,21 +610,27 @@ KOKKOS_INLINE_FUNCTION float scale_and_dot(const Member& m, int units, float c, 
 template <class Mem, class Member, class Ptrs, class Ints, class Floats>
 KOKKOS_INLINE_FUNCTION void token_targets(const Member& m, const EpShape& s, const EpLayoutViews<Mem>& v, int t,
                                           const Unmanaged2<const float, Mem>& w, const PeerRows<Mem>& dst,
-                                          const Ptrs& ptr, const Ints& lrow, const Floats& lcoef, int* counts) {
+                                          const Ptrs& ptr, const Ints& lrow, const Floats& lcoef, const Ints& slots,
+                                          int* counts) {
+  const std::int64_t q0 = static_cast<std::int64_t>(t) * s.K;
+  team_prefetch(m, s.K, [&](int k) {
+    slots(k) = v.slot_row(q0 + k);
+    slots(s.K + k) = v.slot_rank(q0 + k);
+    lcoef(k) = w.extent(0) > 0 ? w(t, k) : 1.0f;
+  });
   Kokkos::single(Kokkos::PerTeam(m), [&]() {
     int nl = 0, nr = 0;
-    const std::int64_t q0 = static_cast<std::int64_t>(t) * s.K;
     for (int k = 0; k < s.K; ++k) {
-      const int row = v.slot_row(q0 + k), r = v.slot_rank(q0 + k);
+      const int row = slots(k), r = slots(s.K + k);
       if (row < 0) continue;
       if (r == s.me) {
         lrow(nl) = row;
-        lcoef(nl) = w.extent(0) > 0 ? w(t, k) : 1.0f;
+        lcoef(nl) = lcoef(k);  // nl <= k: compacts in place
         ++nl;
         continue;
       }
       bool first = true;
-      for (int k2 = 0; k2 < k; ++k2) first = first && !(v.slot_rank(q0 + k2) == r && v.slot_row(q0 + k2) >= 0);
+      for (int k2 = 0; k2 < k; ++k2) first = first && !(slots(s.K + k2) == r && slots(k2) >= 0);
       if (first) {
         ptr(nr) = reinterpret_cast<std::uintptr_t>(
             dst.template at<char>(r, v.tok_pos(static_cast<std::int64_t>(t) * s.R + r)));
@@ -645,7 +662,8 @@ void pack_tokens(const Exec& exec, const EpShape s, const Unmanaged2<const Unit,
   if (s.T == 0) return;
   const int units = static_cast<int>(src.extent(1));
   const bool with_f = local_f.extent(0) > 0, with_w = w.extent(0) > 0;
-  const std::size_t shmem = SPtr::shmem_size(s.K) + SInt::shmem_size(s.K + 2) + SFlt::shmem_size(s.K);
+  const std::size_t shmem =
+      SPtr::shmem_size(s.K) + SInt::shmem_size(s.K + 2) + SFlt::shmem_size(s.K) + SInt::shmem_size(2 * s.K);
   Kokkos::TeamPolicy<Exec> policy(exec, s.T, Kokkos::AUTO);
   Kokkos::parallel_for(
       label, light(policy.set_scratch_size(0, Kokkos::PerTeam(shmem))), KOKKOS_LAMBDA(const Team& m) {
@@ -653,10 +671,11 @@ void pack_tokens(const Exec& exec, const EpShape s, const Unmanaged2<const Unit,
         SPtr ptr(m.team_scratch(0), s.K);
         SInt lrow(m.team_scratch(0), s.K + 2);
         SFlt lcoef(m.team_scratch(0), s.K);
-        token_targets<Mem>(m, s, v, t, w, dst, ptr, lrow, lcoef, &lrow(s.K));
+        SInt slots(m.team_scratch(0), 2 * s.K);
+        token_targets<Mem>(m, s, v, t, w, dst, ptr, lrow, lcoef, slots, &lrow(s.K));
         m.team_barrier();
         const int nl = write_local ? lrow(s.K) : 0, nr = lrow(s.K + 1);
-        team_unit_batches(m, units, [&](int b, int nb) {
+        team_unit_batches<kUnitBatch>(m, units, [&](int b, int nb) {
           Unit val[kUnitBatch];
           for (int j = 0; j < kUnitBatch; ++j)
             if (b + j * nb < units) val[j] = src(t, b + j * nb);
@@ -731,7 +750,7 @@ void expand_arrivals(const Exec& exec, const EpShape s, std::int64_t arrivals, i
   const int teams = static_cast<int>(arrivals) + recv_rows;
   Kokkos::TeamPolicy<Exec> policy(exec, teams, Kokkos::AUTO);
   Kokkos::parallel_for(
-      label, light(policy.set_scratch_size(0, Kokkos::PerTeam(SInt::shmem_size(s.K + 1)))),
+      label, light(policy.set_scratch_size(0, Kokkos::PerTeam(SInt::shmem_size(2 * s.K + 1)))),
       KOKKOS_LAMBDA(const Team& m) {
         const std::int64_t i = m.league_rank();
         if (i >= arrivals) {
@@ -744,19 +763,19 @@ void expand_arrivals(const Exec& exec, const EpShape s, std::int64_t arrivals, i
         if (arrive_rank(i) < 0) return;
         // The token's kept rows here, compacted in k order (a slot is fed by exactly one arrival: no conflicts).
         SInt rows(m.team_scratch(0), s.K + 1);
+        SInt fwd(m.team_scratch(0), s.K);
+        team_prefetch(m, s.K, [&](int k) { fwd(k) = fwd_rows(i * s.K + k); });
         Kokkos::single(Kokkos::PerTeam(m), [&]() {
           int n = 0;
-          for (int k = 0; k < s.K; ++k) {
-            const int row = fwd_rows(i * s.K + k);
-            if (row >= 0) rows(n++) = row;
-          }
+          for (int k = 0; k < s.K; ++k)
+            if (fwd(k) >= 0) rows(n++) = fwd(k);
           rows(s.K) = n;
         });
         m.team_barrier();
         const int n = rows(s.K);
         const char* row = in.at<char>(i);
         const Unit* r = reinterpret_cast<const Unit*>(row);
-        team_unit_batches(m, units, [&](int b, int nb) {
+        team_unit_batches<kUnitBatch>(m, units, [&](int b, int nb) {
           Unit val[kUnitBatch];
           for (int j = 0; j < kUnitBatch; ++j)
             if (b + j * nb < units) val[j] = r[b + j * nb];
@@ -767,7 +786,7 @@ void expand_arrivals(const Exec& exec, const EpShape s, std::int64_t arrivals, i
         if (with_f) {
           const float* c = trailer_off > 0 ? reinterpret_cast<const float*>(row + trailer_off) : nullptr;
           Kokkos::parallel_for(Kokkos::TeamThreadRange(m, s.K), [&](int k) {
-            const int q = fwd_rows(i * s.K + k);
+            const int q = fwd(k);
             if (q >= 0) dst_f(q) = c != nullptr ? c[k] : 1.0f;
           });
         }
@@ -793,7 +812,7 @@ void reduce_arrivals(const Exec& exec, const EpShape s, std::int64_t arrivals,
   auto arrive_rank = v.arrive_rank;
   auto arrive_base = v.arrive_base;
   auto fwd_rows = v.fwd_rows;
-  const std::size_t shmem = SInt::shmem_size(s.K + 1) + SFlt::shmem_size(s.K);
+  const std::size_t shmem = SInt::shmem_size(2 * s.K + 1) + 2 * SFlt::shmem_size(s.K);
   Kokkos::TeamPolicy<Exec> policy(exec, static_cast<int>(arrivals), Kokkos::AUTO);
   Kokkos::parallel_for(
       label, light(policy.set_scratch_size(0, Kokkos::PerTeam(shmem))), KOKKOS_LAMBDA(const Team& m) {
@@ -803,14 +822,18 @@ void reduce_arrivals(const Exec& exec, const EpShape s, std::int64_t arrivals,
         // The kept rows of the token here and their coefficients, in k order (the order of the sum).
         SInt rows(m.team_scratch(0), s.K + 1);
         SFlt cs(m.team_scratch(0), s.K);
+        SInt fwd(m.team_scratch(0), s.K);
+        SFlt ck(m.team_scratch(0), s.K);
+        team_prefetch(m, s.K, [&](int k) {
+          fwd(k) = fwd_rows(a * s.K + k);
+          ck(k) = with_coef ? coef.at<float>(a)[k] : 1.0f;
+        });
         Kokkos::single(Kokkos::PerTeam(m), [&]() {
-          const float* c = with_coef ? coef.at<float>(a) : nullptr;
           int n = 0;
           for (int k = 0; k < s.K; ++k) {
-            const int row = fwd_rows(a * s.K + k);
-            if (row < 0) continue;
-            rows(n) = row;
-            cs(n) = with_coef ? c[k] : 1.0f;
+            if (fwd(k) < 0) continue;
+            rows(n) = fwd(k);
+            cs(n) = ck(k);
             ++n;
           }
           rows(s.K) = n;
@@ -819,23 +842,23 @@ void reduce_arrivals(const Exec& exec, const EpShape s, std::int64_t arrivals,
         const int n = rows(s.K);
         if (n == 0) return;  // every slot of the token here was dropped: its rank reads no return row
         char* out = ret.template at<char>(i, static_cast<int>(a - arrive_base(i)));
-        team_unit_batches(m, units, [&](int b, int nb) {
-          float acc[kUnitBatch][Ops::n];
-          for (int j = 0; j < kUnitBatch; ++j)
+        team_unit_batches<kReduceBatch>(m, units, [&](int b, int nb) {
+          float acc[kReduceBatch][Ops::n];
+          for (int j = 0; j < kReduceBatch; ++j)
             for (int e = 0; e < Ops::n; ++e) acc[j][e] = 0.0f;
           for (int r = 0; r < n; ++r)
-            for (int j = 0; j < kUnitBatch; ++j) {
+            for (int j = 0; j < kReduceBatch; ++j) {
               if (b + j * nb >= units) break;
               float f[Ops::n];
               Ops::load(src(rows(r), b + j * nb), f);
               for (int e = 0; e < Ops::n; ++e) acc[j][e] += cs(r) * f[e];
             }
-          for (int j = 0; j < kUnitBatch; ++j)
+          for (int j = 0; j < kReduceBatch; ++j)
             if (b + j * nb < units) Ops::store(acc[j], reinterpret_cast<Unit*>(out)[b + j * nb]);
         });
         if (trailer_off > 0) {
           Kokkos::parallel_for(Kokkos::TeamThreadRange(m, s.K), [&](int k) {
-            const int row = fwd_rows(a * s.K + k);
+            const int row = fwd(k);
             reinterpret_cast<float*>(out + trailer_off)[k] = (row >= 0 && with_f) ? extra_f(row) : 0.0f;
           });
         }
@@ -864,7 +887,7 @@ void reduce_ranks(const Exec& exec, const EpShape s, const Unmanaged2<const Unit
   auto slot_rank = v.slot_rank;
   auto tok_pos = v.tok_pos;
   auto send_base = v.send_base;
-  const std::size_t shmem = 3 * SInt::shmem_size(s.K + 1) + SFlt::shmem_size(s.K);
+  const std::size_t shmem = 3 * SInt::shmem_size(s.K + 1) + SInt::shmem_size(2 * s.K) + 2 * SFlt::shmem_size(s.K);
   Kokkos::TeamPolicy<Exec> policy(exec, s.T, Kokkos::AUTO);
   Kokkos::parallel_for(
       label, light(policy.set_scratch_size(0, Kokkos::PerTeam(shmem))), KOKKOS_LAMBDA(const Team& m) {
@@ -876,13 +899,20 @@ void reduce_ranks(const Exec& exec, const EpShape s, const Unmanaged2<const Unit
         SInt from(m.team_scratch(0), s.K + 1);
         SInt lrow(m.team_scratch(0), s.K + 1);
         SFlt lcoef(m.team_scratch(0), s.K);
+        SInt slots(m.team_scratch(0), 2 * s.K);  // slot_row, then slot_rank
+        SFlt ck(m.team_scratch(0), s.K);
+        team_prefetch(m, s.K, [&](int k) {
+          slots(k) = slot_row(q0 + k);
+          slots(s.K + k) = slot_rank(q0 + k);
+          ck(k) = with_coef ? coef(t, k) : 1.0f;
+        });
         Kokkos::single(Kokkos::PerTeam(m), [&]() {
           int n = 0, prev = -1;
           for (;;) {
             int next = -1;
             for (int k = 0; k < s.K; ++k) {
-              const int r = slot_rank(q0 + k);
-              if (slot_row(q0 + k) >= 0 && r > prev && (next < 0 || r < next)) next = r;
+              const int r = slots(s.K + k);
+              if (slots(k) >= 0 && r > prev && (next < 0 || r < next)) next = r;
             }
             if (next < 0) break;
             from(n) = next == s.me ? -1 : send_base(next) + tok_pos(static_cast<std::int64_t>(t) * s.R + next);
@@ -892,22 +922,22 @@ void reduce_ranks(const Exec& exec, const EpShape s, const Unmanaged2<const Unit
           order(s.K) = n;
           int nl = 0;
           for (int k = 0; k < s.K; ++k) {
-            if (slot_row(q0 + k) < 0 || slot_rank(q0 + k) != s.me) continue;
-            lrow(nl) = slot_row(q0 + k);
-            lcoef(nl) = with_coef ? coef(t, k) : 1.0f;
+            if (slots(k) < 0 || slots(s.K + k) != s.me) continue;
+            lrow(nl) = slots(k);
+            lcoef(nl) = ck(k);
             ++nl;
           }
           lrow(s.K) = nl;
         });
         m.team_barrier();
         const int nd = order(s.K), nl = lrow(s.K);
-        team_unit_batches(m, units, [&](int b, int nb) {
-          float acc[kUnitBatch][Ops::n];
-          for (int j = 0; j < kUnitBatch; ++j)
+        team_unit_batches<kReduceBatch>(m, units, [&](int b, int nb) {
+          float acc[kReduceBatch][Ops::n];
+          for (int j = 0; j < kReduceBatch; ++j)
             for (int e = 0; e < Ops::n; ++e) acc[j][e] = 0.0f;
           for (int d = 0; d < nd; ++d) {
             const int i = from(d);
-            for (int j = 0; j < kUnitBatch; ++j) {
+            for (int j = 0; j < kReduceBatch; ++j) {
               const int u = b + j * nb;
               if (u >= units) break;
               float part[Ops::n];
@@ -927,12 +957,12 @@ void reduce_ranks(const Exec& exec, const EpShape s, const Unmanaged2<const Unit
               for (int e = 0; e < Ops::n; ++e) acc[j][e] += part[e];
             }
           }
-          for (int j = 0; j < kUnitBatch; ++j)
+          for (int j = 0; j < kReduceBatch; ++j)
             if (b + j * nb < units) Ops::store(acc[j], y(t, b + j * nb));
         });
         if (with_f) {
           Kokkos::parallel_for(Kokkos::TeamThreadRange(m, s.K), [&](int k) {
-            const int row = slot_row(q0 + k), r = slot_rank(q0 + k);
+            const int row = slots(k), r = slots(s.K + k);
             float f = 0.0f;
             if (row >= 0 && r == s.me) {
               f = local_f.extent(0) > 0 ? local_f(row) : 0.0f;
