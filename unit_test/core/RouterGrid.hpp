@@ -67,6 +67,12 @@ void run_router_grid(RunFlags flags, std::uint64_t salt) {
   BOOST_TEST(cases > 100);
 }
 
+// Compiled once in RouterRunner.cpp, as the runner itself (RouterRunner.hpp).
+#define KOKKOSMOE_TEST_GRID_ETI_DS(PREFIX, S, D) PREFIX template void run_router_grid<D, S>(RunFlags, std::uint64_t);
+KOKKOSMOE_FOR_EACH_DEVICE_TYPE(KOKKOSMOE_TEST_GRID_ETI_DS, extern, float)
+KOKKOSMOE_FOR_EACH_DEVICE_TYPE(KOKKOSMOE_TEST_GRID_ETI_DS, extern, fp16_t)
+KOKKOSMOE_FOR_EACH_DEVICE_TYPE(KOKKOSMOE_TEST_GRID_ETI_DS, extern, bf16_t)
+
 }  // namespace KokkosMoETest
 
 #endif

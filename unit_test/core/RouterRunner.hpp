@@ -404,6 +404,33 @@ void run_router_case(const RouterCase<D, S>& c, RunFlags flags) {
   }
 }
 
+// Explicit instantiation of the runner for the three logits types on every enabled backend: these are the bulk of
+// each test source's compile time, so RouterRunner.cpp compiles them once and every other source only declares them.
+// X-macros: PREFIX is `extern` (declaration) or empty (definition).
+#define KOKKOSMOE_TEST_RUNNER_ETI_S(PREFIX, S)                                                                         \
+  PREFIX template void check_probs_inter<S>(const std::string&, const FwdHost<S>&, const std::vector<Oracle::FwdRow>&, \
+                                            int, int);                                                                 \
+  PREFIX template void check_forward_output<S>(const std::string&, Out, const FwdHost<S>&,                             \
+                                               const std::vector<Oracle::FwdRow>&, int, int, int);                     \
+  PREFIX template void check_grad<S>(const std::string&, const std::vector<S>&,                                        \
+                                     const std::vector<std::vector<double>>&, const std::vector<Oracle::FwdRow>&,      \
+                                     bool, int, int);                                                                  \
+  PREFIX template void check_close_vectors<S>(const std::string&, const std::vector<S>&, const std::vector<S>&, int);
+#define KOKKOSMOE_TEST_RUNNER_ETI_DS(PREFIX, S, D)                                                             \
+  PREFIX template FwdOutputs<D, S> run_forward<D, S, S>(KokkosMoE::RouterConfig, Out, const V2<D, const S>&,   \
+                                                        const V1<D, const S>&);                                \
+  PREFIX template FwdHost<S> fetch<D, S>(const FwdOutputs<D, S>&);                                             \
+  PREFIX template RouterCase<D, S> make_case<D, S>(const Oracle::Attr&, RouterInputs);                         \
+  PREFIX template RouterCase<D, S> make_random_case<D, S>(const Oracle::Attr&, int, int, bool, std::uint64_t); \
+  PREFIX template void run_router_case<D, S>(const RouterCase<D, S>&, RunFlags);
+#define KOKKOSMOE_TEST_RUNNER_ETI(PREFIX, S) \
+  KOKKOSMOE_TEST_RUNNER_ETI_S(PREFIX, S)     \
+  KOKKOSMOE_FOR_EACH_DEVICE_TYPE(KOKKOSMOE_TEST_RUNNER_ETI_DS, PREFIX, S)
+
+KOKKOSMOE_TEST_RUNNER_ETI(extern, float)
+KOKKOSMOE_TEST_RUNNER_ETI(extern, fp16_t)
+KOKKOSMOE_TEST_RUNNER_ETI(extern, bf16_t)
+
 }  // namespace KokkosMoETest
 
 #endif
