@@ -566,11 +566,10 @@ struct UnitOps<bf16_t, Chunk16> {
 /// (8 per 16-byte bf16 unit) times a batch cost occupancy. Chosen on the H200 at loopback R = 8
 /// (perf_test/results/h200/README.md §6).
 constexpr int kUnitBatch = 2;
-constexpr int kReduceBatch = 1;
 
-template <int Batch, class Member, class F>
+template <class Member, class F>
 KOKKOS_INLINE_FUNCTION void team_unit_batches(const Member& m, int units, const F& f) {
-  const int nb = (units + Batch - 1) / Batch;
+  const int nb = (units + kUnitBatch - 1) / kUnitBatch;
   Kokkos::parallel_for(Kokkos::TeamThreadRange(m, nb), [&](int b) { f(b, nb); });
 }
 
@@ -675,7 +674,7 @@ void pack_tokens(const Exec& exec, const EpShape s, const Unmanaged2<const Unit,
         token_targets<Mem>(m, s, v, t, w, dst, ptr, lrow, lcoef, slots, &lrow(s.K));
         m.team_barrier();
         const int nl = write_local ? lrow(s.K) : 0, nr = lrow(s.K + 1);
-        team_unit_batches<kUnitBatch>(m, units, [&](int b, int nb) {
+        team_unit_batches(m, units, [&](int b, int nb) {
           Unit val[kUnitBatch];
           for (int j = 0; j < kUnitBatch; ++j)
             if (b + j * nb < units) val[j] = src(t, b + j * nb);
@@ -750,7 +749,7 @@ void expand_arrivals(const Exec& exec, const EpShape s, std::int64_t arrivals, i
   const int teams = static_cast<int>(arrivals) + recv_rows;
   Kokkos::TeamPolicy<Exec> policy(exec, teams, Kokkos::AUTO);
   Kokkos::parallel_for(
-      label, light(policy.set_scratch_size(0, Kokkos::PerTeam(SInt::shmem_size(2 * s.K + 1)))),
+      label, light(policy.set_scratch_size(0, Kokkos::PerTeam(SInt::shmem_size(s.K + 1) + SInt::shmem_size(s.K)))),
       KOKKOS_LAMBDA(const Team& m) {
         const std::int64_t i = m.league_rank();
         if (i >= arrivals) {
@@ -775,7 +774,7 @@ void expand_arrivals(const Exec& exec, const EpShape s, std::int64_t arrivals, i
         const int n = rows(s.K);
         const char* row = in.at<char>(i);
         const Unit* r = reinterpret_cast<const Unit*>(row);
-        team_unit_batches<kUnitBatch>(m, units, [&](int b, int nb) {
+        team_unit_batches(m, units, [&](int b, int nb) {
           Unit val[kUnitBatch];
           for (int j = 0; j < kUnitBatch; ++j)
             if (b + j * nb < units) val[j] = r[b + j * nb];
@@ -812,7 +811,7 @@ void reduce_arrivals(const Exec& exec, const EpShape s, std::int64_t arrivals,
   auto arrive_rank = v.arrive_rank;
   auto arrive_base = v.arrive_base;
   auto fwd_rows = v.fwd_rows;
-  const std::size_t shmem = SInt::shmem_size(2 * s.K + 1) + 2 * SFlt::shmem_size(s.K);
+  const std::size_t shmem = SInt::shmem_size(s.K + 1) + SInt::shmem_size(s.K) + SFlt::shmem_size(s.K);
   Kokkos::TeamPolicy<Exec> policy(exec, static_cast<int>(arrivals), Kokkos::AUTO);
   Kokkos::parallel_for(
       label, light(policy.set_scratch_size(0, Kokkos::PerTeam(shmem))), KOKKOS_LAMBDA(const Team& m) {
@@ -821,19 +820,18 @@ void reduce_arrivals(const Exec& exec, const EpShape s, std::int64_t arrivals,
         if (i < 0) return;
         // The kept rows of the token here and their coefficients, in k order (the order of the sum).
         SInt rows(m.team_scratch(0), s.K + 1);
-        SFlt cs(m.team_scratch(0), s.K);
         SInt fwd(m.team_scratch(0), s.K);
-        SFlt ck(m.team_scratch(0), s.K);
+        SFlt cs(m.team_scratch(0), s.K);
         team_prefetch(m, s.K, [&](int k) {
           fwd(k) = fwd_rows(a * s.K + k);
-          ck(k) = with_coef ? coef.at<float>(a)[k] : 1.0f;
+          cs(k) = with_coef ? coef.at<float>(a)[k] : 1.0f;
         });
         Kokkos::single(Kokkos::PerTeam(m), [&]() {
           int n = 0;
           for (int k = 0; k < s.K; ++k) {
             if (fwd(k) < 0) continue;
             rows(n) = fwd(k);
-            cs(n) = ck(k);
+            cs(n) = cs(k);  // n <= k: compacts in place
             ++n;
           }
           rows(s.K) = n;
@@ -842,19 +840,15 @@ void reduce_arrivals(const Exec& exec, const EpShape s, std::int64_t arrivals,
         const int n = rows(s.K);
         if (n == 0) return;  // every slot of the token here was dropped: its rank reads no return row
         char* out = ret.template at<char>(i, static_cast<int>(a - arrive_base(i)));
-        team_unit_batches<kReduceBatch>(m, units, [&](int b, int nb) {
-          float acc[kReduceBatch][Ops::n];
-          for (int j = 0; j < kReduceBatch; ++j)
-            for (int e = 0; e < Ops::n; ++e) acc[j][e] = 0.0f;
-          for (int r = 0; r < n; ++r)
-            for (int j = 0; j < kReduceBatch; ++j) {
-              if (b + j * nb >= units) break;
-              float f[Ops::n];
-              Ops::load(src(rows(r), b + j * nb), f);
-              for (int e = 0; e < Ops::n; ++e) acc[j][e] += cs(r) * f[e];
-            }
-          for (int j = 0; j < kReduceBatch; ++j)
-            if (b + j * nb < units) Ops::store(acc[j], reinterpret_cast<Unit*>(out)[b + j * nb]);
+        Kokkos::parallel_for(Kokkos::TeamThreadRange(m, units), [&](int u) {
+          float acc[Ops::n];
+          for (int e = 0; e < Ops::n; ++e) acc[e] = 0.0f;
+          for (int r = 0; r < n; ++r) {
+            float f[Ops::n];
+            Ops::load(src(rows(r), u), f);
+            for (int e = 0; e < Ops::n; ++e) acc[e] += cs(r) * f[e];
+          }
+          Ops::store(acc, reinterpret_cast<Unit*>(out)[u]);
         });
         if (trailer_off > 0) {
           Kokkos::parallel_for(Kokkos::TeamThreadRange(m, s.K), [&](int k) {
@@ -887,7 +881,7 @@ void reduce_ranks(const Exec& exec, const EpShape s, const Unmanaged2<const Unit
   auto slot_rank = v.slot_rank;
   auto tok_pos = v.tok_pos;
   auto send_base = v.send_base;
-  const std::size_t shmem = 3 * SInt::shmem_size(s.K + 1) + SInt::shmem_size(2 * s.K) + 2 * SFlt::shmem_size(s.K);
+  const std::size_t shmem = 3 * SInt::shmem_size(s.K + 1) + SInt::shmem_size(2 * s.K) + SFlt::shmem_size(s.K);
   Kokkos::TeamPolicy<Exec> policy(exec, s.T, Kokkos::AUTO);
   Kokkos::parallel_for(
       label, light(policy.set_scratch_size(0, Kokkos::PerTeam(shmem))), KOKKOS_LAMBDA(const Team& m) {
@@ -900,11 +894,10 @@ void reduce_ranks(const Exec& exec, const EpShape s, const Unmanaged2<const Unit
         SInt lrow(m.team_scratch(0), s.K + 1);
         SFlt lcoef(m.team_scratch(0), s.K);
         SInt slots(m.team_scratch(0), 2 * s.K);  // slot_row, then slot_rank
-        SFlt ck(m.team_scratch(0), s.K);
         team_prefetch(m, s.K, [&](int k) {
           slots(k) = slot_row(q0 + k);
           slots(s.K + k) = slot_rank(q0 + k);
-          ck(k) = with_coef ? coef(t, k) : 1.0f;
+          lcoef(k) = with_coef ? coef(t, k) : 1.0f;
         });
         Kokkos::single(Kokkos::PerTeam(m), [&]() {
           int n = 0, prev = -1;
@@ -924,41 +917,35 @@ void reduce_ranks(const Exec& exec, const EpShape s, const Unmanaged2<const Unit
           for (int k = 0; k < s.K; ++k) {
             if (slots(k) < 0 || slots(s.K + k) != s.me) continue;
             lrow(nl) = slots(k);
-            lcoef(nl) = ck(k);
+            lcoef(nl) = lcoef(k);  // nl <= k: compacts in place
             ++nl;
           }
           lrow(s.K) = nl;
         });
         m.team_barrier();
         const int nd = order(s.K), nl = lrow(s.K);
-        team_unit_batches<kReduceBatch>(m, units, [&](int b, int nb) {
-          float acc[kReduceBatch][Ops::n];
-          for (int j = 0; j < kReduceBatch; ++j)
-            for (int e = 0; e < Ops::n; ++e) acc[j][e] = 0.0f;
+        Kokkos::parallel_for(Kokkos::TeamThreadRange(m, units), [&](int u) {
+          float acc[Ops::n];
+          for (int e = 0; e < Ops::n; ++e) acc[e] = 0.0f;
           for (int d = 0; d < nd; ++d) {
             const int i = from(d);
-            for (int j = 0; j < kReduceBatch; ++j) {
-              const int u = b + j * nb;
-              if (u >= units) break;
-              float part[Ops::n];
-              if (i < 0) {
-                for (int e = 0; e < Ops::n; ++e) part[e] = 0.0f;
-                for (int l = 0; l < nl; ++l) {
-                  float f[Ops::n];
-                  Ops::load(local(lrow(l), u), f);
-                  for (int e = 0; e < Ops::n; ++e) part[e] += lcoef(l) * f[e];
-                }
-                Unit rounded;
-                Ops::store(part, rounded);
-                Ops::load(rounded, part);
-              } else {
-                Ops::load(ret.at<Unit>(i)[u], part);
+            float part[Ops::n];
+            if (i < 0) {
+              for (int e = 0; e < Ops::n; ++e) part[e] = 0.0f;
+              for (int l = 0; l < nl; ++l) {
+                float f[Ops::n];
+                Ops::load(local(lrow(l), u), f);
+                for (int e = 0; e < Ops::n; ++e) part[e] += lcoef(l) * f[e];
               }
-              for (int e = 0; e < Ops::n; ++e) acc[j][e] += part[e];
+              Unit rounded;
+              Ops::store(part, rounded);
+              Ops::load(rounded, part);
+            } else {
+              Ops::load(ret.at<Unit>(i)[u], part);
             }
+            for (int e = 0; e < Ops::n; ++e) acc[e] += part[e];
           }
-          for (int j = 0; j < kReduceBatch; ++j)
-            if (b + j * nb < units) Ops::store(acc[j], y(t, b + j * nb));
+          Ops::store(acc, y(t, u));
         });
         if (with_f) {
           Kokkos::parallel_for(Kokkos::TeamThreadRange(m, s.K), [&](int k) {
