@@ -567,6 +567,29 @@ struct UnitOps<bf16_t, Chunk16> {
 /// (perf_test/results/h200/README.md §6).
 constexpr int kUnitBatch = 2;
 
+/// Rows a reduce reads per step for one unit: that many independent 16-byte loads in flight per thread (raw, 4
+/// registers each) before they are widened and accumulated; one row at a time left the reduces latency-bound (H200,
+/// loopback R = 8: combine 0.80 of copy at 1, 0.845 at 4; perf_test/results/h200/README.md §6). The FP32 sum keeps
+/// row order, so the bits do not depend on the gather width.
+constexpr int kReduceGather = 4;
+
+/// acc += coef(r) * row(r) over r in [0, n), in r order, reading up to kReduceGather rows at once.
+template <class Ops, class Unit, class RowAt, class CoefAt>
+KOKKOS_INLINE_FUNCTION void gather_sum(int n, const RowAt& row, const CoefAt& coef, float* acc) {
+  for (int r0 = 0; r0 < n; r0 += kReduceGather) {
+    Unit raw[kReduceGather];
+    for (int j = 0; j < kReduceGather; ++j)
+      if (r0 + j < n) raw[j] = row(r0 + j);
+    for (int j = 0; j < kReduceGather; ++j) {
+      if (r0 + j >= n) break;
+      float f[Ops::n];
+      Ops::load(raw[j], f);
+      const float c = coef(r0 + j);
+      for (int e = 0; e < Ops::n; ++e) acc[e] += c * f[e];
+    }
+  }
+}
+
 template <class Member, class F>
 KOKKOS_INLINE_FUNCTION void team_unit_batches(const Member& m, int units, const F& f) {
   const int nb = (units + kUnitBatch - 1) / kUnitBatch;
@@ -604,18 +627,25 @@ KOKKOS_INLINE_FUNCTION float scale_and_dot(const Member& m, int units, float c, 
   return sum;
 }
 
-/// The targets of token t's row, built by one thread of the team in scratch: its kept local slots (receive row,
-/// coefficient) and one address per remote rank it reaches (the rank's first kept slot decides; the row goes once).
+/// The targets of token t's row, built in scratch: its kept local slots (receive row, coefficient) and one address
+/// per remote rank it reaches. One parallel round of global loads (the K slots, the R rank positions of the token)
+/// fills the scratch tables; the one thread that then compacts them reads shared memory only.
 template <class Mem, class Member, class Ptrs, class Ints, class Floats>
 KOKKOS_INLINE_FUNCTION void token_targets(const Member& m, const EpShape& s, const EpLayoutViews<Mem>& v, int t,
                                           const Unmanaged2<const float, Mem>& w, const PeerRows<Mem>& dst,
-                                          const Ptrs& ptr, const Ints& lrow, const Floats& lcoef, const Ints& slots,
-                                          int* counts) {
-  const std::int64_t q0 = static_cast<std::int64_t>(t) * s.K;
-  team_prefetch(m, s.K, [&](int k) {
-    slots(k) = v.slot_row(q0 + k);
-    slots(s.K + k) = v.slot_rank(q0 + k);
-    lcoef(k) = w.extent(0) > 0 ? w(t, k) : 1.0f;
+                                          const Ptrs& ptr, const Ptrs& raddr, const Ints& lrow, const Floats& lcoef,
+                                          const Ints& slots, int* counts) {
+  const std::int64_t q0 = static_cast<std::int64_t>(t) * s.K, p0 = static_cast<std::int64_t>(t) * s.R;
+  team_prefetch(m, s.K > s.R ? s.K : s.R, [&](int j) {
+    if (j < s.K) {
+      slots(j) = v.slot_row(q0 + j);
+      slots(s.K + j) = v.slot_rank(q0 + j);
+      lcoef(j) = w.extent(0) > 0 ? w(t, j) : 1.0f;
+    }
+    if (j < s.R) {
+      const int p = v.tok_pos(p0 + j);
+      raddr(j) = p < 0 || j == s.me ? 0 : reinterpret_cast<std::uintptr_t>(dst.template at<char>(j, p));
+    }
   });
   Kokkos::single(Kokkos::PerTeam(m), [&]() {
     int nl = 0, nr = 0;
@@ -628,13 +658,9 @@ KOKKOS_INLINE_FUNCTION void token_targets(const Member& m, const EpShape& s, con
         ++nl;
         continue;
       }
-      bool first = true;
+      bool first = true;  // the rank's first kept slot adds it: the row goes once
       for (int k2 = 0; k2 < k; ++k2) first = first && !(slots(s.K + k2) == r && slots(k2) >= 0);
-      if (first) {
-        ptr(nr) = reinterpret_cast<std::uintptr_t>(
-            dst.template at<char>(r, v.tok_pos(static_cast<std::int64_t>(t) * s.R + r)));
-        ++nr;
-      }
+      if (first) ptr(nr++) = raddr(r);
     }
     counts[0] = nl;
     counts[1] = nr;
@@ -661,17 +687,18 @@ void pack_tokens(const Exec& exec, const EpShape s, const Unmanaged2<const Unit,
   if (s.T == 0) return;
   const int units = static_cast<int>(src.extent(1));
   const bool with_f = local_f.extent(0) > 0, with_w = w.extent(0) > 0;
-  const std::size_t shmem =
-      SPtr::shmem_size(s.K) + SInt::shmem_size(s.K + 2) + SFlt::shmem_size(s.K) + SInt::shmem_size(2 * s.K);
+  const std::size_t shmem = SPtr::shmem_size(s.K) + SPtr::shmem_size(s.R) + SInt::shmem_size(s.K + 2) +
+                            SFlt::shmem_size(s.K) + SInt::shmem_size(2 * s.K);
   Kokkos::TeamPolicy<Exec> policy(exec, s.T, Kokkos::AUTO);
   Kokkos::parallel_for(
       label, light(policy.set_scratch_size(0, Kokkos::PerTeam(shmem))), KOKKOS_LAMBDA(const Team& m) {
         const int t = m.league_rank();
         SPtr ptr(m.team_scratch(0), s.K);
+        SPtr raddr(m.team_scratch(0), s.R);
         SInt lrow(m.team_scratch(0), s.K + 2);
         SFlt lcoef(m.team_scratch(0), s.K);
         SInt slots(m.team_scratch(0), 2 * s.K);
-        token_targets<Mem>(m, s, v, t, w, dst, ptr, lrow, lcoef, slots, &lrow(s.K));
+        token_targets<Mem>(m, s, v, t, w, dst, ptr, raddr, lrow, lcoef, slots, &lrow(s.K));
         m.team_barrier();
         const int nl = write_local ? lrow(s.K) : 0, nr = lrow(s.K + 1);
         team_unit_batches(m, units, [&](int b, int nb) {
@@ -726,11 +753,15 @@ void pack_weights(const Exec& exec, const EpShape s, const Unmanaged2<const floa
       });
 }
 
+/// Receive rows per zeroing team of expand_arrivals: the team reads their owners in one round and zeroes the few
+/// that no slot feeds (a team per row would spend a launch slot and a load latency on every fed row).
+constexpr int kZeroRows = 64;
+
 /// Forward direction, destination side: every arrived token row is read once and written to the receive rows of its
 /// kept slots here (fwd_rows), and dst_f of each such row gets the slot's trailer float (1 without a trailer); the
 /// receive rows no slot feeds inside the experts' slabs (alignment padding, drops) are zeroed, rows and dst_f alike.
 /// Rows past off(L) (capacity mode's unused tail, owned by no expert) are not written. Local rows were written by the
-/// pack. One launch: teams [0, arrivals) expand, teams [arrivals, arrivals + recv_rows) zero.
+/// pack. One launch: teams [0, arrivals) expand, the kZeroRows-row groups of the receive rows follow.
 template <class Exec, class Scalar, class Unit>
 void expand_arrivals(const Exec& exec, const EpShape s, std::int64_t arrivals, int recv_rows, const LocalRows in,
                      std::size_t trailer_off, const EpLayoutViews<typename Exec::memory_space>& v,
@@ -746,24 +777,44 @@ void expand_arrivals(const Exec& exec, const EpShape s, std::int64_t arrivals, i
   auto arrive_rank = v.arrive_rank;
   auto fwd_rows = v.fwd_rows;
   auto offsets = v.expert_offsets;
-  const int teams = static_cast<int>(arrivals) + recv_rows;
+  const int groups = (recv_rows + kZeroRows - 1) / kZeroRows;
+  const int teams = static_cast<int>(arrivals) + groups;
+  const int rows_len = s.K + 2 > kZeroRows + 1 ? s.K + 2 : kZeroRows + 1;
   Kokkos::TeamPolicy<Exec> policy(exec, teams, Kokkos::AUTO);
   Kokkos::parallel_for(
-      label, light(policy.set_scratch_size(0, Kokkos::PerTeam(SInt::shmem_size(s.K + 1) + SInt::shmem_size(s.K)))),
+      label, light(policy.set_scratch_size(0, Kokkos::PerTeam(SInt::shmem_size(rows_len) + SInt::shmem_size(s.K)))),
       KOKKOS_LAMBDA(const Team& m) {
         const std::int64_t i = m.league_rank();
+        SInt rows(m.team_scratch(0), rows_len);
         if (i >= arrivals) {
-          const int q = static_cast<int>(i - arrivals);
-          if (recv_src(q) >= 0 || recv_expert(q) >= 0 || q >= offsets(s.L)) return;  // fed, local, or past off(L)
-          Kokkos::parallel_for(Kokkos::TeamThreadRange(m, units), [&](int u) { dst(q, u) = Unit{}; });
-          if (with_f) Kokkos::single(Kokkos::PerTeam(m), [&]() { dst_f(q) = 0.0f; });
+          // Rows [q0, q0 + kZeroRows): the ones no slot feeds, in the slabs, compacted (count last).
+          const int q0 = static_cast<int>(i - arrivals) * kZeroRows;
+          Kokkos::parallel_for(Kokkos::TeamThreadRange(m, kZeroRows), [&](int j) {
+            const int q = q0 + j;
+            rows(j) = q < recv_rows && recv_src(q) < 0 && recv_expert(q) < 0 && q < offsets(s.L) ? q : -1;
+          });
+          m.team_barrier();
+          Kokkos::single(Kokkos::PerTeam(m), [&]() {
+            int n = 0;
+            for (int j = 0; j < kZeroRows; ++j)
+              if (rows(j) >= 0) rows(n++) = rows(j);  // n <= j: compacts in place
+            rows(kZeroRows) = n;
+          });
+          m.team_barrier();
+          const int n = rows(kZeroRows);
+          for (int d = 0; d < n; ++d)
+            Kokkos::parallel_for(Kokkos::TeamThreadRange(m, units), [&](int u) { dst(rows(d), u) = Unit{}; });
+          if (with_f) Kokkos::parallel_for(Kokkos::TeamThreadRange(m, n), [&](int d) { dst_f(rows(d)) = 0.0f; });
           return;
         }
-        if (arrive_rank(i) < 0) return;
-        // The token's kept rows here, compacted in k order (a slot is fed by exactly one arrival: no conflicts).
-        SInt rows(m.team_scratch(0), s.K + 1);
+        // The token's kept rows here, compacted in k order (a slot is fed by exactly one arrival: no conflicts);
+        // the arrival's source rank is read in the same round (an unused index has rank -1).
         SInt fwd(m.team_scratch(0), s.K);
-        team_prefetch(m, s.K, [&](int k) { fwd(k) = fwd_rows(i * s.K + k); });
+        team_prefetch(m, s.K, [&](int k) {
+          fwd(k) = fwd_rows(i * s.K + k);
+          if (k == 0) rows(s.K + 1) = arrive_rank(i);
+        });
+        if (rows(s.K + 1) < 0) return;
         Kokkos::single(Kokkos::PerTeam(m), [&]() {
           int n = 0;
           for (int k = 0; k < s.K; ++k)
@@ -811,21 +862,23 @@ void reduce_arrivals(const Exec& exec, const EpShape s, std::int64_t arrivals,
   auto arrive_rank = v.arrive_rank;
   auto arrive_base = v.arrive_base;
   auto fwd_rows = v.fwd_rows;
-  const std::size_t shmem = SInt::shmem_size(s.K + 1) + SInt::shmem_size(s.K) + SFlt::shmem_size(s.K);
+  const std::size_t shmem = SInt::shmem_size(s.K + 2) + SInt::shmem_size(s.K) + SFlt::shmem_size(s.K);
   Kokkos::TeamPolicy<Exec> policy(exec, static_cast<int>(arrivals), Kokkos::AUTO);
   Kokkos::parallel_for(
       label, light(policy.set_scratch_size(0, Kokkos::PerTeam(shmem))), KOKKOS_LAMBDA(const Team& m) {
         const std::int64_t a = m.league_rank();
-        const int i = arrive_rank(a);
-        if (i < 0) return;
-        // The kept rows of the token here and their coefficients, in k order (the order of the sum).
-        SInt rows(m.team_scratch(0), s.K + 1);
+        // The kept rows of the token here and their coefficients, in k order (the order of the sum); the arrival's
+        // source rank in the same round of loads (-1: an unused index).
+        SInt rows(m.team_scratch(0), s.K + 2);
         SInt fwd(m.team_scratch(0), s.K);
         SFlt cs(m.team_scratch(0), s.K);
         team_prefetch(m, s.K, [&](int k) {
           fwd(k) = fwd_rows(a * s.K + k);
           cs(k) = with_coef ? coef.at<float>(a)[k] : 1.0f;
+          if (k == 0) rows(s.K + 1) = arrive_rank(a);
         });
+        const int i = rows(s.K + 1);
+        if (i < 0) return;
         Kokkos::single(Kokkos::PerTeam(m), [&]() {
           int n = 0;
           for (int k = 0; k < s.K; ++k) {
@@ -843,11 +896,8 @@ void reduce_arrivals(const Exec& exec, const EpShape s, std::int64_t arrivals,
         Kokkos::parallel_for(Kokkos::TeamThreadRange(m, units), [&](int u) {
           float acc[Ops::n];
           for (int e = 0; e < Ops::n; ++e) acc[e] = 0.0f;
-          for (int r = 0; r < n; ++r) {
-            float f[Ops::n];
-            Ops::load(src(rows(r), u), f);
-            for (int e = 0; e < Ops::n; ++e) acc[e] += cs(r) * f[e];
-          }
+          gather_sum<Ops, Unit>(
+              n, [&](int r) { return src(rows(r), u); }, [&](int r) { return cs(r); }, acc);
           Ops::store(acc, reinterpret_cast<Unit*>(out)[u]);
         });
         if (trailer_off > 0) {
@@ -881,7 +931,8 @@ void reduce_ranks(const Exec& exec, const EpShape s, const Unmanaged2<const Unit
   auto slot_rank = v.slot_rank;
   auto tok_pos = v.tok_pos;
   auto send_base = v.send_base;
-  const std::size_t shmem = 3 * SInt::shmem_size(s.K + 1) + SInt::shmem_size(2 * s.K) + SFlt::shmem_size(s.K);
+  const std::size_t shmem =
+      3 * SInt::shmem_size(s.K + 1) + SInt::shmem_size(2 * s.K) + SFlt::shmem_size(s.K) + SInt::shmem_size(s.R);
   Kokkos::TeamPolicy<Exec> policy(exec, s.T, Kokkos::AUTO);
   Kokkos::parallel_for(
       label, light(policy.set_scratch_size(0, Kokkos::PerTeam(shmem))), KOKKOS_LAMBDA(const Team& m) {
@@ -894,10 +945,17 @@ void reduce_ranks(const Exec& exec, const EpShape s, const Unmanaged2<const Unit
         SInt lrow(m.team_scratch(0), s.K + 1);
         SFlt lcoef(m.team_scratch(0), s.K);
         SInt slots(m.team_scratch(0), 2 * s.K);  // slot_row, then slot_rank
-        team_prefetch(m, s.K, [&](int k) {
-          slots(k) = slot_row(q0 + k);
-          slots(s.K + k) = slot_rank(q0 + k);
-          lcoef(k) = with_coef ? coef(t, k) : 1.0f;
+        SInt rret(m.team_scratch(0), s.R);       // per rank the returned row's index (-1: none, or this rank)
+        team_prefetch(m, s.K > s.R ? s.K : s.R, [&](int j) {
+          if (j < s.K) {
+            slots(j) = slot_row(q0 + j);
+            slots(s.K + j) = slot_rank(q0 + j);
+            lcoef(j) = with_coef ? coef(t, j) : 1.0f;
+          }
+          if (j < s.R) {
+            const int p = tok_pos(static_cast<std::int64_t>(t) * s.R + j);
+            rret(j) = p < 0 || j == s.me ? -1 : send_base(j) + p;
+          }
         });
         Kokkos::single(Kokkos::PerTeam(m), [&]() {
           int n = 0, prev = -1;
@@ -908,7 +966,7 @@ void reduce_ranks(const Exec& exec, const EpShape s, const Unmanaged2<const Unit
               if (slots(k) >= 0 && r > prev && (next < 0 || r < next)) next = r;
             }
             if (next < 0) break;
-            from(n) = next == s.me ? -1 : send_base(next) + tok_pos(static_cast<std::int64_t>(t) * s.R + next);
+            from(n) = rret(next);
             order(n++) = next;
             prev = next;
           }
@@ -925,25 +983,33 @@ void reduce_ranks(const Exec& exec, const EpShape s, const Unmanaged2<const Unit
         m.team_barrier();
         const int nd = order(s.K), nl = lrow(s.K);
         Kokkos::parallel_for(Kokkos::TeamThreadRange(m, units), [&](int u) {
+          // This rank's partial (FP32 in k order, rounded to the row type), then the ranks' partials in ascending
+          // rank order, the returned ones read kReduceGather at a time.
+          float mine[Ops::n];
+          for (int e = 0; e < Ops::n; ++e) mine[e] = 0.0f;
+          if (nl > 0) {
+            gather_sum<Ops, Unit>(
+                nl, [&](int l) { return local(lrow(l), u); }, [&](int l) { return lcoef(l); }, mine);
+            Unit rounded;
+            Ops::store(mine, rounded);
+            Ops::load(rounded, mine);
+          }
           float acc[Ops::n];
           for (int e = 0; e < Ops::n; ++e) acc[e] = 0.0f;
-          for (int d = 0; d < nd; ++d) {
-            const int i = from(d);
-            float part[Ops::n];
-            if (i < 0) {
-              for (int e = 0; e < Ops::n; ++e) part[e] = 0.0f;
-              for (int l = 0; l < nl; ++l) {
-                float f[Ops::n];
-                Ops::load(local(lrow(l), u), f);
-                for (int e = 0; e < Ops::n; ++e) part[e] += lcoef(l) * f[e];
+          for (int d0 = 0; d0 < nd; d0 += kReduceGather) {
+            Unit raw[kReduceGather];
+            for (int j = 0; j < kReduceGather; ++j)
+              if (d0 + j < nd && from(d0 + j) >= 0) raw[j] = ret.at<Unit>(from(d0 + j))[u];
+            for (int j = 0; j < kReduceGather; ++j) {
+              if (d0 + j >= nd) break;
+              float part[Ops::n];
+              if (from(d0 + j) < 0) {
+                for (int e = 0; e < Ops::n; ++e) part[e] = mine[e];
+              } else {
+                Ops::load(raw[j], part);
               }
-              Unit rounded;
-              Ops::store(part, rounded);
-              Ops::load(rounded, part);
-            } else {
-              Ops::load(ret.at<Unit>(i)[u], part);
+              for (int e = 0; e < Ops::n; ++e) acc[e] += part[e];
             }
-            for (int e = 0; e < Ops::n; ++e) acc[e] += part[e];
           }
           Ops::store(acc, y(t, u));
         });
@@ -954,8 +1020,7 @@ void reduce_ranks(const Exec& exec, const EpShape s, const Unmanaged2<const Unit
             if (row >= 0 && r == s.me) {
               f = local_f.extent(0) > 0 ? local_f(row) : 0.0f;
             } else if (row >= 0) {
-              const std::int64_t i = send_base(r) + tok_pos(static_cast<std::int64_t>(t) * s.R + r);
-              f = reinterpret_cast<const float*>(ret.at<char>(i) + trailer_off)[k];
+              f = reinterpret_cast<const float*>(ret.at<char>(rret(r)) + trailer_off)[k];
             }
             out_f(t, k) = f;
           });
