@@ -11,6 +11,9 @@
 #include <KokkosMoE_EP.hpp>
 #include <KokkosMoE_Router.hpp>
 #include <KokkosMoE_RouterPresets.hpp>
+#if defined(KOKKOSMOE_HAVE_SHARDING)
+#include <KokkosMoE_Planner.hpp>
+#endif
 
 #include <Kokkos_Core.hpp>
 
@@ -73,7 +76,9 @@ struct Rank {
   Kokkos::View<float**, Kokkos::LayoutRight, Mem> w, grad_w;
   Kokkos::View<Row**, Kokkos::LayoutRight, Mem> x, y, grad_y, grad_x, recv_x, out, grad_out;
   Kokkos::View<float*, Mem> recv_w;
-  double move_rows = 0;  // rows this rank's dispatch (or combine) must read and write
+  double move_rows = 0;     // rows this rank's dispatch (or combine) must read and write
+  double remote_slots = 0;  // kept slots whose expert is on another rank (what one row per slot would send)
+  double planner_rows = 0;  // make_plan's model: tokens times the expected number of other ranks a token reaches
 
   Rank(const Exec& e, const Communicator& comm, int T, bool capacity, Meeting& meet) : exec(e) {
     const RouterPreset preset = router_preset("deepseek-v3");
@@ -123,6 +128,12 @@ struct Rank {
     for (int ee = 0; ee < E; ++ee)
       if (ee / L == me) local += tpe(ee);
     for (int r = 0; r < R; ++r) sent += r == me ? 0 : tpr(r);
+    for (int ee = 0; ee < E; ++ee)
+      if (ee / L != me) remote_slots += tpe(ee);
+#if defined(KOKKOSMOE_HAVE_SHARDING)
+    const std::vector<double> hit = rank_hit_probabilities(moe_layer_from_preset(preset, T), R);
+    for (int r = 0; r < R; ++r) planner_rows += r == me ? 0.0 : hit[static_cast<std::size_t>(r)] * T;
+#endif
     // Read each token, write each local slot row, write each remote token row into the peer's window; the peer reads
     // it and writes its remote slot rows (the combine mirrors it). Over all ranks, rows sent = rows arrived.
     move_rows = T + local + 2.0 * sent + (recv - local);
@@ -164,7 +175,7 @@ void BM_Loopback(benchmark::State& state, LOp op, int R, int T, bool capacity, P
   Meeting meet(R);
   std::vector<double> move(static_cast<std::size_t>(R), 0.0);
   std::vector<std::string> errors(static_cast<std::size_t>(R));
-  double seconds = 0, dev = 0, wire = 0;
+  double seconds = 0, dev = 0, wire = 0, remote_slots = 0, planner_rows = 0;
   {
     std::vector<std::thread> peers;
     for (int r = 1; r < R; ++r)
@@ -182,7 +193,11 @@ void BM_Loopback(benchmark::State& state, LOp op, int R, int T, bool capacity, P
     try {
       Rank rank(Exec(streams[0]), comms[0], T, capacity, meet);
       move[0] = rank.move_rows;
+      remote_slots = rank.remote_slots;
+      planner_rows = rank.planner_rows;
       for (int i = 0; i < kIters; ++i) rank.run(op);  // warm-up
+      // The traffic counters join the communicator's at a synchronization: the warm-up's before the first reading.
+      ep_synchronize(rank.exec, *rank.handle);
       const CommStats before = rank.group->stats();
       seconds = timed_loop(state, rank.exec, [&](std::int64_t) { rank.run(op); });
       dev = device_time_us(rank.exec, kIters, [&](std::int64_t) { rank.run(op); });
@@ -214,6 +229,11 @@ void BM_Loopback(benchmark::State& state, LOp op, int R, int T, bool capacity, P
   state.counters["T"] = T;
   state.counters["ranks"] = R;
   state.counters["wire_bytes_per_token"] = wire / T;
+  // Beside it: the bytes one row per (token, expert) slot would send, and the planner's prediction (docs/planner.md
+  // §4), both for rank 0's tokens and bare rows (the wire adds each row's trailer).
+  const double row_bytes = 7168.0 * sizeof(Row);
+  state.counters["slot_bytes_per_token"] = remote_slots * row_bytes / T;
+  if (planner_rows > 0) state.counters["planner_bytes_per_token"] = planner_rows * row_bytes / T;
   state.counters["agg_move_GBps"] = bytes / per / 1e9;
   state.counters["device_us"] = dev;
   if (dev > 0) {
