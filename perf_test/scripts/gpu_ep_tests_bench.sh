@@ -67,6 +67,14 @@ if [ "$phase" = sanitize-loopback ] || [ "$phase" = all ]; then
     "$bin/KokkosMoE_CommLoopbackTests" --run_test=ep_loopback/cuda_steps_match_oracle --report_level=short \
     >"$out/memcheck-loopback.log" 2>&1
   echo "exit $?" | tee -a "$out/memcheck-loopback.log"; grep -E "ERROR SUMMARY|test cases|exit" "$out/memcheck-loopback.log"
+  for tool in memcheck racecheck; do
+    step "compute-sanitizer $tool over the capacity-mode graph capture at R = 8, replayed with new routing"
+    KOKKOSMOE_COMM_TIMEOUT=150 timeout 240 compute-sanitizer --tool $tool --error-exitcode 9 \
+      "$bin/KokkosMoE_CommLoopbackTests" --run_test=ep_loopback/cuda_graph_capture_replays_new_routing \
+      --report_level=short >"$out/$tool-loopback-graph.log" 2>&1
+    echo "exit $?" | tee -a "$out/$tool-loopback-graph.log"
+    grep -E "RACECHECK SUMMARY|ERROR SUMMARY|Internal|test cases|exit" "$out/$tool-loopback-graph.log"
+  done
   # At R = 8 the tool, tracking every kernel, reports "failed to track a kernel launch" (eight host threads launching
   # at once; at R = 3 it did once too), so there it checks one group of the row kernels per run.
   for spec in 2 4 8:pack_tokens 8:expand_arrivals 8:reduce_; do

@@ -753,6 +753,43 @@ void pack_weights(const Exec& exec, const EpShape s, const Unmanaged2<const floa
       });
 }
 
+/// Capacity mode's arrival kernels: the host knows only the bound R * B of the arrival indices, not the arrivals, and
+/// one team per bound index launched mostly empty teams (over half at EP8), which cost the graph-safe mode about 8 %
+/// of the combine. There a team walks kArrivalsPerTeam arrivals on average instead; eager mode keeps one team per
+/// arrival.
+constexpr int kArrivalsPerTeam = 4;
+
+/// Teams of an arrival kernel over the arrival index space [0, arrivals) (eager: exact; capacity: the bound).
+inline std::int64_t arrival_teams(const EpShape& s, std::int64_t arrivals) {
+  return s.eager() ? arrivals : (arrivals + kArrivalsPerTeam - 1) / kArrivalsPerTeam;
+}
+
+/// The arrivals a team walks: the c-th real arrival, c = league_rank, + league_size, ... < the number of arrivals.
+/// Eager mode's arrival indices are the arrivals themselves (source blocks back to back); in capacity mode source i's
+/// arrivals are the first arrive_count(i) indices of its block [i * B, (i + 1) * B). \p pre (R + 1 ints of team
+/// scratch) gets the prefix sums of arrive_count in capacity mode.
+template <class Member, class Ints, class Counts>
+KOKKOS_INLINE_FUNCTION std::int64_t arrivals_walked(const Member& m, const EpShape& s, std::int64_t arrivals,
+                                                    const Counts& arrive_count, const Ints& pre) {
+  if (s.eager()) return arrivals;
+  team_prefetch(m, s.R, [&](int i) { pre(i + 1) = arrive_count(i); });
+  Kokkos::single(Kokkos::PerTeam(m), [&]() {
+    pre(0) = 0;
+    for (int i = 0; i < s.R; ++i) pre(i + 1) += pre(i);
+  });
+  m.team_barrier();
+  return pre(s.R);
+}
+
+/// The arrival index of the c-th real arrival (see arrivals_walked).
+template <class Ints>
+KOKKOS_INLINE_FUNCTION std::int64_t arrival_index(const EpShape& s, const Ints& pre, std::int64_t c) {
+  if (s.eager()) return c;
+  int i = 0;
+  while (pre(i + 1) <= c) ++i;
+  return static_cast<std::int64_t>(i) * s.B + (c - pre(i));
+}
+
 /// Receive rows per zeroing team of expand_arrivals: the team reads their owners in one round and zeroes the few
 /// that no slot feeds (a team per row would spend a launch slot and a load latency on every fed row).
 constexpr int kZeroRows = 64;
@@ -761,7 +798,7 @@ constexpr int kZeroRows = 64;
 /// kept slots here (fwd_rows), and dst_f of each such row gets the slot's trailer float (1 without a trailer); the
 /// receive rows no slot feeds inside the experts' slabs (alignment padding, drops) are zeroed, rows and dst_f alike.
 /// Rows past off(L) (capacity mode's unused tail, owned by no expert) are not written. Local rows were written by the
-/// pack. One launch: teams [0, arrivals) expand, the kZeroRows-row groups of the receive rows follow.
+/// pack. One launch: the arrival_teams walk the arrivals, the kZeroRows-row groups of the receive rows follow.
 template <class Exec, class Scalar, class Unit>
 void expand_arrivals(const Exec& exec, const EpShape s, std::int64_t arrivals, int recv_rows, const LocalRows in,
                      std::size_t trailer_off, const EpLayoutViews<typename Exec::memory_space>& v,
@@ -775,20 +812,23 @@ void expand_arrivals(const Exec& exec, const EpShape s, std::int64_t arrivals, i
   auto recv_src = v.recv_src;
   auto recv_expert = v.recv_expert;
   auto arrive_rank = v.arrive_rank;
+  auto arrive_count = v.arrive_count;
   auto fwd_rows = v.fwd_rows;
   auto offsets = v.expert_offsets;
   const int groups = (recv_rows + kZeroRows - 1) / kZeroRows;
-  const int teams = static_cast<int>(arrivals) + groups;
+  const std::int64_t walkers = arrival_teams(s, arrivals);
+  const int teams = static_cast<int>(walkers) + groups;
   const int rows_len = s.K + 2 > kZeroRows + 1 ? s.K + 2 : kZeroRows + 1;
+  const std::size_t shmem = SInt::shmem_size(rows_len) + SInt::shmem_size(s.K) + SInt::shmem_size(s.R + 1);
   Kokkos::TeamPolicy<Exec> policy(exec, teams, Kokkos::AUTO);
   Kokkos::parallel_for(
-      label, light(policy.set_scratch_size(0, Kokkos::PerTeam(SInt::shmem_size(rows_len) + SInt::shmem_size(s.K)))),
-      KOKKOS_LAMBDA(const Team& m) {
-        const std::int64_t i = m.league_rank();
+      label, light(policy.set_scratch_size(0, Kokkos::PerTeam(shmem))), KOKKOS_LAMBDA(const Team& m) {
         SInt rows(m.team_scratch(0), rows_len);
-        if (i >= arrivals) {
+        SInt fwd(m.team_scratch(0), s.K);
+        SInt pre(m.team_scratch(0), s.R + 1);
+        if (m.league_rank() >= walkers) {
           // Rows [q0, q0 + kZeroRows): the ones no slot feeds, in the slabs, compacted (count last).
-          const int q0 = static_cast<int>(i - arrivals) * kZeroRows;
+          const int q0 = static_cast<int>(m.league_rank() - walkers) * kZeroRows;
           Kokkos::parallel_for(Kokkos::TeamThreadRange(m, kZeroRows), [&](int j) {
             const int q = q0 + j;
             rows(j) = q < recv_rows && recv_src(q) < 0 && recv_expert(q) < 0 && q < offsets(s.L) ? q : -1;
@@ -807,38 +847,43 @@ void expand_arrivals(const Exec& exec, const EpShape s, std::int64_t arrivals, i
           if (with_f) Kokkos::parallel_for(Kokkos::TeamThreadRange(m, n), [&](int d) { dst_f(rows(d)) = 0.0f; });
           return;
         }
-        // The token's kept rows here, compacted in k order (a slot is fed by exactly one arrival: no conflicts);
-        // the arrival's source rank is read in the same round (an unused index has rank -1).
-        SInt fwd(m.team_scratch(0), s.K);
-        team_prefetch(m, s.K, [&](int k) {
-          fwd(k) = fwd_rows(i * s.K + k);
-          if (k == 0) rows(s.K + 1) = arrive_rank(i);
-        });
-        if (rows(s.K + 1) < 0) return;
-        Kokkos::single(Kokkos::PerTeam(m), [&]() {
-          int n = 0;
-          for (int k = 0; k < s.K; ++k)
-            if (fwd(k) >= 0) rows(n++) = fwd(k);
-          rows(s.K) = n;
-        });
-        m.team_barrier();
-        const int n = rows(s.K);
-        const char* row = in.at<char>(i);
-        const Unit* r = reinterpret_cast<const Unit*>(row);
-        team_unit_batches(m, units, [&](int b, int nb) {
-          Unit val[kUnitBatch];
-          for (int j = 0; j < kUnitBatch; ++j)
-            if (b + j * nb < units) val[j] = r[b + j * nb];
-          for (int d = 0; d < n; ++d)
-            for (int j = 0; j < kUnitBatch; ++j)
-              if (b + j * nb < units) dst(rows(d), b + j * nb) = val[j];
-        });
-        if (with_f) {
-          const float* c = trailer_off > 0 ? reinterpret_cast<const float*>(row + trailer_off) : nullptr;
-          Kokkos::parallel_for(Kokkos::TeamThreadRange(m, s.K), [&](int k) {
-            const int q = fwd(k);
-            if (q >= 0) dst_f(q) = c != nullptr ? c[k] : 1.0f;
+        const std::int64_t walked = arrivals_walked(m, s, arrivals, arrive_count, pre);
+        for (std::int64_t c = m.league_rank(); c < walked; c += walkers) {
+          const std::int64_t i = arrival_index(s, pre, c);
+          // The token's kept rows here, compacted in k order (a slot is fed by exactly one arrival: no conflicts);
+          // the arrival's source rank is read in the same round (an unused index has rank -1).
+          team_prefetch(m, s.K, [&](int k) {
+            fwd(k) = fwd_rows(i * s.K + k);
+            if (k == 0) rows(s.K + 1) = arrive_rank(i);
           });
+          if (rows(s.K + 1) >= 0) {
+            Kokkos::single(Kokkos::PerTeam(m), [&]() {
+              int n = 0;
+              for (int k = 0; k < s.K; ++k)
+                if (fwd(k) >= 0) rows(n++) = fwd(k);
+              rows(s.K) = n;
+            });
+            m.team_barrier();
+            const int n = rows(s.K);
+            const char* row = in.at<char>(i);
+            const Unit* r = reinterpret_cast<const Unit*>(row);
+            team_unit_batches(m, units, [&](int b, int nb) {
+              Unit val[kUnitBatch];
+              for (int j = 0; j < kUnitBatch; ++j)
+                if (b + j * nb < units) val[j] = r[b + j * nb];
+              for (int d = 0; d < n; ++d)
+                for (int j = 0; j < kUnitBatch; ++j)
+                  if (b + j * nb < units) dst(rows(d), b + j * nb) = val[j];
+            });
+            if (with_f) {
+              const float* f = trailer_off > 0 ? reinterpret_cast<const float*>(row + trailer_off) : nullptr;
+              Kokkos::parallel_for(Kokkos::TeamThreadRange(m, s.K), [&](int k) {
+                const int q = fwd(k);
+                if (q >= 0) dst_f(q) = f != nullptr ? f[k] : 1.0f;
+              });
+            }
+          }
+          if (c + walkers < walked) m.team_barrier();  // the next arrival's tables overwrite these
         }
       });
 }
@@ -861,50 +906,61 @@ void reduce_arrivals(const Exec& exec, const EpShape s, std::int64_t arrivals,
   const bool with_coef = coef.base != nullptr, with_f = extra_f.extent(0) > 0;
   auto arrive_rank = v.arrive_rank;
   auto arrive_base = v.arrive_base;
+  auto arrive_count = v.arrive_count;
   auto fwd_rows = v.fwd_rows;
-  const std::size_t shmem = SInt::shmem_size(s.K + 2) + SInt::shmem_size(s.K) + SFlt::shmem_size(s.K);
-  Kokkos::TeamPolicy<Exec> policy(exec, static_cast<int>(arrivals), Kokkos::AUTO);
+  const std::int64_t walkers = arrival_teams(s, arrivals);
+  const std::size_t shmem =
+      SInt::shmem_size(s.K + 2) + SInt::shmem_size(s.K) + SFlt::shmem_size(s.K) + SInt::shmem_size(s.R + 1);
+  Kokkos::TeamPolicy<Exec> policy(exec, static_cast<int>(walkers), Kokkos::AUTO);
   Kokkos::parallel_for(
       label, light(policy.set_scratch_size(0, Kokkos::PerTeam(shmem))), KOKKOS_LAMBDA(const Team& m) {
-        const std::int64_t a = m.league_rank();
         // The kept rows of the token here and their coefficients, in k order (the order of the sum); the arrival's
         // source rank in the same round of loads (-1: an unused index).
         SInt rows(m.team_scratch(0), s.K + 2);
         SInt fwd(m.team_scratch(0), s.K);
         SFlt cs(m.team_scratch(0), s.K);
-        team_prefetch(m, s.K, [&](int k) {
-          fwd(k) = fwd_rows(a * s.K + k);
-          cs(k) = with_coef ? coef.at<float>(a)[k] : 1.0f;
-          if (k == 0) rows(s.K + 1) = arrive_rank(a);
-        });
-        const int i = rows(s.K + 1);
-        if (i < 0) return;
-        Kokkos::single(Kokkos::PerTeam(m), [&]() {
-          int n = 0;
-          for (int k = 0; k < s.K; ++k) {
-            if (fwd(k) < 0) continue;
-            rows(n) = fwd(k);
-            cs(n) = cs(k);  // n <= k: compacts in place
-            ++n;
-          }
-          rows(s.K) = n;
-        });
-        m.team_barrier();
-        const int n = rows(s.K);
-        if (n == 0) return;  // every slot of the token here was dropped: its rank reads no return row
-        char* out = ret.template at<char>(i, static_cast<int>(a - arrive_base(i)));
-        Kokkos::parallel_for(Kokkos::TeamThreadRange(m, units), [&](int u) {
-          float acc[Ops::n];
-          for (int e = 0; e < Ops::n; ++e) acc[e] = 0.0f;
-          gather_sum<Ops, Unit>(
-              n, [&](int r) { return src(rows(r), u); }, [&](int r) { return cs(r); }, acc);
-          Ops::store(acc, reinterpret_cast<Unit*>(out)[u]);
-        });
-        if (trailer_off > 0) {
-          Kokkos::parallel_for(Kokkos::TeamThreadRange(m, s.K), [&](int k) {
-            const int row = fwd(k);
-            reinterpret_cast<float*>(out + trailer_off)[k] = (row >= 0 && with_f) ? extra_f(row) : 0.0f;
+        SInt pre(m.team_scratch(0), s.R + 1);
+        const std::int64_t walked = arrivals_walked(m, s, arrivals, arrive_count, pre);
+        for (std::int64_t c = m.league_rank(); c < walked; c += walkers) {
+          const std::int64_t a = arrival_index(s, pre, c);
+          team_prefetch(m, s.K, [&](int k) {
+            fwd(k) = fwd_rows(a * s.K + k);
+            cs(k) = with_coef ? coef.at<float>(a)[k] : 1.0f;
+            if (k == 0) rows(s.K + 1) = arrive_rank(a);
           });
+          const int i = rows(s.K + 1);
+          if (i >= 0) {
+            Kokkos::single(Kokkos::PerTeam(m), [&]() {
+              int n = 0;
+              for (int k = 0; k < s.K; ++k) {
+                if (fwd(k) < 0) continue;
+                rows(n) = fwd(k);
+                cs(n) = cs(k);  // n <= k: compacts in place
+                ++n;
+              }
+              rows(s.K) = n;
+            });
+            m.team_barrier();
+          }
+          // n == 0: every slot of the token here was dropped, and its rank reads no return row.
+          const int n = i >= 0 ? rows(s.K) : 0;
+          if (n > 0) {
+            char* out = ret.template at<char>(i, static_cast<int>(a - arrive_base(i)));
+            Kokkos::parallel_for(Kokkos::TeamThreadRange(m, units), [&](int u) {
+              float acc[Ops::n];
+              for (int e = 0; e < Ops::n; ++e) acc[e] = 0.0f;
+              gather_sum<Ops, Unit>(
+                  n, [&](int r) { return src(rows(r), u); }, [&](int r) { return cs(r); }, acc);
+              Ops::store(acc, reinterpret_cast<Unit*>(out)[u]);
+            });
+            if (trailer_off > 0) {
+              Kokkos::parallel_for(Kokkos::TeamThreadRange(m, s.K), [&](int k) {
+                const int row = fwd(k);
+                reinterpret_cast<float*>(out + trailer_off)[k] = (row >= 0 && with_f) ? extra_f(row) : 0.0f;
+              });
+            }
+          }
+          if (c + walkers < walked) m.team_barrier();  // the next arrival's tables overwrite these
         }
       });
 }
