@@ -61,6 +61,7 @@ struct Args {
   long seed = 1;
   std::string transport;  // "" = the build's default (nccl with CUDA, else mpi)
   long ranks = 2;         // loopback
+  bool fp8 = false;       // dispatch as FP8 rows (docs/ep.md §3.5)
   bool help = false;
   KokkosMoE::Impl::CliKokkosArgs kokkos;
 };
@@ -71,10 +72,11 @@ Args parse(int argc, char** argv) {
   static const std::vector<CliFlag> flags = {
       {"--preset", true, ""},    {"--tokens", true, ""},    {"--hidden", true, ""}, {"--dtype", true, ""},
       {"--capacity", true, ""},  {"--alignment", true, ""}, {"--iters", true, ""},  {"--seed", true, ""},
-      {"--transport", true, ""}, {"--ranks", true, ""},     {"--help", false, "-h"}};
+      {"--transport", true, ""}, {"--ranks", true, ""},     {"--fp8", false, ""},   {"--help", false, "-h"}};
   const KokkosMoE::Impl::CliArgs cli = KokkosMoE::Impl::parse_command_line(argc, argv, flags, KOKKOS_VERSION);
   Args a;
   a.help = cli.has("--help");
+  a.fp8 = cli.has("--fp8");
   a.preset = cli.choice("--preset", router_preset_names(), a.preset);
   a.tokens = cli.integer("--tokens", 0, 1 << 24, a.tokens);
   a.hidden = cli.integer("--hidden", 1, 1 << 16, 0);
@@ -85,6 +87,12 @@ Args parse(int argc, char** argv) {
   a.seed = cli.integer("--seed", 0, INT_MAX, a.seed);
   a.transport = cli.choice("--transport", {"mpi", "shm", "loopback", "nccl"}, "");
   a.ranks = cli.integer("--ranks", 1, 64, a.ranks);
+  if (a.fp8) {
+    const long H = a.hidden > 0 ? a.hidden : router_preset(a.preset).hidden_size;
+    if (H % kFp8BlockChannels != 0)
+      throw KokkosMoE::Impl::CliUsageError("--fp8 needs a hidden size that is a multiple of " +
+                                           std::to_string(kFp8BlockChannels) + ", got " + std::to_string(H));
+  }
   a.kokkos = cli.kokkos();
   KokkosMoE::Impl::cli_check_kokkos_environment(a.kokkos);
   return a;
@@ -102,7 +110,9 @@ const char* kUsage =
     "  --seed S          input seed (default 1)\n"
     "  --transport T     mpi (point-to-point) | shm (MPI shared windows, direct writes) on host spaces, nccl on\n"
     "                    Kokkos::Cuda (the default of each), loopback: --ranks ranks as threads of this process\n"
-    "  --ranks R         loopback ranks (default 2); without mpirun\n";
+    "  --ranks R         loopback ranks (default 2); without mpirun\n"
+    "  --fp8             dispatch the rows as FP8 E4M3 with a scale per 128 channels (H a multiple of 128); the\n"
+    "                    expert reads them dequantized, the check uses the same quantized rows\n";
 
 /// The few collectives of the job itself (timing barriers, the table, the verdict): MPI_COMM_WORLD, or the threads of
 /// a loopback job.
@@ -249,6 +259,8 @@ int run(const Args& args, const Exec& exec, const Communicator& comm, int world_
   std::vector<double> t_layout, t_dispatch, t_combine, t_combine_bwd, t_dispatch_bwd;
   Kokkos::View<Scalar**, Kokkos::LayoutRight, Mem> recv_x, out, grad_out, grad_recv_x;
   Kokkos::View<float*, Mem> recv_w;
+  Kokkos::View<fp8_e4m3_t**, Kokkos::LayoutRight, Mem> recv_q;
+  Kokkos::View<float**, Kokkos::LayoutRight, Mem> recv_scales;
   int N = 0;
   auto timed = [&](std::vector<double>& acc, auto&& f) {
     exec.fence();
@@ -267,8 +279,17 @@ int run(const Args& args, const Exec& exec, const Communicator& comm, int world_
       grad_out = decltype(grad_out)("grad_out", N, H);
       grad_recv_x = decltype(grad_recv_x)("grad_recv_x", N, H);
       recv_w = decltype(recv_w)("recv_w", N);
+      if (args.fp8) {
+        recv_q = decltype(recv_q)("recv_q", N, H);
+        recv_scales = decltype(recv_scales)("recv_scales", N, H / kFp8BlockChannels);
+      }
     }
-    timed(t_dispatch, [&] { ep_dispatch(exec, handle, x, weights, recv_x, recv_w); });
+    if (args.fp8) {
+      timed(t_dispatch, [&] { ep_dispatch(exec, handle, x, weights, fp8_rows(recv_q, recv_scales), recv_w); });
+      dequantize_fp8_rows(exec, recv_q, recv_scales, recv_x);
+    } else {
+      timed(t_dispatch, [&] { ep_dispatch(exec, handle, x, weights, recv_x, recv_w); });
+    }
     // The expert: out = a_e * x + b_e, a_e = 1 + (e % 5) / 8, b_e = (e % 3) / 16.
     auto recv_expert = handle.recv_expert();
     auto rx = recv_x;
@@ -300,7 +321,15 @@ int run(const Args& args, const Exec& exec, const Communicator& comm, int world_
   topk_router_compact_backward(exec, rc, logits, ids, grad_w, grad_logits);
   exec.fence();
 
-  // The single-rank computation of the same step from this rank's own routing.
+  // The single-rank computation of the same step from this rank's own routing (with FP8 rows: of the rows as the
+  // experts saw them, quantized and dequantized).
+  if (args.fp8) {
+    Kokkos::View<fp8_e4m3_t**, Kokkos::LayoutRight, Mem> xq("xq", T, H);
+    Kokkos::View<float**, Kokkos::LayoutRight, Mem> xs("xs", T, H / kFp8BlockChannels);
+    quantize_fp8_rows(exec, x, xq, xs);
+    dequantize_fp8_rows(exec, xq, xs, x);
+    exec.fence();
+  }
   auto hx = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), x);
   auto hy = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), y);
   auto hgy = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), grad_y);

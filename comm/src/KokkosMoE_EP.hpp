@@ -12,6 +12,7 @@
 ///
 ///     ep_layout(exec, handle, topk_idx);                              // [T, K] expert ids, -1 = none
 ///     ep_dispatch(exec, handle, x, topk_w, recv_x, recv_w);           // [T, H] rows -> [N, H] expert-major rows
+///     // or as FP8 rows: ep_dispatch(exec, handle, x, topk_w, fp8_rows(recv_q, recv_scales), recv_w);
 ///     ep_combine(exec, handle, mode, out, topk_w, y);                 // [N, H] -> [T, H]
 ///     ep_combine_backward(exec, handle, mode, grad_y, topk_w, out, grad_out, grad_w);
 ///     ep_dispatch_backward(exec, handle, grad_recv_x, grad_recv_w, grad_x, grad_w);
@@ -23,6 +24,7 @@
 #include <KokkosMoE_Communicator.hpp>
 #include <KokkosMoE_EpConfig.hpp>
 #include <KokkosMoE_Error.hpp>
+#include <KokkosMoE_Fp8Quantize.hpp>
 
 #include <Kokkos_Core.hpp>
 
@@ -170,6 +172,29 @@ template <class ExecSpace, class XView, class WView, class RecvXView, class Recv
 void ep_dispatch(const ExecSpace& exec, const EpHandle<ExecSpace>& handle, const XView& x, const WView& topk_w,
                  const RecvXView& recv_x, const RecvWView& recv_w) {
   Impl::dispatch(exec, *handle.impl_state(), x, topk_w, recv_x, recv_w);
+}
+
+/// \brief FP8 dispatch (docs/ep.md §3.5): as above, but each token row travels as FP8 E4M3 codes with one FP32 scale
+/// per 128 channels, quantized in the pack from x ([T, H] float or bf16_t, H a multiple of 128) by the rules of
+/// quantize_fp8_rows and \p config. recv = fp8_rows(recv_q, recv_scales): recv_q [>= N, H] fp8_e4m3_t and
+/// recv_scales [>= N, H / 128] float, expert-major as recv_x above, each receive row's scales contiguous (the layout
+/// grouped FP8 GEMMs read); padding and dropped rows get zero codes and zero scales. The backward passes take
+/// float or bf16_t gradients as after any dispatch.
+/// \throws InvalidArgument naming the argument: ShapeMismatch (H not a multiple of 128, extents), NotContiguous,
+/// Alignment (recv_q not 16-byte aligned), ConfigValue (\p config); Rule::HandleState before a layout
+template <class ExecSpace, class XView, class WView, class RecvQView, class RecvSView, class RecvWView>
+void ep_dispatch(const ExecSpace& exec, const EpHandle<ExecSpace>& handle, const XView& x, const WView& topk_w,
+                 const Fp8Rows<RecvQView, RecvSView>& recv, const RecvWView& recv_w,
+                 const Fp8QuantizeConfig& config = {}) {
+  Impl::dispatch_fp8(exec, *handle.impl_state(), x, topk_w, recv.q, recv.scales, recv_w, config);
+}
+
+/// \brief FP8 dispatch of rows the caller quantized: x = fp8_rows(x_q, x_scales) ([T, H] fp8_e4m3_t, 16-byte
+/// aligned, and [T, H / 128] float); codes and scales arrive unchanged in recv as above.
+template <class ExecSpace, class XQView, class XSView, class WView, class RecvQView, class RecvSView, class RecvWView>
+void ep_dispatch(const ExecSpace& exec, const EpHandle<ExecSpace>& handle, const Fp8Rows<XQView, XSView>& x,
+                 const WView& topk_w, const Fp8Rows<RecvQView, RecvSView>& recv, const RecvWView& recv_w) {
+  Impl::dispatch_fp8(exec, *handle.impl_state(), x, topk_w, recv.q, recv.scales, recv_w, Fp8QuantizeConfig{});
 }
 
 /// \brief y[t] = sum over valid k of c(t,k) * out[slot(t,k)] (FP32 accumulation in k order), c = 1 (Sum) or

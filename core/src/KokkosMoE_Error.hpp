@@ -41,6 +41,7 @@ enum class Rule : int {
   WorkspaceTooSmall = 21,    ///< a caller-provided workspace is smaller than the size query returns
   CoeffFinite = 22,          ///< aux loss: coeff must be finite
   ConfigValue = 23,          ///< another configuration value out of its documented range
+  Alignment = 24,            ///< a View's data is not aligned as the operation requires (FP8 rows: 16 bytes)
   TopologyMalformed = 100,   ///< sharding: malformed topology input
   PlanInfeasible = 101,      ///< sharding: a planning request that cannot be satisfied
   ShardingRule = 102,        ///< sharding: an input sharding the partition rules reject
@@ -102,6 +103,8 @@ inline const char* rule_name(Rule r) noexcept {
       return "coeff_finite";
     case Rule::ConfigValue:
       return "config_value";
+    case Rule::Alignment:
+      return "alignment";
     case Rule::TopologyMalformed:
       return "topology_malformed";
     case Rule::PlanInfeasible:

@@ -44,7 +44,30 @@ struct Fp8QuantizeConfig {
   float min_amax = 1e-4f;
 };
 
+/// \brief FP8 rows and their scales as one argument (ep_dispatch's FP8 forms): q [N, H] fp8_e4m3_t, scales
+/// [N, H / 128] float, both LayoutRight (the layout quantize_fp8_rows writes).
+template <class QView, class SView>
+struct Fp8Rows {
+  QView q;
+  SView scales;
+};
+template <class QView, class SView>
+Fp8Rows<QView, SView> fp8_rows(const QView& q, const SView& scales) {
+  return {q, scales};
+}
+
 namespace Impl {
+
+/// The rules of Fp8QuantizeConfig, checked at each boundary that takes one.
+inline void fp8_check_config(const char* fn, const Fp8QuantizeConfig& config) {
+  const int format = static_cast<int>(config.scale_format);
+  if (format != 0 && format != 1)
+    throw InvalidArgument(fn, "config.scale_format", Rule::ConfigValue,
+                          "scale_format (" + std::to_string(format) + ") is not an Fp8ScaleFormat enumerator");
+  if (!(std::isfinite(config.min_amax) && config.min_amax >= 1e-30f))
+    throw InvalidArgument(fn, "config.min_amax", Rule::ConfigValue,
+                          "min_amax (" + std::to_string(config.min_amax) + ") must be finite and at least 1e-30");
+}
 
 template <class V>
 void fp8_check_rows(const char* fn, const char* name, const V& v, std::size_t rows, std::size_t cols) {
@@ -109,13 +132,7 @@ void quantize_fp8_rows(const Exec& exec, const XView& x, const QView& q, const S
     throw InvalidArgument(fn, "x", Rule::NotContiguous, "x must be contiguous and row-major");
   Impl::fp8_check_rows(fn, "q", q, N, H);
   Impl::fp8_check_rows(fn, "scales", scales, N, H / kFp8BlockChannels);
-  const int format = static_cast<int>(config.scale_format);
-  if (format != 0 && format != 1)
-    throw InvalidArgument(fn, "config.scale_format", Rule::ConfigValue,
-                          "scale_format (" + std::to_string(format) + ") is not an Fp8ScaleFormat enumerator");
-  if (!(std::isfinite(config.min_amax) && config.min_amax >= 1e-30f))
-    throw InvalidArgument(fn, "config.min_amax", Rule::ConfigValue,
-                          "min_amax (" + std::to_string(config.min_amax) + ") must be finite and at least 1e-30");
+  Impl::fp8_check_config(fn, config);
   const std::int64_t blocks = static_cast<std::int64_t>(N) * static_cast<std::int64_t>(H / kFp8BlockChannels);
   if (blocks > static_cast<std::int64_t>(std::numeric_limits<int>::max()))
     throw InvalidArgument(fn, "x", Rule::ShapeMismatch,

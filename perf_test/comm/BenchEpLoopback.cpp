@@ -64,7 +64,7 @@ class Meeting {
   std::condition_variable m_cv;
 };
 
-enum class LOp { Dispatch, Combine, CombineBackward, DispatchBackward };
+enum class LOp { Dispatch, Combine, CombineBackward, DispatchBackward, DispatchFp8 };
 
 /// One rank's step state; every copy goes through the rank's instance (no global fence while peers wait on it).
 struct Rank {
@@ -76,7 +76,10 @@ struct Rank {
   Kokkos::View<float**, Kokkos::LayoutRight, Mem> w, grad_w;
   Kokkos::View<Row**, Kokkos::LayoutRight, Mem> x, y, grad_y, grad_x, recv_x, out, grad_out;
   Kokkos::View<float*, Mem> recv_w;
+  Kokkos::View<fp8_e4m3_t**, Kokkos::LayoutRight, Mem> recv_q;
+  Kokkos::View<float**, Kokkos::LayoutRight, Mem> recv_scales;
   double move_rows = 0;     // rows this rank's dispatch (or combine) must read and write
+  double move_fp8 = 0;      // bytes the FP8 dispatch must read and write (bf16 rows in, FP8 rows out)
   double remote_slots = 0;  // kept slots whose expert is on another rank (what one row per slot would send)
   double planner_rows = 0;  // make_plan's model: tokens times the expected number of other ranks a token reaches
 
@@ -137,8 +140,11 @@ struct Rank {
     // Read each token, write each local slot row, write each remote token row into the peer's window; the peer reads
     // it and writes its remote slot rows (the combine mirrors it). Over all ranks, rows sent = rows arrived.
     move_rows = T + local + 2.0 * sent + (recv - local);
+    move_fp8 = T * H * sizeof(Row) + (local + 2.0 * sent + (recv - local)) * (H + H / 32);
     meet.wait();
     recv_x = decltype(recv_x)("recv_x", N, H);
+    recv_q = decltype(recv_q)("recv_q", N, H);
+    recv_scales = decltype(recv_scales)("recv_scales", N, H / kFp8BlockChannels);
     out = decltype(out)("out", N, H);
     grad_out = decltype(grad_out)("grad_out", N, H);
     recv_w = decltype(recv_w)("recv_w", N);
@@ -148,6 +154,9 @@ struct Rank {
 
   void run(LOp op) {
     switch (op) {
+      case LOp::DispatchFp8:
+        ep_dispatch(exec, *handle, x, w, fp8_rows(recv_q, recv_scales), recv_w);
+        break;
       case LOp::Dispatch:
         ep_dispatch(exec, *handle, x, w, recv_x, recv_w);
         break;
@@ -182,7 +191,7 @@ void BM_Loopback(benchmark::State& state, LOp op, int R, int T, bool capacity, P
       peers.emplace_back([&, r] {
         try {
           Rank rank(Exec(streams[r]), comms[r], T, capacity, meet);
-          move[r] = rank.move_rows;
+          move[r] = op == LOp::DispatchFp8 ? rank.move_fp8 : rank.move_rows * 7168 * sizeof(Row);
           for (int i = 0; i < 2 * kIters + kIters; ++i) rank.run(op);  // rank 0's timed loop, device time, warm-up
           ep_synchronize(rank.exec, *rank.handle);
           meet.wait();
@@ -192,7 +201,7 @@ void BM_Loopback(benchmark::State& state, LOp op, int R, int T, bool capacity, P
       });
     try {
       Rank rank(Exec(streams[0]), comms[0], T, capacity, meet);
-      move[0] = rank.move_rows;
+      move[0] = op == LOp::DispatchFp8 ? rank.move_fp8 : rank.move_rows * 7168 * sizeof(Row);
       remote_slots = rank.remote_slots;
       planner_rows = rank.planner_rows;
       for (int i = 0; i < kIters; ++i) rank.run(op);  // warm-up
@@ -202,10 +211,10 @@ void BM_Loopback(benchmark::State& state, LOp op, int R, int T, bool capacity, P
       seconds = timed_loop(state, rank.exec, [&](std::int64_t) { rank.run(op); });
       dev = device_time_us(rank.exec, kIters, [&](std::int64_t) { rank.run(op); });
       ep_synchronize(rank.exec, *rank.handle);
-      const std::string name = op == LOp::Dispatch          ? "ep_dispatch"
-                               : op == LOp::Combine         ? "ep_combine"
-                               : op == LOp::CombineBackward ? "ep_combine_backward"
-                                                            : "ep_dispatch_backward";
+      const std::string name = op == LOp::Dispatch || op == LOp::DispatchFp8 ? "ep_dispatch"
+                               : op == LOp::Combine                          ? "ep_combine"
+                               : op == LOp::CombineBackward                  ? "ep_combine_backward"
+                                                                             : "ep_dispatch_backward";
       const CommStats after = rank.group->stats();
       wire =
           static_cast<double>(after.bytes.at(name).wire - (before.bytes.count(name) ? before.bytes.at(name).wire : 0)) /
@@ -222,16 +231,15 @@ void BM_Loopback(benchmark::State& state, LOp op, int R, int T, bool capacity, P
       state.SkipWithError(("rank " + std::to_string(r) + ": " + errors[r]).c_str());
       return;
     }
-  double rows = 0;
-  for (double m : move) rows += m;
-  const double bytes = rows * 7168 * sizeof(Row);
+  double bytes = 0;  // every rank's bytes to move
+  for (double m : move) bytes += m;
   const double per = seconds / static_cast<double>(state.iterations());
   state.counters["T"] = T;
   state.counters["ranks"] = R;
   state.counters["wire_bytes_per_token"] = wire / T;
   // Beside it: the bytes one row per (token, expert) slot would send, and the planner's prediction (docs/planner.md
   // §4), both for rank 0's tokens and bare rows (the wire adds each row's trailer).
-  const double row_bytes = 7168.0 * sizeof(Row);
+  const double row_bytes = op == LOp::DispatchFp8 ? 7168.0 + 7168.0 / 32 : 7168.0 * sizeof(Row);
   state.counters["slot_bytes_per_token"] = remote_slots * row_bytes / T;
   if (planner_rows > 0) state.counters["planner_bytes_per_token"] = planner_rows * row_bytes / T;
   state.counters["agg_move_GBps"] = bytes / per / 1e9;
@@ -252,7 +260,8 @@ void register_loopback_benchmarks(const std::vector<int>& tokens) {
   const std::pair<LOp, const char*> ops[] = {{LOp::Dispatch, "dispatch"},
                                              {LOp::Combine, "combine"},
                                              {LOp::CombineBackward, "combine_bwd"},
-                                             {LOp::DispatchBackward, "dispatch_bwd"}};
+                                             {LOp::DispatchBackward, "dispatch_bwd"},
+                                             {LOp::DispatchFp8, "dispatch_fp8"}};
   auto add = [](const std::string& label, LOp op, int R, int T, bool capacity, PeerWindows windows) {
     benchmark::RegisterBenchmark(label.c_str(), BM_Loopback, op, R, T, capacity, windows)
         ->UseManualTime()

@@ -91,6 +91,8 @@ void check_step(const EpGroupConfig& c, Routing routing, CombineMode mode, std::
     BOOST_TEST(got.status.recv_demand == want.status.recv_demand);
     BOOST_TEST(got.status.dropped_slots == want.status.dropped_slots);
     BOOST_TEST(got.status.dropped_recv_slots == want.status.dropped_recv_slots);
+    const std::string fp8 = fp8_differences(got, want);
+    BOOST_TEST(fp8.empty(), "FP8 rows: " << fp8);
   }
 }
 

@@ -13,8 +13,11 @@
 
 #include <EpOracle.hpp>
 #include <EpTestEnv.hpp>
+#include <Fp8Oracle.hpp>
 
+#include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
@@ -45,8 +48,15 @@ struct StepOutputs {
   std::vector<float> recv_x, recv_w, out, y, grad_out, grad_w_combine, grad_x, grad_w_dispatch;
   std::vector<int> recv_expert, tokens_per_expert, tokens_per_rank, counts, offsets;
   std::vector<std::uint8_t> token_in_rank, slot_kept;
+  // Where the hidden size is a multiple of 128: the same layout's FP8 dispatches (docs/ep.md §3.5), the rows
+  // quantized in the pack and the rows quantized first by quantize_fp8_rows (`given`).
+  std::vector<std::uint8_t> recv_q, recv_q_given;
+  std::vector<float> recv_scales, recv_scales_given, recv_w_fp8, recv_w_fp8_given;
   EpStatus status;
 };
+
+/// The code sentinel of FP8 receive rows (a finite code no test row produces in the tail rows).
+constexpr std::uint8_t kSentinelCode = 0x5a;
 
 // Every copy goes through the step's execution space instance, never a global fence: several ranks of one process
 // (loopback) each run their step from their own thread, and a global fence would wait for a peer's kernels that wait
@@ -146,6 +156,35 @@ StepOutputs run_step(const Exec& exec, EpGroup<Exec>& group, EpHandle<Exec>& han
                                std::to_string(N) + " were allocated");
   }
   ep_dispatch(exec, handle, sv.x, sv.w, recv_x, recv_w);
+  StepOutputs o;
+  if (H % kFp8BlockChannels == 0) {
+    const int nb = H / kFp8BlockChannels;
+    Kokkos::View<fp8_e4m3_t**, Kokkos::LayoutRight, Mem> rq("recv_q", N, H), rq2("recv_q_given", N, H), xq("x_q", T, H);
+    Kokkos::View<float**, Kokkos::LayoutRight, Mem> rs("recv_scales", N, nb), rs2("recv_scales_given", N, nb),
+        xs("x_scales", T, nb);
+    Kokkos::View<float*, Mem> rw8("recv_w_fp8", N), rw8b("recv_w_fp8_given", N);
+    Kokkos::deep_copy(exec, rq, fp8_e4m3_t::from_bits(kSentinelCode));
+    Kokkos::deep_copy(exec, rq2, fp8_e4m3_t::from_bits(kSentinelCode));
+    Kokkos::deep_copy(exec, rs, kSentinel);
+    Kokkos::deep_copy(exec, rs2, kSentinel);
+    Kokkos::deep_copy(exec, rw8, kSentinel);
+    Kokkos::deep_copy(exec, rw8b, kSentinel);
+    ep_dispatch(exec, handle, sv.x, sv.w, fp8_rows(rq, rs), rw8);
+    quantize_fp8_rows(exec, sv.x, xq, xs);
+    ep_dispatch(exec, handle, fp8_rows(xq, xs), sv.w, fp8_rows(rq2, rs2), rw8b);
+    auto codes = [&](const auto& v) {
+      auto h = mirror_of(exec, v);
+      std::vector<std::uint8_t> out(h.size());
+      for (std::size_t i = 0; i < h.size(); ++i) out[i] = h.data()[i].bits;
+      return out;
+    };
+    o.recv_q = codes(rq);
+    o.recv_q_given = codes(rq2);
+    o.recv_scales = to_host_floats(exec, rs);
+    o.recv_scales_given = to_host_floats(exec, rs2);
+    o.recv_w_fp8 = to_host_floats(exec, rw8);
+    o.recv_w_fp8_given = to_host_floats(exec, rw8b);
+  }
   auto recv_expert = handle.recv_expert();
   Kokkos::parallel_for(
       "test_expert", Kokkos::RangePolicy<Exec>(exec, 0, static_cast<std::int64_t>(N) * H),
@@ -174,7 +213,6 @@ StepOutputs run_step(const Exec& exec, EpGroup<Exec>& group, EpHandle<Exec>& han
         if (h == 0) grad_recv_w(r) = l < 0 ? 0.0f : 0.5f * recv_w(r) + 0.125f * static_cast<float>(l);
       });
   ep_dispatch_backward(exec, handle, grad_recv_x, grad_recv_w, grad_x, grad_wd);
-  StepOutputs o;
   o.status = ep_synchronize(exec, handle);
   o.recv_rows = handle.num_recv_rows();
   o.recv_x = to_host_floats(exec, recv_x);
@@ -193,6 +231,29 @@ StepOutputs run_step(const Exec& exec, EpGroup<Exec>& group, EpHandle<Exec>& han
   o.token_in_rank = to_host<std::uint8_t>(exec, handle.token_in_rank());
   o.slot_kept = to_host<std::uint8_t>(exec, handle.slot_kept());
   return o;
+}
+
+/// The FP8 outputs of a step against the oracle's, bit for bit: "" when equal, else what differs first.
+inline std::string fp8_differences(const StepOutputs& got, const StepOutputs& want) {
+  std::string out;
+  auto first = [](const auto& a, const auto& b) {
+    if (a.size() != b.size())
+      return std::string(" has ") + std::to_string(a.size()) + " values, expected " + std::to_string(b.size());
+    for (std::size_t i = 0; i < a.size(); ++i)
+      if (std::memcmp(&a[i], &b[i], sizeof(a[i])) != 0)
+        return "[" + std::to_string(i) + "] = " + std::to_string(+a[i]) + ", expected " + std::to_string(+b[i]);
+    return std::string();
+  };
+  const std::pair<const char*, std::string> checks[] = {
+      {"recv_q", first(got.recv_q, want.recv_q)},
+      {"recv_scales", first(got.recv_scales, want.recv_scales)},
+      {"recv_w (FP8 dispatch)", first(got.recv_w_fp8, want.recv_w_fp8)},
+      {"recv_q (given rows)", first(got.recv_q_given, want.recv_q_given)},
+      {"recv_scales (given rows)", first(got.recv_scales_given, want.recv_scales_given)},
+      {"recv_w (given rows)", first(got.recv_w_fp8_given, want.recv_w_fp8_given)}};
+  for (const auto& [what, d] : checks)
+    if (!d.empty()) out += std::string(what) + d + "; ";
+  return out;
 }
 
 /// The oracle's values for rank `me` of the same step.
@@ -230,6 +291,27 @@ inline StepOutputs expected_step(const EpGroupConfig& c, const std::vector<RankI
       e.recv_x[static_cast<std::size_t>(r) * H + h] = kSentinel;
       e.grad_out[static_cast<std::size_t>(r) * H + h] = kSentinel;
     }
+  }
+  if (H % 128 == 0) {
+    // Each kept receive row's codes and scales from its (exact) row; zeros in the slabs' other rows, the sentinels
+    // past off(L); recv_w as for the other dispatch.
+    const int nb = H / 128;
+    e.recv_q.assign(static_cast<std::size_t>(N) * H, 0);
+    e.recv_scales.assign(static_cast<std::size_t>(N) * nb, 0.0f);
+    for (int r = 0; r < N; ++r) {
+      std::uint8_t* q = e.recv_q.data() + static_cast<std::size_t>(r) * H;
+      float* sc = e.recv_scales.data() + static_cast<std::size_t>(r) * nb;
+      if (r >= o.offsets[me][L]) {
+        std::fill(q, q + H, kSentinelCode);
+        std::fill(sc, sc + nb, kSentinel);
+      } else if (o.recv_expert[me][r] >= 0) {
+        fp8_oracle_quantize_row(e.recv_x.data() + static_cast<std::size_t>(r) * H, H, false, 1e-4f, q, sc);
+      }
+    }
+    e.recv_q_given = e.recv_q;
+    e.recv_scales_given = e.recv_scales;
+    e.recv_w_fp8 = e.recv_w;
+    e.recv_w_fp8_given = e.recv_w;
   }
   const RankInputs& mine = in[me];
   const int T = mine.T, R = c.ep_size;

@@ -149,14 +149,15 @@ struct Case {
   Routing routing;
   CombineMode mode;
   bool bf16;
-  int layout;  // 0 eager, 1 capacity (room for all), 2 capacity with drops, 3 fixed
+  int layout;       // 0 eager, 1 capacity (room for all), 2 capacity with drops, 3 fixed
+  int hidden = 40;  // 160-byte FP32 rows: Chunk16 units; bf16 rows of 80 bytes; a multiple of 128: FP8 rows too
 };
 
 EpGroupConfig case_config(int R, const Case& k) {
   EpGroupConfig c;
   c.ep_size = R;
   c.num_experts = 2 * R;
-  c.hidden = 40;  // 160-byte FP32 rows: Chunk16 units; bf16 rows of 80 bytes
+  c.hidden = k.hidden;
   c.top_k = 3 < c.num_experts ? 3 : c.num_experts;
   c.max_tokens_per_rank = 9;
   c.expert_alignment = k.layout == 0 ? 4 : 1;
@@ -193,6 +194,7 @@ std::string rank_step(const Exec& exec, const Communicator& comm, const EpGroupC
   diff_exact(out, "slot_kept", got.slot_kept, want.slot_kept);
   if (got.status.dropped_slots != want.status.dropped_slots) out << "dropped_slots differ; ";
   if (got.status.dropped_recv_slots != want.status.dropped_recv_slots) out << "dropped_recv_slots differ; ";
+  out << fp8_differences(got, want);
   const CommStats st = group.stats();
   if (comm.size() > 1 && comm.peer_windows() != PeerWindows::Off && (st.exchanges != 0 || st.alltoalls != 0))
     out << "library calls in a step over windows: " << st.exchanges << " exchanges, " << st.alltoalls
@@ -208,6 +210,8 @@ void steps_match_oracle() {
       {"capacity -1 fp32 weighted", Routing::WithMinusOne, CombineMode::Weighted, false, 1},
       {"capacity drops duplicates bf16 weighted", Routing::Duplicates, CombineMode::Weighted, true, 2},
       {"fixed all-to-one fp32 sum", Routing::AllToOneExpert, CombineMode::Sum, false, 3},
+      {"eager uniform bf16 weighted, FP8 rows", Routing::Uniform, CombineMode::Weighted, true, 0, 256},
+      {"capacity drops fp32 weighted, FP8 rows", Routing::Duplicates, CombineMode::Weighted, false, 2, 128},
   };
   // Direct writes at every R; messages (the staged path, peer_windows = off) at R = 3.
   const std::pair<int, PeerWindows> runs[] = {{1, PeerWindows::Auto}, {2, PeerWindows::Auto}, {3, PeerWindows::Auto},

@@ -41,6 +41,16 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(step_matches_oracle, DeviceType, KOKKOSMOE_DEVICE_
   cap.max_recv_tokens_per_rank = cap.max_tokens_per_rank * cap.top_k * R + 64;
   check_step<Exec, float>(cap, Routing::Skewed, CombineMode::Weighted, 300, true, "capacity mode");
   check_step<Exec, bf16_t>(cap, Routing::Uniform, CombineMode::Sum, 301, false, "capacity mode");
+  // FP8 rows (H a multiple of 128): every step also dispatches them, quantized in the pack and given quantized.
+  auto f8 = c;
+  f8.hidden = 256;
+  f8.max_tokens_per_rank = 9;
+  check_step<Exec, bf16_t>(f8, Routing::Uniform, CombineMode::Weighted, 310, true, "FP8 rows");
+  check_step<Exec, float>(f8, Routing::WithMinusOne, CombineMode::Sum, 311, false, "FP8 rows");
+  auto f8cap = f8;
+  f8cap.max_recv_tokens_per_rank = f8cap.max_tokens_per_rank * f8cap.top_k * R / 2 + 1;
+  f8cap.drop_on_overflow = true;
+  check_step<Exec, float>(f8cap, Routing::Skewed, CombineMode::Weighted, 312, true, "FP8 rows, capacity with drops");
   auto fixed = c;
   fixed.layout = RecvLayout::ExpertMajorFixed;
   check_step<Exec, bf16_t>(fixed, Routing::Uniform, CombineMode::Weighted, 302, false, "fixed layout");

@@ -7,6 +7,7 @@
 #include <KokkosMoE_EnableDeviceTypes.hpp>
 #include <KokkosMoE_Fp8Quantize.hpp>
 
+#include <Fp8Oracle.hpp>
 #include <boost/test/unit_test.hpp>
 
 #include <cmath>
@@ -18,44 +19,16 @@
 #include <vector>
 
 using namespace KokkosMoE;
+using namespace KokkosMoE::Test;
 
 namespace {
-
-/// The value of E4M3 code b from the format's definition; NaN for S.1111.111.
-double oracle_value(int b) {
-  const int s = (b >> 7) & 1, e = (b >> 3) & 15, m = b & 7;
-  if (e == 15 && m == 7) return std::numeric_limits<double>::quiet_NaN();
-  const double mag = e == 0 ? std::ldexp(m, -9) : std::ldexp(8 + m, e - 10);
-  return s ? -mag : mag;
-}
-
-/// float -> E4M3 by search: the nearest finite value, ties to the even code; beyond 448 (infinities too) +-448;
-/// NaN -> S.1111.111 with the sign of the input.
-std::uint8_t oracle_code(float x) {
-  std::uint32_t u;
-  std::memcpy(&u, &x, 4);
-  const int sign = (u >> 31) ? 0x80 : 0;
-  if (std::isnan(x)) return static_cast<std::uint8_t>(sign | 0x7f);
-  const double a = std::fabs(static_cast<double>(x));
-  if (a >= 448.0) return static_cast<std::uint8_t>(sign | 0x7e);
-  int best = 0;
-  double dbest = a;  // code 0 is 0
-  for (int c = 1; c <= 0x7e; ++c) {
-    const double d = std::fabs(oracle_value(c) - a);
-    if (d < dbest || (d == dbest && (c & 1) == 0)) {
-      best = c;
-      dbest = d;
-    }
-  }
-  return static_cast<std::uint8_t>(sign | best);
-}
 
 /// Inputs that exercise every branch: the codes' values and the midpoints between neighbours (ties), their float
 /// neighbours, the saturation edge, subnormals, zeros, infinities, NaN, random magnitudes.
 std::vector<float> probe_values() {
   std::vector<float> v;
   std::vector<double> vals;
-  for (int c = 0; c <= 0x7e; ++c) vals.push_back(oracle_value(c));
+  for (int c = 0; c <= 0x7e; ++c) vals.push_back(fp8_oracle_value(c));
   for (std::size_t i = 0; i < vals.size(); ++i) {
     const float f = static_cast<float>(vals[i]);
     v.push_back(f);
@@ -131,25 +104,12 @@ void oracle_quantize(const Rows& r, bool ue8m0, float min_amax, std::vector<std:
   const int nb = r.H / 128;
   q.assign(r.x.size(), 0);
   s.assign(static_cast<std::size_t>(r.N) * nb, 0.0f);
-  for (int row = 0; row < r.N; ++row)
-    for (int b = 0; b < nb; ++b) {
-      float amax = 0.0f;
-      for (int c = b * 128; c < b * 128 + 128; ++c) {
-        const float v = static_cast<float>(T(r.x[static_cast<std::size_t>(row) * r.H + c]));
-        if (std::isfinite(v)) amax = std::max(amax, std::fabs(v));
-      }
-      float sc = std::max(amax, min_amax) / 448.0f;
-      if (ue8m0) {
-        int e = 0;
-        const float f = std::frexp(sc, &e);  // sc = f * 2^e, f in [0.5, 1)
-        sc = f == 0.5f ? sc : std::ldexp(1.0f, e);
-      }
-      s[static_cast<std::size_t>(row) * nb + b] = sc;
-      for (int c = b * 128; c < b * 128 + 128; ++c) {
-        const std::size_t i = static_cast<std::size_t>(row) * r.H + c;
-        q[i] = oracle_code(static_cast<float>(T(r.x[i])) / sc);
-      }
-    }
+  std::vector<float> row(static_cast<std::size_t>(r.H));
+  for (int i = 0; i < r.N; ++i) {
+    for (int c = 0; c < r.H; ++c) row[c] = static_cast<float>(T(r.x[static_cast<std::size_t>(i) * r.H + c]));
+    fp8_oracle_quantize_row(row.data(), r.H, ue8m0, min_amax, q.data() + static_cast<std::size_t>(i) * r.H,
+                            s.data() + static_cast<std::size_t>(i) * nb);
+  }
 }
 
 template <class Exec, class T>
@@ -187,7 +147,7 @@ void check_quantize(int N, int H, bool ue8m0, std::uint64_t seed) {
       const std::size_t k = static_cast<std::size_t>(i) * H + c;
       if (hq(i, c).bits != wq[k] && bad_q++ < 3)
         BOOST_TEST_MESSAGE("q(" << i << ", " << c << ") = " << int(hq(i, c).bits) << ", expected " << int(wq[k]));
-      const double v = oracle_value(wq[k]) * ws[static_cast<std::size_t>(i) * (H / 128) + c / 128];
+      const double v = fp8_oracle_value(wq[k]) * ws[static_cast<std::size_t>(i) * (H / 128) + c / 128];
       const float want_y = static_cast<float>(v);  // exact: a 4-bit significand times a float scale
       if (!(hy(i, c) == want_y || (std::isnan(hy(i, c)) && std::isnan(want_y))) && bad_y++ < 3)
         BOOST_TEST_MESSAGE("y(" << i << ", " << c << ") = " << hy(i, c) << ", expected " << want_y);
@@ -215,7 +175,7 @@ BOOST_AUTO_TEST_SUITE(fp8_rows)
 BOOST_AUTO_TEST_CASE(decoding_matches_the_definition) {
   for (int b = 0; b < 256; ++b) {
     const float got = Impl::e4m3_bits_to_float(static_cast<std::uint8_t>(b));
-    const double want = oracle_value(b);
+    const double want = fp8_oracle_value(b);
     if (std::isnan(want)) {
       BOOST_TEST(std::isnan(got), "code " << b);
     } else {
@@ -231,7 +191,7 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(conversion_is_bit_exact, DeviceType, KOKKOSMOE_DEV
   const std::vector<std::uint8_t> got = convert_on<typename DeviceType::execution_space>(in);
   int bad = 0;
   for (std::size_t i = 0; i < in.size(); ++i) {
-    const std::uint8_t want = oracle_code(in[i]);
+    const std::uint8_t want = fp8_oracle_code(in[i]);
     if (got[i] != want && bad++ < 5)
       BOOST_TEST_MESSAGE(std::hexfloat << in[i] << " -> " << int(got[i]) << ", expected " << int(want));
   }

@@ -800,6 +800,17 @@ void with_unit(int hidden, std::initializer_list<const void*> ptrs, F&& f) {
 
 // ----- dispatch ----------------------------------------------------------------------------------------------------
 
+/// The weight arguments of every dispatch form: topk_w [T, K] float (may be empty), recv_w [N] float.
+template <class Exec, class WView, class RecvWView>
+constexpr void dispatch_weights_static() {
+  ep_static_view<Exec, WView, 2>();
+  ep_static_view<Exec, RecvWView, 1>();
+  static_assert(std::is_same<typename WView::non_const_value_type, float>::value,
+                "KokkosMoE::ep_dispatch: topk_w must hold float");
+  static_assert(std::is_same<typename RecvWView::value_type, float>::value,
+                "KokkosMoE::ep_dispatch: recv_w must be non-const float");
+}
+
 template <class Exec, class XView, class WView, class RecvXView, class RecvWView>
 void dispatch(const Exec& exec, EpHandleState<Exec>& h, const XView& x, const WView& w, const RecvXView& recv_x,
               const RecvWView& recv_w) {
@@ -807,16 +818,11 @@ void dispatch(const Exec& exec, EpHandleState<Exec>& h, const XView& x, const WV
   using Mem = typename Exec::memory_space;
   using Scalar = typename XView::non_const_value_type;
   ep_static_view<Exec, XView, 2>();
-  ep_static_view<Exec, WView, 2>();
   ep_static_view<Exec, RecvXView, 2>();
-  ep_static_view<Exec, RecvWView, 1>();
+  dispatch_weights_static<Exec, WView, RecvWView>();
   static_assert(is_ep_row_type<Scalar>::value, "KokkosMoE::ep_dispatch: x must hold float or KokkosMoE::bf16_t");
   static_assert(std::is_same<typename RecvXView::value_type, Scalar>::value,
                 "KokkosMoE::ep_dispatch: recv_x must be non-const with x's element type");
-  static_assert(std::is_same<typename WView::non_const_value_type, float>::value,
-                "KokkosMoE::ep_dispatch: topk_w must hold float");
-  static_assert(std::is_same<typename RecvWView::value_type, float>::value,
-                "KokkosMoE::ep_dispatch: recv_w must be non-const float");
   ScopedRegion region("KokkosMoE::ep_dispatch");
   require_layout(fn, h);
   const EpShape& s = h.shape;
@@ -844,6 +850,103 @@ void dispatch(const Exec& exec, EpHandleState<Exec>& h, const XView& x, const WV
                                         h.v, rx, rw, "KokkosMoE::ep_dispatch::expand");
     wire_release(exec, g, kRegionFwd);
   });
+  account(exec, h, kOpDispatch, true, pitch, row_bytes);
+}
+
+// ----- FP8 dispatch ------------------------------------------------------------------------------------------------
+
+template <class Exec, class XView, class Mem = typename Exec::memory_space>
+QuantizingRows<typename XView::non_const_value_type, Mem> fp8_source(const char*, const XView& x, int, int,
+                                                                     const Fp8QuantizeConfig& config) {
+  using Scalar = typename XView::non_const_value_type;
+  static_assert(is_ep_row_type<Scalar>::value, "KokkosMoE::ep_dispatch: x must hold float or KokkosMoE::bf16_t");
+  return {Unmanaged2<const Scalar, Mem>(x.data(), x.extent(0), x.extent(1)), config.min_amax,
+          config.scale_format == Fp8ScaleFormat::Ue8m0};
+}
+
+template <class Exec, class QView, class SView, class Mem = typename Exec::memory_space>
+QuantizedRows<Mem> fp8_source(const char* fn, const Fp8Rows<QView, SView>& x, int T, int H, const Fp8QuantizeConfig&) {
+  ep_static_view<Exec, SView, 2>();
+  static_assert(std::is_same<typename QView::non_const_value_type, fp8_e4m3_t>::value,
+                "KokkosMoE::ep_dispatch: the FP8 rows' codes must hold fp8_e4m3_t");
+  static_assert(std::is_same<typename SView::non_const_value_type, float>::value,
+                "KokkosMoE::ep_dispatch: the FP8 rows' scales must hold float");
+  ep_check_view(fn, "x.scales", x.scales, T, H / kFp8BlockChannels, false);
+  if (!aligned16(x.q.data()))
+    ep_fail(fn, "x.q", Rule::Alignment, "x.q must be 16-byte aligned (codes move 16 channels at a time)");
+  return {Unmanaged2<const Chunk16, Mem>(reinterpret_cast<const Chunk16*>(x.q.data()), x.q.extent(0), H / 16),
+          Unmanaged2<const float, Mem>(x.scales.data(), x.scales.extent(0), x.scales.extent(1))};
+}
+
+template <class XView>
+const char* fp8_x_name(const XView&) {
+  return "x";
+}
+template <class QView, class SView>
+const char* fp8_x_name(const Fp8Rows<QView, SView>&) {
+  return "x.q";
+}
+template <class XView>
+const XView& fp8_x_rows(const XView& x) {
+  return x;
+}
+template <class QView, class SView>
+const QView& fp8_x_rows(const Fp8Rows<QView, SView>& x) {
+  return x.q;
+}
+
+/// ep_dispatch's FP8 forms: x float or bf16 rows (quantized in the pack) or Fp8Rows (sent as they are).
+template <class Exec, class XArg, class WView, class RecvQView, class RecvSView, class RecvWView>
+void dispatch_fp8(const Exec& exec, EpHandleState<Exec>& h, const XArg& x, const WView& w, const RecvQView& recv_q,
+                  const RecvSView& recv_scales, const RecvWView& recv_w, const Fp8QuantizeConfig& config) {
+  constexpr const char* fn = "ep_dispatch";
+  using Mem = typename Exec::memory_space;
+  const auto& xr = fp8_x_rows(x);
+  ep_static_view<Exec, typename std::decay<decltype(xr)>::type, 2>();
+  ep_static_view<Exec, RecvQView, 2>();
+  ep_static_view<Exec, RecvSView, 2>();
+  dispatch_weights_static<Exec, WView, RecvWView>();
+  static_assert(std::is_same<typename RecvQView::value_type, fp8_e4m3_t>::value,
+                "KokkosMoE::ep_dispatch: recv_q must be non-const fp8_e4m3_t");
+  static_assert(std::is_same<typename RecvSView::value_type, float>::value,
+                "KokkosMoE::ep_dispatch: recv_scales must be non-const float");
+  ScopedRegion region("KokkosMoE::ep_dispatch");
+  require_layout(fn, h);
+  const EpShape& s = h.shape;
+  const int H = h.group->config.hidden;
+  if (H % kFp8BlockChannels != 0)
+    ep_fail(fn, fp8_x_name(x), Rule::ShapeMismatch,
+            "FP8 rows need the hidden size (" + std::to_string(H) + ") to be a multiple of " +
+                std::to_string(kFp8BlockChannels) + " (one scale per block)");
+  ep_check_view(fn, fp8_x_name(x), xr, s.T, H, false);
+  fp8_check_config(fn, config);
+  const bool with_w = w.extent(0) > 0 || w.extent(1) > 0;
+  if (with_w) ep_check_view(fn, "topk_w", w, s.T, s.K, false);
+  ep_check_view(fn, "recv_q", recv_q, h.recv_rows, H, true);
+  ep_check_view(fn, "recv_scales", recv_scales, h.recv_rows, H / kFp8BlockChannels, true);
+  if (with_w) ep_check_view(fn, "recv_w", recv_w, h.recv_rows, 1, true);
+  if (!aligned16(recv_q.data()))
+    ep_fail(fn, "recv_q", Rule::Alignment, "recv_q must be 16-byte aligned (codes move 16 channels at a time)");
+  const auto src = fp8_source<Exec>(fn, x, s.T, H, config);
+  EpGroupState<Exec>& g = *h.group;
+  enter_op(fn, g, s);
+  const int units = H / 16, blocks = H / kFp8BlockChannels;
+  const std::size_t scales_off = static_cast<std::size_t>(H);
+  const std::size_t row_bytes = scales_off + static_cast<std::size_t>(blocks) * sizeof(float);
+  const std::size_t pitch = token_pitch(row_bytes, s.K, true);
+  const auto src_w = with_w ? floats2<Mem>(w) : Unmanaged2<const float, Mem>();
+  const auto rw = with_w ? floats1_out<Mem>(recv_w) : Unmanaged1<float, Mem>();
+  const Unmanaged2<Chunk16, Mem> rq(reinterpret_cast<Chunk16*>(recv_q.data()), recv_q.extent(0), units);
+  const Unmanaged2<float, Mem> rs(recv_scales.data(), recv_scales.extent(0), blocks);
+  wire_acquire(exec, fn, g, kRegionFwd);
+  pack_fp8_tokens<Exec>(exec, s, src, units, src_w, h.v, rq, rs, rw, PeerRows<Mem>{g.peers.fwd, h.v.fwd_base, pitch},
+                        scales_off, pad16(row_bytes), "KokkosMoE::ep_dispatch::pack_fp8");
+  wire_move(exec, fn, h, kRegionFwd, pitch);
+  expand_arrivals<Exec, fp8_e4m3_t, Chunk16>(exec, s, h.arrivals, h.recv_rows, LocalRows{g.in_fwd, pitch},
+                                             pad16(row_bytes), h.v, rq, rw, "KokkosMoE::ep_dispatch::expand_fp8");
+  expand_arrivals<Exec, float, float>(exec, s, h.arrivals, h.recv_rows, LocalRows{g.in_fwd + scales_off, pitch}, 0, h.v,
+                                      rs, Unmanaged1<float, Mem>(), "KokkosMoE::ep_dispatch::expand_scales");
+  wire_release(exec, g, kRegionFwd);
   account(exec, h, kOpDispatch, true, pitch, row_bytes);
 }
 

@@ -13,6 +13,8 @@
 // base per peer: the sender's own source stage for the message transports, the peer's window for direct writes. No
 // atomics decide a position, so the layout is deterministic.
 
+#include <KokkosMoE_Fp8Quantize.hpp>
+
 #include <Kokkos_Core.hpp>
 #include <kokkos_ext/KokkosMoE_Float16.hpp>
 
@@ -667,6 +669,36 @@ KOKKOS_INLINE_FUNCTION void token_targets(const Member& m, const EpShape& s, con
   });
 }
 
+/// A pack kernel's team scratch for its token: the targets token_targets builds and the tables behind them.
+template <class Exec>
+struct PackScratch {
+  using SPtr = Kokkos::View<std::uintptr_t*, typename Exec::scratch_memory_space, Kokkos::MemoryUnmanaged>;
+  using SInt = Kokkos::View<int*, typename Exec::scratch_memory_space, Kokkos::MemoryUnmanaged>;
+  using SFlt = Kokkos::View<float*, typename Exec::scratch_memory_space, Kokkos::MemoryUnmanaged>;
+  SPtr ptr, raddr;
+  SInt lrow;
+  SFlt lcoef;
+  SInt slots;
+  static std::size_t shmem(const EpShape& s) {
+    return SPtr::shmem_size(s.K) + SPtr::shmem_size(s.R) + SInt::shmem_size(s.K + 2) + SFlt::shmem_size(s.K) +
+           SInt::shmem_size(2 * s.K);
+  }
+  template <class Member>
+  KOKKOS_INLINE_FUNCTION PackScratch(const Member& m, const EpShape& s)
+      : ptr(m.team_scratch(0), s.K),
+        raddr(m.team_scratch(0), s.R),
+        lrow(m.team_scratch(0), s.K + 2),
+        lcoef(m.team_scratch(0), s.K),
+        slots(m.team_scratch(0), 2 * s.K) {}
+  /// Token t's targets (token_targets), then a barrier: lrow(K) local rows, lrow(K + 1) remote ranks.
+  template <class Mem, class Member>
+  KOKKOS_INLINE_FUNCTION void targets(const Member& m, const EpShape& s, const EpLayoutViews<Mem>& v, int t,
+                                      const Unmanaged2<const float, Mem>& w, const PeerRows<Mem>& dst) const {
+    token_targets<Mem>(m, s, v, t, w, dst, ptr, raddr, lrow, lcoef, slots, &lrow(s.K));
+    m.team_barrier();
+  }
+};
+
 /// Forward direction, source side (dispatch, combine backward): token t's row is read once and written to the
 /// receive row of each kept local slot (times its coefficient w(t,k) when \p scale_local) and once to every remote
 /// rank it reaches, with a trailer of its K floats w(t,k) when \p trailer_off > 0. The local slots' floats go to
@@ -681,25 +713,19 @@ void pack_tokens(const Exec& exec, const EpShape s, const Unmanaged2<const Unit,
   using Mem = typename Exec::memory_space;
   using Team = typename Kokkos::TeamPolicy<Exec>::member_type;
   using Ops = UnitOps<Scalar, Unit>;
-  using SPtr = Kokkos::View<std::uintptr_t*, typename Exec::scratch_memory_space, Kokkos::MemoryUnmanaged>;
-  using SInt = Kokkos::View<int*, typename Exec::scratch_memory_space, Kokkos::MemoryUnmanaged>;
-  using SFlt = Kokkos::View<float*, typename Exec::scratch_memory_space, Kokkos::MemoryUnmanaged>;
   if (s.T == 0) return;
   const int units = static_cast<int>(src.extent(1));
   const bool with_f = local_f.extent(0) > 0, with_w = w.extent(0) > 0;
-  const std::size_t shmem = SPtr::shmem_size(s.K) + SPtr::shmem_size(s.R) + SInt::shmem_size(s.K + 2) +
-                            SFlt::shmem_size(s.K) + SInt::shmem_size(2 * s.K);
   Kokkos::TeamPolicy<Exec> policy(exec, s.T, Kokkos::AUTO);
   Kokkos::parallel_for(
-      label, light(policy.set_scratch_size(0, Kokkos::PerTeam(shmem))), KOKKOS_LAMBDA(const Team& m) {
+      label, light(policy.set_scratch_size(0, Kokkos::PerTeam(PackScratch<Exec>::shmem(s)))),
+      KOKKOS_LAMBDA(const Team& m) {
         const int t = m.league_rank();
-        SPtr ptr(m.team_scratch(0), s.K);
-        SPtr raddr(m.team_scratch(0), s.R);
-        SInt lrow(m.team_scratch(0), s.K + 2);
-        SFlt lcoef(m.team_scratch(0), s.K);
-        SInt slots(m.team_scratch(0), 2 * s.K);
-        token_targets<Mem>(m, s, v, t, w, dst, ptr, raddr, lrow, lcoef, slots, &lrow(s.K));
-        m.team_barrier();
+        const PackScratch<Exec> p(m, s);
+        p.template targets<Mem>(m, s, v, t, w, dst);
+        const auto& ptr = p.ptr;
+        const auto& lrow = p.lrow;
+        const auto& lcoef = p.lcoef;
         const int nl = write_local ? lrow(s.K) : 0, nr = lrow(s.K + 1);
         team_unit_batches(m, units, [&](int b, int nb) {
           Unit val[kUnitBatch];
@@ -750,6 +776,122 @@ void pack_weights(const Exec& exec, const EpShape s, const Unmanaged2<const floa
         if (r == s.me || p < 0) return;
         float* out = dst.template at<float>(r, p);
         for (int k = 0; k < s.K; ++k) out[k] = w(t, k);
+      });
+}
+
+// ----- FP8 rows (docs/ep.md §3.5) ----------------------------------------------------------------------------------
+// On the wire an FP8 token row is its H bytes of E4M3 codes, then its H / 128 FP32 scales, then the trailer. Codes
+// move in Chunk16 units of 16 channels; a block of 128 channels is 8 units.
+
+constexpr int kFp8UnitsPerBlock = kFp8BlockChannels / 16;
+
+/// FP8 rows quantized in the pack from float or bf16 rows x [T, H] (the rules of quantize_fp8_rows).
+template <class Scalar, class Mem>
+struct QuantizingRows {
+  static constexpr bool quantizes = true;
+  Unmanaged2<const Scalar, Mem> x;
+  float min_amax = 0.0f;
+  bool ue8m0 = false;
+  /// The largest finite |x| of channels [16 u, 16 u + 16) of row t.
+  KOKKOS_INLINE_FUNCTION float amax16(int t, int u) const {
+    float a = 0.0f;
+    for (int c = 16 * u; c < 16 * u + 16; ++c) {
+      const float v = to_float(x(t, c));
+      const float av = fp8_finite(v) ? (v < 0.0f ? -v : v) : 0.0f;
+      a = av > a ? av : a;
+    }
+    return a;
+  }
+  KOKKOS_INLINE_FUNCTION float scale(int, int, float amax) const { return fp8_block_scale(amax, min_amax, ue8m0); }
+  /// The codes of channels [16 u, 16 u + 16) of row t, little-endian in four words.
+  KOKKOS_INLINE_FUNCTION Chunk16 unit(int t, int u, float scale) const {
+    Chunk16 out;
+    for (int i = 0; i < 4; ++i) {
+      std::uint32_t word = 0;
+      for (int j = 0; j < 4; ++j) {
+        const std::uint32_t b = float_to_e4m3_bits(to_float(x(t, 16 * u + 4 * i + j)) / scale);
+        word |= b << (8 * j);
+      }
+      out.v[i] = word;
+    }
+    return out;
+  }
+};
+
+/// FP8 rows the caller quantized: codes [T, H / 16] in units, scales [T, H / 128].
+template <class Mem>
+struct QuantizedRows {
+  static constexpr bool quantizes = false;
+  Unmanaged2<const Chunk16, Mem> q;
+  Unmanaged2<const float, Mem> scales;
+  KOKKOS_INLINE_FUNCTION float amax16(int, int) const { return 0.0f; }
+  KOKKOS_INLINE_FUNCTION float scale(int t, int b, float) const { return scales(t, b); }
+  KOKKOS_INLINE_FUNCTION Chunk16 unit(int t, int u, float) const { return q(t, u); }
+};
+
+/// Forward direction, source side, FP8 rows: each token's codes and scales (quantized here from \p src when it
+/// quantizes) go once to every remote rank its kept slots reach, at scales_off and the K weights at trailer_off of the
+/// wire row, and to the receive rows of its local slots (local_q, local_s; local_f = the slot's weight or 1).
+template <class Exec, class Src>
+void pack_fp8_tokens(const Exec& exec, const EpShape s, const Src& src, int units,
+                     const Unmanaged2<const float, typename Exec::memory_space>& w,
+                     const EpLayoutViews<typename Exec::memory_space>& v,
+                     const Unmanaged2<Chunk16, typename Exec::memory_space>& local_q,
+                     const Unmanaged2<float, typename Exec::memory_space>& local_s,
+                     const Unmanaged1<float, typename Exec::memory_space>& local_f,
+                     const PeerRows<typename Exec::memory_space>& dst, std::size_t scales_off, std::size_t trailer_off,
+                     const char* label) {
+  using Mem = typename Exec::memory_space;
+  using Team = typename Kokkos::TeamPolicy<Exec>::member_type;
+  using SFlt = Kokkos::View<float*, typename Exec::scratch_memory_space, Kokkos::MemoryUnmanaged>;
+  if (s.T == 0) return;
+  const int blocks = units / kFp8UnitsPerBlock;
+  const bool with_f = local_f.extent(0) > 0, with_w = w.extent(0) > 0;
+  const std::size_t shmem =
+      PackScratch<Exec>::shmem(s) + SFlt::shmem_size(Src::quantizes ? units : 0) + SFlt::shmem_size(blocks);
+  Kokkos::TeamPolicy<Exec> policy(exec, s.T, Kokkos::AUTO);
+  Kokkos::parallel_for(
+      label, light(policy.set_scratch_size(0, Kokkos::PerTeam(shmem))), KOKKOS_LAMBDA(const Team& m) {
+        const int t = m.league_rank();
+        const PackScratch<Exec> p(m, s);
+        SFlt amax(m.team_scratch(0), Src::quantizes ? units : 0);
+        SFlt scale(m.team_scratch(0), blocks);
+        p.template targets<Mem>(m, s, v, t, w, dst);
+        const auto& ptr = p.ptr;
+        const auto& lrow = p.lrow;
+        const auto& lcoef = p.lcoef;
+        if (Src::quantizes) {
+          // Per 16 channels, then per block (a maximum: the same in any order).
+          Kokkos::parallel_for(Kokkos::TeamThreadRange(m, units), [&](int u) { amax(u) = src.amax16(t, u); });
+          m.team_barrier();
+        }
+        Kokkos::parallel_for(Kokkos::TeamThreadRange(m, blocks), [&](int b) {
+          float a = 0.0f;
+          if (Src::quantizes)
+            for (int j = 0; j < kFp8UnitsPerBlock; ++j)
+              a = amax(b * kFp8UnitsPerBlock + j) > a ? amax(b * kFp8UnitsPerBlock + j) : a;
+          scale(b) = src.scale(t, b, a);
+        });
+        m.team_barrier();
+        const int nl = lrow(s.K), nr = lrow(s.K + 1);
+        Kokkos::parallel_for(Kokkos::TeamThreadRange(m, units), [&](int u) {
+          const Chunk16 val = src.unit(t, u, scale(u / kFp8UnitsPerBlock));
+          for (int i = 0; i < nl; ++i) local_q(lrow(i), u) = val;
+          for (int i = 0; i < nr; ++i) reinterpret_cast<Chunk16*>(ptr(i))[u] = val;
+        });
+        Kokkos::parallel_for(Kokkos::TeamThreadRange(m, (nl + nr) * blocks), [&](int j) {
+          const int i = j / blocks, b = j % blocks;
+          if (i < nl) {
+            local_s(lrow(i), b) = scale(b);
+          } else {
+            reinterpret_cast<float*>(ptr(i - nl) + scales_off)[b] = scale(b);
+          }
+        });
+        Kokkos::parallel_for(Kokkos::TeamThreadRange(m, nr * s.K), [&](int j) {
+          const int k = j % s.K;
+          reinterpret_cast<float*>(ptr(j / s.K) + trailer_off)[k] = with_w ? w(t, k) : 0.0f;
+        });
+        if (with_f) Kokkos::parallel_for(Kokkos::TeamThreadRange(m, nl), [&](int i) { local_f(lrow(i)) = lcoef(i); });
       });
 }
 
