@@ -48,6 +48,12 @@ if [ "$phase" = tests ] || [ "$phase" = all ]; then
   (cd "$bin" && timeout 120 ./kokkosmoe-ep --transport loopback --ranks 8 --tokens 4096 --iters 3 2>&1 | tee -a "$out/ep.txt")
   (cd "$bin" && timeout 120 ./kokkosmoe-ep --transport loopback --ranks 8 --tokens 4096 --iters 3 --capacity 50000 2>&1 \
     | tee -a "$out/ep.txt")
+  step "main job with FP8 dispatch: one rank over NCCL, then loopback at 8 ranks (eager, then capacity)"
+  timeout 120 "${mpi1[@]}" "$bin/kokkosmoe-ep" --tokens 4096 --iters 3 --fp8 2>&1 | tee -a "$out/ep.txt"
+  (cd "$bin" && timeout 120 ./kokkosmoe-ep --transport loopback --ranks 8 --tokens 4096 --iters 3 --fp8 2>&1 \
+    | tee -a "$out/ep.txt")
+  (cd "$bin" && timeout 120 ./kokkosmoe-ep --transport loopback --ranks 8 --tokens 4096 --iters 3 --fp8 \
+    --capacity 50000 2>&1 | tee -a "$out/ep.txt")
 fi
 
 if [ "$phase" = sanitize ] || [ "$phase" = all ]; then

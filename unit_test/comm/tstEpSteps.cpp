@@ -57,6 +57,59 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(step_matches_oracle, DeviceType, KOKKOSMOE_DEVICE_
   check_step<Exec, float>(fixed, Routing::AllToOneExpert, CombineMode::Sum, 303, true, "fixed layout");
 }
 
+BOOST_AUTO_TEST_CASE_TEMPLATE(fp8_bad_input_is_typed, DeviceType, KOKKOSMOE_DEVICE_TYPES) {
+  // Every rank passes the same bad FP8 argument: each throws InvalidArgument naming it before communicating, and the
+  // handle still serves a good dispatch afterwards (no rank was left waiting).
+  using Exec = typename DeviceType::execution_space;
+  using Mem = typename Exec::memory_space;
+  Exec exec;
+  const Communicator& comm = ep_comm<Exec>();
+  auto c = default_config(comm.size());
+  c.hidden = 128;
+  const auto in = group_inputs(c, Routing::Uniform, 77, false, false);
+  EpGroup<Exec> group(exec, comm, c);
+  auto handle = group.make_handle();
+  StepViews<Exec, float> sv(exec, c, in[comm.rank()]);
+  ep_layout(exec, handle, sv.idx);
+  const int N = handle.num_recv_rows(), T = in[comm.rank()].T;
+  Kokkos::View<fp8_e4m3_t**, Kokkos::LayoutRight, Mem> q("q", N, 128), xq("xq", T, 128);
+  Kokkos::View<float**, Kokkos::LayoutRight, Mem> sc("sc", N, 1), bad_sc("bad_sc", N, 2), xs("xs", T, 1);
+  Kokkos::View<float*, Mem> rw("rw", N);
+  auto thrown = [&](auto&& f) -> std::string {
+    try {
+      f();
+    } catch (const InvalidArgument& e) {
+      return e.parameter() + " " + rule_name(e.rule());
+    }
+    return "nothing";
+  };
+  BOOST_TEST(thrown([&] { ep_dispatch(exec, handle, sv.x, sv.w, fp8_rows(q, bad_sc), rw); }) ==
+             "recv_scales shape_mismatch");
+  BOOST_TEST(thrown([&] { ep_dispatch(exec, handle, fp8_rows(xq, bad_sc), sv.w, fp8_rows(q, sc), rw); }) ==
+             "x.scales shape_mismatch");
+  Fp8QuantizeConfig bad;
+  bad.min_amax = 0.0f;
+  BOOST_TEST(thrown([&] { ep_dispatch(exec, handle, sv.x, sv.w, fp8_rows(q, sc), rw, bad); }) ==
+             "config.min_amax config_value");
+  Kokkos::View<fp8_e4m3_t*, Mem> flat("flat", static_cast<std::size_t>(N + 1) * 128);
+  Kokkos::View<fp8_e4m3_t**, Kokkos::LayoutRight, Mem, Kokkos::MemoryTraits<Kokkos::Unmanaged>> odd(flat.data() + 1, N,
+                                                                                                    128);
+  BOOST_TEST(thrown([&] { ep_dispatch(exec, handle, sv.x, sv.w, fp8_rows(odd, sc), rw); }) == "recv_q alignment");
+  ep_dispatch(exec, handle, sv.x, sv.w, fp8_rows(q, sc), rw);
+  BOOST_TEST(ep_synchronize(exec, handle).dropped_slots == 0);
+  // A hidden size that is not a multiple of 128: the group's, so on every rank.
+  auto c32 = default_config(comm.size());
+  EpGroup<Exec> group32(exec, comm, c32);
+  auto h32 = group32.make_handle();
+  StepViews<Exec, float> sv32(exec, c32, group_inputs(c32, Routing::Uniform, 78, false, false)[comm.rank()]);
+  ep_layout(exec, h32, sv32.idx);
+  Kokkos::View<fp8_e4m3_t**, Kokkos::LayoutRight, Mem> q32("q32", h32.num_recv_rows(), 32);
+  Kokkos::View<float**, Kokkos::LayoutRight, Mem> s32("s32", h32.num_recv_rows(), 0);
+  Kokkos::View<float*, Mem> rw32("rw32", h32.num_recv_rows());
+  BOOST_TEST(thrown([&] { ep_dispatch(exec, h32, sv32.x, sv32.w, fp8_rows(q32, s32), rw32); }) == "x shape_mismatch");
+  ep_synchronize(exec, h32);
+}
+
 BOOST_AUTO_TEST_CASE_TEMPLATE(identity_expert_round_trip, DeviceType, KOKKOSMOE_DEVICE_TYPES) {
   using Exec = typename DeviceType::execution_space;
   using Mem = typename Exec::memory_space;
