@@ -943,9 +943,8 @@ void dispatch_fp8(const Exec& exec, EpHandleState<Exec>& h, const XArg& x, const
                         scales_off, pad16(row_bytes), "KokkosMoE::ep_dispatch::pack_fp8");
   wire_move(exec, fn, h, kRegionFwd, pitch);
   expand_arrivals<Exec, fp8_e4m3_t, Chunk16>(exec, s, h.arrivals, h.recv_rows, LocalRows{g.in_fwd, pitch},
-                                             pad16(row_bytes), h.v, rq, rw, "KokkosMoE::ep_dispatch::expand_fp8");
-  expand_arrivals<Exec, float, float>(exec, s, h.arrivals, h.recv_rows, LocalRows{g.in_fwd + scales_off, pitch}, 0, h.v,
-                                      rs, Unmanaged1<float, Mem>(), "KokkosMoE::ep_dispatch::expand_scales");
+                                             pad16(row_bytes), h.v, rq, rw, "KokkosMoE::ep_dispatch::expand_fp8",
+                                             scales_off, rs);
   wire_release(exec, g, kRegionFwd);
   account(exec, h, kOpDispatch, true, pitch, row_bytes);
 }

@@ -697,6 +697,22 @@ struct PackScratch {
     token_targets<Mem>(m, s, v, t, w, dst, ptr, raddr, lrow, lcoef, slots, &lrow(s.K));
     m.team_barrier();
   }
+  /// The weights' side of the pack: the K floats w(t, k) (0 without weights) into the trailer of every remote row
+  /// when trailer_off > 0, and each local slot's coefficient into local_f when it is given.
+  template <class Mem, class Member>
+  KOKKOS_INLINE_FUNCTION void weights(const Member& m, const EpShape& s, int t, const Unmanaged2<const float, Mem>& w,
+                                      std::size_t trailer_off, const Unmanaged1<float, Mem>& local_f, int nl,
+                                      int nr) const {
+    if (trailer_off > 0) {
+      const bool with_w = w.extent(0) > 0;
+      Kokkos::parallel_for(Kokkos::TeamThreadRange(m, nr * s.K), [&](int j) {
+        const int k = j % s.K;
+        reinterpret_cast<float*>(ptr(j / s.K) + trailer_off)[k] = with_w ? w(t, k) : 0.0f;
+      });
+    }
+    if (local_f.extent(0) > 0)
+      Kokkos::parallel_for(Kokkos::TeamThreadRange(m, nl), [&](int i) { local_f(lrow(i)) = lcoef(i); });
+  }
 };
 
 /// Forward direction, source side (dispatch, combine backward): token t's row is read once and written to the
@@ -715,7 +731,6 @@ void pack_tokens(const Exec& exec, const EpShape s, const Unmanaged2<const Unit,
   using Ops = UnitOps<Scalar, Unit>;
   if (s.T == 0) return;
   const int units = static_cast<int>(src.extent(1));
-  const bool with_f = local_f.extent(0) > 0, with_w = w.extent(0) > 0;
   Kokkos::TeamPolicy<Exec> policy(exec, s.T, Kokkos::AUTO);
   Kokkos::parallel_for(
       label, light(policy.set_scratch_size(0, Kokkos::PerTeam(PackScratch<Exec>::shmem(s)))),
@@ -750,13 +765,7 @@ void pack_tokens(const Exec& exec, const EpShape s, const Unmanaged2<const Unit,
               if (b + j * nb < units) out[b + j * nb] = val[j];
           }
         });
-        if (trailer_off > 0) {
-          Kokkos::parallel_for(Kokkos::TeamThreadRange(m, nr * s.K), [&](int j) {
-            const int k = j % s.K;
-            reinterpret_cast<float*>(ptr(j / s.K) + trailer_off)[k] = with_w ? w(t, k) : 0.0f;
-          });
-        }
-        if (with_f) Kokkos::parallel_for(Kokkos::TeamThreadRange(m, nl), [&](int i) { local_f(lrow(i)) = lcoef(i); });
+        p.template weights<Mem>(m, s, t, w, trailer_off, local_f, nl, nr);
       });
 }
 
@@ -846,7 +855,6 @@ void pack_fp8_tokens(const Exec& exec, const EpShape s, const Src& src, int unit
   using SFlt = Kokkos::View<float*, typename Exec::scratch_memory_space, Kokkos::MemoryUnmanaged>;
   if (s.T == 0) return;
   const int blocks = units / kFp8UnitsPerBlock;
-  const bool with_f = local_f.extent(0) > 0, with_w = w.extent(0) > 0;
   const std::size_t shmem =
       PackScratch<Exec>::shmem(s) + SFlt::shmem_size(Src::quantizes ? units : 0) + SFlt::shmem_size(blocks);
   Kokkos::TeamPolicy<Exec> policy(exec, s.T, Kokkos::AUTO);
@@ -887,11 +895,7 @@ void pack_fp8_tokens(const Exec& exec, const EpShape s, const Src& src, int unit
             reinterpret_cast<float*>(ptr(i - nl) + scales_off)[b] = scale(b);
           }
         });
-        Kokkos::parallel_for(Kokkos::TeamThreadRange(m, nr * s.K), [&](int j) {
-          const int k = j % s.K;
-          reinterpret_cast<float*>(ptr(j / s.K) + trailer_off)[k] = with_w ? w(t, k) : 0.0f;
-        });
-        if (with_f) Kokkos::parallel_for(Kokkos::TeamThreadRange(m, nl), [&](int i) { local_f(lrow(i)) = lcoef(i); });
+        p.template weights<Mem>(m, s, t, w, trailer_off, local_f, nl, nr);
       });
 }
 
@@ -941,15 +945,17 @@ constexpr int kZeroRows = 64;
 /// receive rows no slot feeds inside the experts' slabs (alignment padding, drops) are zeroed, rows and dst_f alike.
 /// Rows past off(L) (capacity mode's unused tail, owned by no expert) are not written. Local rows were written by the
 /// pack. One launch: the arrival_teams walk the arrivals, the kZeroRows-row groups of the receive rows follow.
+/// \p side (FP8 rows: the scales) gets side.extent(1) floats from side_off of the arrived row, per row as dst.
 template <class Exec, class Scalar, class Unit>
 void expand_arrivals(const Exec& exec, const EpShape s, std::int64_t arrivals, int recv_rows, const LocalRows in,
                      std::size_t trailer_off, const EpLayoutViews<typename Exec::memory_space>& v,
                      const Unmanaged2<Unit, typename Exec::memory_space>& dst,
-                     const Unmanaged1<float, typename Exec::memory_space>& dst_f, const char* label) {
+                     const Unmanaged1<float, typename Exec::memory_space>& dst_f, const char* label,
+                     std::size_t side_off = 0, const Unmanaged2<float, typename Exec::memory_space>& side = {}) {
   using Team = typename Kokkos::TeamPolicy<Exec>::member_type;
   using SInt = Kokkos::View<int*, typename Exec::scratch_memory_space, Kokkos::MemoryUnmanaged>;
   if (recv_rows == 0) return;
-  const int units = static_cast<int>(dst.extent(1));
+  const int units = static_cast<int>(dst.extent(1)), sides = static_cast<int>(side.extent(1));
   const bool with_f = dst_f.extent(0) > 0;
   auto recv_src = v.recv_src;
   auto recv_expert = v.recv_expert;
@@ -987,6 +993,8 @@ void expand_arrivals(const Exec& exec, const EpShape s, std::int64_t arrivals, i
           for (int d = 0; d < n; ++d)
             Kokkos::parallel_for(Kokkos::TeamThreadRange(m, units), [&](int u) { dst(rows(d), u) = Unit{}; });
           if (with_f) Kokkos::parallel_for(Kokkos::TeamThreadRange(m, n), [&](int d) { dst_f(rows(d)) = 0.0f; });
+          Kokkos::parallel_for(Kokkos::TeamThreadRange(m, n * sides),
+                               [&](int j) { side(rows(j / sides), j % sides) = 0.0f; });
           return;
         }
         const std::int64_t walked = arrivals_walked(m, s, arrivals, arrive_count, pre);
@@ -1024,6 +1032,9 @@ void expand_arrivals(const Exec& exec, const EpShape s, std::int64_t arrivals, i
                 if (q >= 0) dst_f(q) = f != nullptr ? f[k] : 1.0f;
               });
             }
+            const float* sv = reinterpret_cast<const float*>(row + side_off);
+            Kokkos::parallel_for(Kokkos::TeamThreadRange(m, n * sides),
+                                 [&](int j) { side(rows(j / sides), j % sides) = sv[j % sides]; });
           }
           if (c + walkers < walked) m.team_barrier();  // the next arrival's tables overwrite these
         }
