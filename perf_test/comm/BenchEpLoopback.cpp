@@ -79,6 +79,7 @@ struct Rank {
   Kokkos::View<fp8_e4m3_t**, Kokkos::LayoutRight, Mem> recv_q;
   Kokkos::View<float**, Kokkos::LayoutRight, Mem> recv_scales;
   double move_rows = 0;     // rows this rank's dispatch (or combine) must read and write
+  double move_dots = 0;     // rows the Weighted combine backward must read and write: move_rows and every slot's out
   double move_fp8 = 0;      // bytes the FP8 dispatch must read and write (bf16 rows in, FP8 rows out)
   double remote_slots = 0;  // kept slots whose expert is on another rank (what one row per slot would send)
   double planner_rows = 0;  // make_plan's model: tokens times the expected number of other ranks a token reaches
@@ -140,6 +141,7 @@ struct Rank {
     // Read each token, write each local slot row, write each remote token row into the peer's window; the peer reads
     // it and writes its remote slot rows (the combine mirrors it). Over all ranks, rows sent = rows arrived.
     move_rows = T + local + 2.0 * sent + (recv - local);
+    move_dots = move_rows + recv;
     move_fp8 = T * H * sizeof(Row) + (local + 2.0 * sent + (recv - local)) * (H + H / 32);
     meet.wait();
     recv_x = decltype(recv_x)("recv_x", N, H);
@@ -150,6 +152,12 @@ struct Rank {
     recv_w = decltype(recv_w)("recv_w", N);
     Kokkos::fence();
     meet.wait();
+  }
+
+  /// The bytes op must read and write on this rank (docs/ep.md §9).
+  double move_bytes(LOp op) const {
+    if (op == LOp::DispatchFp8) return move_fp8;
+    return (op == LOp::CombineBackward ? move_dots : move_rows) * 7168 * sizeof(Row);
   }
 
   void run(LOp op) {
@@ -191,7 +199,7 @@ void BM_Loopback(benchmark::State& state, LOp op, int R, int T, bool capacity, P
       peers.emplace_back([&, r] {
         try {
           Rank rank(Exec(streams[r]), comms[r], T, capacity, meet);
-          move[r] = op == LOp::DispatchFp8 ? rank.move_fp8 : rank.move_rows * 7168 * sizeof(Row);
+          move[r] = rank.move_bytes(op);
           for (int i = 0; i < 2 * kIters + kIters; ++i) rank.run(op);  // rank 0's timed loop, device time, warm-up
           ep_synchronize(rank.exec, *rank.handle);
           meet.wait();
@@ -201,7 +209,7 @@ void BM_Loopback(benchmark::State& state, LOp op, int R, int T, bool capacity, P
       });
     try {
       Rank rank(Exec(streams[0]), comms[0], T, capacity, meet);
-      move[0] = op == LOp::DispatchFp8 ? rank.move_fp8 : rank.move_rows * 7168 * sizeof(Row);
+      move[0] = rank.move_bytes(op);
       remote_slots = rank.remote_slots;
       planner_rows = rank.planner_rows;
       for (int i = 0; i < kIters; ++i) rank.run(op);  // warm-up

@@ -861,7 +861,7 @@ QuantizingRows<typename XView::non_const_value_type, Mem> fp8_source(const char*
   using Scalar = typename XView::non_const_value_type;
   static_assert(is_ep_row_type<Scalar>::value, "KokkosMoE::ep_dispatch: x must hold float or KokkosMoE::bf16_t");
   return {Unmanaged2<const Scalar, Mem>(x.data(), x.extent(0), x.extent(1)), config.min_amax,
-          config.scale_format == Fp8ScaleFormat::Ue8m0};
+          config.scale_format == Fp8ScaleFormat::Ue8m0, aligned16(x.data())};
 }
 
 template <class Exec, class QView, class SView, class Mem = typename Exec::memory_space>
@@ -1066,8 +1066,8 @@ void combine_backward(const Exec& exec, EpHandleState<Exec>& h, CombineMode mode
                                     pad16(row_bytes), "KokkosMoE::ep_combine_backward::pack");
     wire_move(exec, fn, h, kRegionFwd, pitch);
     wire_acquire(exec, fn, g, kRegionRetF);
-    expand_with_dots<Exec, Scalar, Unit>(exec, s, h.recv_rows, LocalRows{g.in_fwd, pitch}, pad16(row_bytes), o, h.v,
-                                         PeerRows<Mem>{g.peers.ret_f, h.v.ret_base, fpitch}, go);
+    expand_with_dots<Exec, Scalar, Unit>(exec, s, h.arrivals, h.recv_rows, LocalRows{g.in_fwd, pitch}, pad16(row_bytes),
+                                         o, h.v, PeerRows<Mem>{g.peers.ret_f, h.v.ret_base, fpitch}, go);
     wire_move(exec, fn, h, kRegionRetF, fpitch);
     wire_release(exec, g, kRegionFwd);
     scatter_dots<Exec>(exec, s, LocalRows{g.in_ret_f, fpitch}, h.v, floats2_out<Mem>(grad_w));

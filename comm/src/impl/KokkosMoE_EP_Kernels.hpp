@@ -602,31 +602,83 @@ KOKKOS_INLINE_FUNCTION void team_unit_batches(const Member& m, int units, const 
 /// that builds the token's tables next reads shared memory instead of issuing K dependent global loads in turn.
 template <class Member, class F>
 KOKKOS_INLINE_FUNCTION void team_prefetch(const Member& m, int K, const F& f) {
-  Kokkos::parallel_for(Kokkos::TeamThreadRange(m, K), f);
+  // One lane per thread writes (the FP8 pack runs vectors of lanes).
+  Kokkos::parallel_for(Kokkos::TeamThreadRange(m, K),
+                       [&](int j) { Kokkos::single(Kokkos::PerThread(m), [&]() { f(j); }); });
   m.team_barrier();
 }
 
-/// Combine backward, Weighted, one slot: dst(rd, :) = c * g(rg, :) and the FP32 dot(g(rg, :), out(ro, :)), in one
-/// pass over the units (a team reduction in a fixed order). Both the source and the expert side use it.
-template <class Scalar, class Unit, class Member, class G, class O, class D>
-KOKKOS_INLINE_FUNCTION float scale_and_dot(const Member& m, int units, float c, const G& g, int rg, const O& out,
-                                           int ro, const D& dst, int rd) {
+/// Slots whose dot products one team reduction forms in the Weighted combine backward: a token's kept slots on one
+/// rank beyond it take another pass over its row (DeepSeek-V3 has 8 slots per token).
+constexpr int kDotSlots = 8;
+
+/// The FP32 dot products of up to kDotSlots slots: the value of one team reduction.
+struct SlotDots {
+  float v[kDotSlots];
+  KOKKOS_INLINE_FUNCTION SlotDots() {
+    for (int i = 0; i < kDotSlots; ++i) v[i] = 0.0f;
+  }
+  KOKKOS_INLINE_FUNCTION SlotDots& operator+=(const SlotDots& o) {
+    for (int i = 0; i < kDotSlots; ++i) v[i] += o.v[i];
+    return *this;
+  }
+  // Kokkos 3's reducers join through volatile references.
+  KOKKOS_INLINE_FUNCTION void operator+=(const volatile SlotDots& o) volatile {
+    for (int i = 0; i < kDotSlots; ++i) v[i] += o.v[i];
+  }
+};
+
+}  // namespace Impl
+}  // namespace KokkosMoE
+
+namespace Kokkos {
+template <>
+struct reduction_identity<KokkosMoE::Impl::SlotDots> {
+  KOKKOS_FORCEINLINE_FUNCTION static KokkosMoE::Impl::SlotDots sum() { return KokkosMoE::Impl::SlotDots(); }
+};
+}  // namespace Kokkos
+
+namespace KokkosMoE {
+namespace Impl {
+
+/// Combine backward, Weighted, one token row g and its n kept slots on this rank (receive rows rows(d), coefficients
+/// cs(d)): grad_out(rows(d), :) = cs(d) * g and put(d, FP32 dot(g, out(rows(d), :))). The row is read once per
+/// kDotSlots slots, their expert outputs in one round of loads per unit (the stores may alias them, so the compiler
+/// would not hoist the loads); the dots of a pass are one team reduction (a fixed tree of the team). Both the source
+/// and the expert side use it.
+template <class Scalar, class Unit, class Member, class Rows, class Coefs, class O, class D, class Put>
+KOKKOS_INLINE_FUNCTION void scale_and_dots(const Member& m, int units, const Unit* g, int n, const Rows& rows,
+                                           const Coefs& cs, const O& out, const D& grad_out, const Put& put) {
   using Ops = UnitOps<Scalar, Unit>;
-  float sum = 0.0f;
-  Kokkos::parallel_reduce(
-      Kokkos::TeamThreadRange(m, units),
-      [&](int u, float& part) {
-        float x[Ops::n], z[Ops::n], y[Ops::n];
-        Ops::load(g(rg, u), x);
-        Ops::load(out(ro, u), z);
-        for (int i = 0; i < Ops::n; ++i) {
-          part += x[i] * z[i];
-          y[i] = c * x[i];
-        }
-        Ops::store(y, dst(rd, u));
-      },
-      sum);
-  return sum;
+  for (int d0 = 0; d0 < n; d0 += kDotSlots) {
+    const int nd = n - d0 < kDotSlots ? n - d0 : kDotSlots;
+    SlotDots dots;
+    Kokkos::parallel_reduce(
+        Kokkos::TeamThreadRange(m, units),
+        [&](int u, SlotDots& part) {
+          Unit raw[kDotSlots];
+          const Unit gu = g[u];
+          for (int d = 0; d < kDotSlots; ++d)
+            if (d < nd) raw[d] = out(rows(d0 + d), u);
+          float x[Ops::n];
+          Ops::load(gu, x);
+          for (int d = 0; d < kDotSlots; ++d) {
+            if (d >= nd) break;
+            float z[Ops::n], y[Ops::n];
+            Ops::load(raw[d], z);
+            const float c = cs(d0 + d);
+            for (int i = 0; i < Ops::n; ++i) {
+              part.v[d] += x[i] * z[i];
+              y[i] = c * x[i];
+            }
+            Ops::store(y, grad_out(rows(d0 + d), u));
+          }
+        },
+        dots);
+    Kokkos::single(Kokkos::PerTeam(m), [&]() {
+      for (int d = 0; d < nd; ++d) put(d0 + d, dots.v[d]);
+    });
+  }
 }
 
 /// The targets of token t's row, built in scratch: its kept local slots (receive row, coefficient) and one address
@@ -707,11 +759,14 @@ struct PackScratch {
       const bool with_w = w.extent(0) > 0;
       Kokkos::parallel_for(Kokkos::TeamThreadRange(m, nr * s.K), [&](int j) {
         const int k = j % s.K;
-        reinterpret_cast<float*>(ptr(j / s.K) + trailer_off)[k] = with_w ? w(t, k) : 0.0f;
+        Kokkos::single(Kokkos::PerThread(m),
+                       [&]() { reinterpret_cast<float*>(ptr(j / s.K) + trailer_off)[k] = with_w ? w(t, k) : 0.0f; });
       });
     }
     if (local_f.extent(0) > 0)
-      Kokkos::parallel_for(Kokkos::TeamThreadRange(m, nl), [&](int i) { local_f(lrow(i)) = lcoef(i); });
+      Kokkos::parallel_for(Kokkos::TeamThreadRange(m, nl), [&](int i) {
+        Kokkos::single(Kokkos::PerThread(m), [&]() { local_f(lrow(i)) = lcoef(i); });
+      });
   }
 };
 
@@ -794,19 +849,35 @@ void pack_weights(const Exec& exec, const EpShape s, const Unmanaged2<const floa
 
 constexpr int kFp8UnitsPerBlock = kFp8BlockChannels / 16;
 
-/// FP8 rows quantized in the pack from float or bf16 rows x [T, H] (the rules of quantize_fp8_rows).
+/// FP8 rows quantized in the pack from float or bf16 rows x [T, H] (the rules of quantize_fp8_rows). Where x is
+/// 16-byte aligned (\p vec; H is a multiple of 128, so every row is) 16 channels arrive in 16-byte loads, not one
+/// element at a time: element loads kept the pack at the L1 pipe's limit, far from DRAM's.
 template <class Scalar, class Mem>
 struct QuantizingRows {
   static constexpr bool quantizes = true;
+  static constexpr int kChunks = 16 * static_cast<int>(sizeof(Scalar)) / 16;  // 16-byte loads per 16 channels
   Unmanaged2<const Scalar, Mem> x;
   float min_amax = 0.0f;
   bool ue8m0 = false;
+  bool vec = false;
+  /// Channels [16 u, 16 u + 16) of row t as floats.
+  KOKKOS_INLINE_FUNCTION void load16(int t, int u, float* f) const {
+    if (vec) {
+      const Chunk16* p = reinterpret_cast<const Chunk16*>(&x(t, 16 * u));
+      Chunk16 raw[kChunks];
+      for (int i = 0; i < kChunks; ++i) raw[i] = p[i];
+      for (int i = 0; i < kChunks; ++i) UnitOps<Scalar, Chunk16>::load(raw[i], f + i * (16 / kChunks));
+    } else {
+      for (int c = 0; c < 16; ++c) f[c] = to_float(x(t, 16 * u + c));
+    }
+  }
   /// The largest finite |x| of channels [16 u, 16 u + 16) of row t.
   KOKKOS_INLINE_FUNCTION float amax16(int t, int u) const {
+    float f[16];
+    load16(t, u, f);
     float a = 0.0f;
-    for (int c = 16 * u; c < 16 * u + 16; ++c) {
-      const float v = to_float(x(t, c));
-      const float av = fp8_finite(v) ? (v < 0.0f ? -v : v) : 0.0f;
+    for (int c = 0; c < 16; ++c) {
+      const float av = fp8_finite(f[c]) ? (f[c] < 0.0f ? -f[c] : f[c]) : 0.0f;
       a = av > a ? av : a;
     }
     return a;
@@ -814,13 +885,13 @@ struct QuantizingRows {
   KOKKOS_INLINE_FUNCTION float scale(int, int, float amax) const { return fp8_block_scale(amax, min_amax, ue8m0); }
   /// The codes of channels [16 u, 16 u + 16) of row t, little-endian in four words.
   KOKKOS_INLINE_FUNCTION Chunk16 unit(int t, int u, float scale) const {
+    float f[16];
+    load16(t, u, f);
     Chunk16 out;
     for (int i = 0; i < 4; ++i) {
       std::uint32_t word = 0;
-      for (int j = 0; j < 4; ++j) {
-        const std::uint32_t b = float_to_e4m3_bits(to_float(x(t, 16 * u + 4 * i + j)) / scale);
-        word |= b << (8 * j);
-      }
+      for (int j = 0; j < 4; ++j)
+        word |= static_cast<std::uint32_t>(float_to_e4m3_bits(f[4 * i + j] / scale)) << (8 * j);
       out.v[i] = word;
     }
     return out;
@@ -852,48 +923,41 @@ void pack_fp8_tokens(const Exec& exec, const EpShape s, const Src& src, int unit
                      const char* label) {
   using Mem = typename Exec::memory_space;
   using Team = typename Kokkos::TeamPolicy<Exec>::member_type;
-  using SFlt = Kokkos::View<float*, typename Exec::scratch_memory_space, Kokkos::MemoryUnmanaged>;
   if (s.T == 0) return;
   const int blocks = units / kFp8UnitsPerBlock;
-  const std::size_t shmem =
-      PackScratch<Exec>::shmem(s) + SFlt::shmem_size(Src::quantizes ? units : 0) + SFlt::shmem_size(blocks);
-  Kokkos::TeamPolicy<Exec> policy(exec, s.T, Kokkos::AUTO);
+  // One vector of kFp8UnitsPerBlock lanes per 128-channel block: a lane's 16 channels, the block's maximum across the
+  // lanes (a maximum: the same in any order), then the lane's codes from its channels again (the loads it just made).
+  Kokkos::TeamPolicy<Exec> policy(exec, s.T, Kokkos::AUTO, kFp8UnitsPerBlock);
   Kokkos::parallel_for(
-      label, light(policy.set_scratch_size(0, Kokkos::PerTeam(shmem))), KOKKOS_LAMBDA(const Team& m) {
+      label, light(policy.set_scratch_size(0, Kokkos::PerTeam(PackScratch<Exec>::shmem(s)))),
+      KOKKOS_LAMBDA(const Team& m) {
         const int t = m.league_rank();
         const PackScratch<Exec> p(m, s);
-        SFlt amax(m.team_scratch(0), Src::quantizes ? units : 0);
-        SFlt scale(m.team_scratch(0), blocks);
         p.template targets<Mem>(m, s, v, t, w, dst);
         const auto& ptr = p.ptr;
         const auto& lrow = p.lrow;
-        const auto& lcoef = p.lcoef;
-        if (Src::quantizes) {
-          // Per 16 channels, then per block (a maximum: the same in any order).
-          Kokkos::parallel_for(Kokkos::TeamThreadRange(m, units), [&](int u) { amax(u) = src.amax16(t, u); });
-          m.team_barrier();
-        }
+        const int nl = lrow(s.K), nr = lrow(s.K + 1);
         Kokkos::parallel_for(Kokkos::TeamThreadRange(m, blocks), [&](int b) {
           float a = 0.0f;
           if (Src::quantizes)
-            for (int j = 0; j < kFp8UnitsPerBlock; ++j)
-              a = amax(b * kFp8UnitsPerBlock + j) > a ? amax(b * kFp8UnitsPerBlock + j) : a;
-          scale(b) = src.scale(t, b, a);
-        });
-        m.team_barrier();
-        const int nl = lrow(s.K), nr = lrow(s.K + 1);
-        Kokkos::parallel_for(Kokkos::TeamThreadRange(m, units), [&](int u) {
-          const Chunk16 val = src.unit(t, u, scale(u / kFp8UnitsPerBlock));
-          for (int i = 0; i < nl; ++i) local_q(lrow(i), u) = val;
-          for (int i = 0; i < nr; ++i) reinterpret_cast<Chunk16*>(ptr(i))[u] = val;
-        });
-        Kokkos::parallel_for(Kokkos::TeamThreadRange(m, (nl + nr) * blocks), [&](int j) {
-          const int i = j / blocks, b = j % blocks;
-          if (i < nl) {
-            local_s(lrow(i), b) = scale(b);
-          } else {
-            reinterpret_cast<float*>(ptr(i - nl) + scales_off)[b] = scale(b);
-          }
+            Kokkos::parallel_reduce(
+                Kokkos::ThreadVectorRange(m, kFp8UnitsPerBlock),
+                [&](int j, float& mx) {
+                  const float aj = src.amax16(t, b * kFp8UnitsPerBlock + j);
+                  mx = aj > mx ? aj : mx;
+                },
+                Kokkos::Max<float>(a));
+          const float scale = src.scale(t, b, a);
+          Kokkos::parallel_for(Kokkos::ThreadVectorRange(m, kFp8UnitsPerBlock), [&](int j) {
+            const int u = b * kFp8UnitsPerBlock + j;
+            const Chunk16 val = src.unit(t, u, scale);
+            for (int i = 0; i < nl; ++i) local_q(lrow(i), u) = val;
+            for (int i = 0; i < nr; ++i) reinterpret_cast<Chunk16*>(ptr(i))[u] = val;
+          });
+          Kokkos::single(Kokkos::PerThread(m), [&]() {
+            for (int i = 0; i < nl; ++i) local_s(lrow(i), b) = scale;
+            for (int i = 0; i < nr; ++i) reinterpret_cast<float*>(ptr(i) + scales_off)[b] = scale;
+          });
         });
         p.template weights<Mem>(m, s, t, w, trailer_off, local_f, nl, nr);
       });
@@ -940,6 +1004,26 @@ KOKKOS_INLINE_FUNCTION std::int64_t arrival_index(const EpShape& s, const Ints& 
 /// that no slot feeds (a team per row would spend a launch slot and a load latency on every fed row).
 constexpr int kZeroRows = 64;
 
+/// A zeroing team's rows: those of [q0, q0 + kZeroRows) that no slot feeds inside the experts' slabs, compacted into
+/// rows (kZeroRows + 1 ints of scratch); returns their number.
+template <class Member, class Ints, class Rows>
+KOKKOS_INLINE_FUNCTION int unfed_rows(const Member& m, const EpShape& s, int q0, int recv_rows, const Ints& recv_src,
+                                      const Ints& recv_expert, const Ints& offsets, const Rows& rows) {
+  Kokkos::parallel_for(Kokkos::TeamThreadRange(m, kZeroRows), [&](int j) {
+    const int q = q0 + j;
+    rows(j) = q < recv_rows && recv_src(q) < 0 && recv_expert(q) < 0 && q < offsets(s.L) ? q : -1;
+  });
+  m.team_barrier();
+  Kokkos::single(Kokkos::PerTeam(m), [&]() {
+    int n = 0;
+    for (int j = 0; j < kZeroRows; ++j)
+      if (rows(j) >= 0) rows(n++) = rows(j);  // n <= j: compacts in place
+    rows(kZeroRows) = n;
+  });
+  m.team_barrier();
+  return rows(kZeroRows);
+}
+
 /// Forward direction, destination side: every arrived token row is read once and written to the receive rows of its
 /// kept slots here (fwd_rows), and dst_f of each such row gets the slot's trailer float (1 without a trailer); the
 /// receive rows no slot feeds inside the experts' slabs (alignment padding, drops) are zeroed, rows and dst_f alike.
@@ -975,21 +1059,8 @@ void expand_arrivals(const Exec& exec, const EpShape s, std::int64_t arrivals, i
         SInt fwd(m.team_scratch(0), s.K);
         SInt pre(m.team_scratch(0), s.R + 1);
         if (m.league_rank() >= walkers) {
-          // Rows [q0, q0 + kZeroRows): the ones no slot feeds, in the slabs, compacted (count last).
-          const int q0 = static_cast<int>(m.league_rank() - walkers) * kZeroRows;
-          Kokkos::parallel_for(Kokkos::TeamThreadRange(m, kZeroRows), [&](int j) {
-            const int q = q0 + j;
-            rows(j) = q < recv_rows && recv_src(q) < 0 && recv_expert(q) < 0 && q < offsets(s.L) ? q : -1;
-          });
-          m.team_barrier();
-          Kokkos::single(Kokkos::PerTeam(m), [&]() {
-            int n = 0;
-            for (int j = 0; j < kZeroRows; ++j)
-              if (rows(j) >= 0) rows(n++) = rows(j);  // n <= j: compacts in place
-            rows(kZeroRows) = n;
-          });
-          m.team_barrier();
-          const int n = rows(kZeroRows);
+          const int n = unfed_rows(m, s, static_cast<int>(m.league_rank() - walkers) * kZeroRows, recv_rows, recv_src,
+                                   recv_expert, offsets, rows);
           for (int d = 0; d < n; ++d)
             Kokkos::parallel_for(Kokkos::TeamThreadRange(m, units), [&](int u) { dst(rows(d), u) = Unit{}; });
           if (with_f) Kokkos::parallel_for(Kokkos::TeamThreadRange(m, n), [&](int d) { dst_f(rows(d)) = 0.0f; });
@@ -1237,15 +1308,8 @@ void reduce_ranks(const Exec& exec, const EpShape s, const Unmanaged2<const Unit
       });
 }
 
-/// One arrived row seen as a 2-D View (the row index is ignored), for scale_and_dot.
-template <class Unit>
-struct ArrivedRow {
-  const Unit* p;
-  KOKKOS_INLINE_FUNCTION const Unit& operator()(int, int u) const { return p[u]; }
-};
-
-/// Combine backward, Weighted, source side: each kept local slot gets grad_out = w * grad_y[t] and
-/// grad_w = dot(grad_y[t], out[row]) here (remote slots are finished on the expert's rank).
+/// Combine backward, Weighted, source side: token t's kept local slots get grad_out = w * grad_y[t] and
+/// grad_w = dot(grad_y[t], out[row]) here, its row read once (remote slots are finished on the expert's rank).
 template <class Exec, class Scalar, class Unit>
 void local_dots(const Exec& exec, const EpShape s, const Unmanaged2<const Unit, typename Exec::memory_space>& grad_y,
                 const Unmanaged2<const float, typename Exec::memory_space>& w,
@@ -1254,60 +1318,118 @@ void local_dots(const Exec& exec, const EpShape s, const Unmanaged2<const Unit, 
                 const Unmanaged2<Unit, typename Exec::memory_space>& grad_out,
                 const Unmanaged2<float, typename Exec::memory_space>& grad_w) {
   using Team = typename Kokkos::TeamPolicy<Exec>::member_type;
-  const std::int64_t slots = static_cast<std::int64_t>(s.T) * s.K;
-  if (slots == 0) return;
+  using SInt = Kokkos::View<int*, typename Exec::scratch_memory_space, Kokkos::MemoryUnmanaged>;
+  using SFlt = Kokkos::View<float*, typename Exec::scratch_memory_space, Kokkos::MemoryUnmanaged>;
+  if (s.T == 0) return;
   const int units = static_cast<int>(grad_y.extent(1));
   auto slot_row = v.slot_row;
   auto slot_rank = v.slot_rank;
+  const std::size_t shmem = 2 * SInt::shmem_size(s.K + 1) + SInt::shmem_size(s.K) + SFlt::shmem_size(s.K);
+  Kokkos::TeamPolicy<Exec> policy(exec, s.T, Kokkos::AUTO);
   Kokkos::parallel_for(
-      "KokkosMoE::ep_combine_backward::local",
-      light(Kokkos::TeamPolicy<Exec>(exec, static_cast<int>(slots), Kokkos::AUTO)), KOKKOS_LAMBDA(const Team& m) {
-        const std::int64_t q = m.league_rank();
-        const int t = static_cast<int>(q / s.K), k = static_cast<int>(q % s.K);
-        const int row = slot_row(q);
-        if (row < 0 || slot_rank(q) != s.me) return;
-        const float d = scale_and_dot<Scalar, Unit>(m, units, w(t, k), grad_y, t, out, row, grad_out, row);
-        Kokkos::single(Kokkos::PerTeam(m), [&]() { grad_w(t, k) = d; });
+      "KokkosMoE::ep_combine_backward::local", light(policy.set_scratch_size(0, Kokkos::PerTeam(shmem))),
+      KOKKOS_LAMBDA(const Team& m) {
+        const int t = m.league_rank();
+        SInt rows(m.team_scratch(0), s.K + 1);
+        SInt ks(m.team_scratch(0), s.K + 1);
+        SInt ranks(m.team_scratch(0), s.K);
+        SFlt cs(m.team_scratch(0), s.K);
+        const std::int64_t q0 = static_cast<std::int64_t>(t) * s.K;
+        team_prefetch(m, s.K, [&](int k) {
+          rows(k) = slot_row(q0 + k);
+          ranks(k) = slot_rank(q0 + k);
+          cs(k) = w(t, k);
+        });
+        Kokkos::single(Kokkos::PerTeam(m), [&]() {
+          int n = 0;
+          for (int k = 0; k < s.K; ++k) {
+            if (rows(k) < 0 || ranks(k) != s.me) continue;
+            rows(n) = rows(k);  // n <= k: compacts in place
+            cs(n) = cs(k);
+            ks(n) = k;
+            ++n;
+          }
+          rows(s.K) = n;
+        });
+        m.team_barrier();
+        scale_and_dots<Scalar, Unit>(m, units, &grad_y(t, 0), rows(s.K), rows, cs, out, grad_out,
+                                     [&](int d, float dot) { grad_w(t, ks(d)) = dot; });
       });
 }
 
-/// Combine backward, Weighted, expert side: receive row q fed by arrival a gets grad_out = w * g (w from the arrived
-/// trailer) and the slot's dot(g, out[q]) goes back to a's source in the float row of the return (K floats per
-/// token); rows without a slot are zeroed up to off(L), as in expand_arrivals.
+/// Combine backward, Weighted, expert side: every arrived row g is read once for the kept slots it feeds here
+/// (fwd_rows); each such receive row q gets grad_out = w * g (w from the arrived trailer), and the slot's
+/// dot(g, out[q]) goes back to the source in the float row of the return (K floats per token). Receive rows no slot
+/// feeds are zeroed up to off(L), as in expand_arrivals; local rows were written by local_dots.
 template <class Exec, class Scalar, class Unit>
-void expand_with_dots(const Exec& exec, const EpShape s, int recv_rows, const LocalRows in, std::size_t trailer_off,
-                      const Unmanaged2<const Unit, typename Exec::memory_space>& out,
+void expand_with_dots(const Exec& exec, const EpShape s, std::int64_t arrivals, int recv_rows, const LocalRows in,
+                      std::size_t trailer_off, const Unmanaged2<const Unit, typename Exec::memory_space>& out,
                       const EpLayoutViews<typename Exec::memory_space>& v,
                       const PeerRows<typename Exec::memory_space>& dots,
                       const Unmanaged2<Unit, typename Exec::memory_space>& grad_out) {
   using Team = typename Kokkos::TeamPolicy<Exec>::member_type;
+  using SInt = Kokkos::View<int*, typename Exec::scratch_memory_space, Kokkos::MemoryUnmanaged>;
+  using SFlt = Kokkos::View<float*, typename Exec::scratch_memory_space, Kokkos::MemoryUnmanaged>;
   if (recv_rows == 0) return;
   const int units = static_cast<int>(grad_out.extent(1));
   auto recv_src = v.recv_src;
-  auto recv_k = v.recv_k;
   auto recv_expert = v.recv_expert;
   auto arrive_rank = v.arrive_rank;
   auto arrive_base = v.arrive_base;
+  auto arrive_count = v.arrive_count;
+  auto fwd_rows = v.fwd_rows;
   auto offsets = v.expert_offsets;
+  const int groups = (recv_rows + kZeroRows - 1) / kZeroRows;
+  const std::int64_t walkers = arrival_teams(s, arrivals);
+  const int teams = static_cast<int>(walkers) + groups;
+  const int rows_len = s.K + 2 > kZeroRows + 1 ? s.K + 2 : kZeroRows + 1;
+  const std::size_t shmem =
+      SInt::shmem_size(rows_len) + 2 * SInt::shmem_size(s.K) + SFlt::shmem_size(s.K) + SInt::shmem_size(s.R + 1);
+  Kokkos::TeamPolicy<Exec> policy(exec, teams, Kokkos::AUTO);
   Kokkos::parallel_for(
-      "KokkosMoE::ep_combine_backward::expert", light(Kokkos::TeamPolicy<Exec>(exec, recv_rows, Kokkos::AUTO)),
+      "KokkosMoE::ep_combine_backward::expert", light(policy.set_scratch_size(0, Kokkos::PerTeam(shmem))),
       KOKKOS_LAMBDA(const Team& m) {
-        const int q = m.league_rank();
-        const int a = recv_src(q);
-        if (a < 0) {
-          if (recv_expert(q) < 0 && q < offsets(s.L))
-            Kokkos::parallel_for(Kokkos::TeamThreadRange(m, units), [&](int u) { grad_out(q, u) = Unit{}; });
+        SInt rows(m.team_scratch(0), rows_len);
+        SInt fwd(m.team_scratch(0), s.K);
+        SInt ks(m.team_scratch(0), s.K);
+        SFlt cs(m.team_scratch(0), s.K);
+        SInt pre(m.team_scratch(0), s.R + 1);
+        if (m.league_rank() >= walkers) {
+          const int n = unfed_rows(m, s, static_cast<int>(m.league_rank() - walkers) * kZeroRows, recv_rows, recv_src,
+                                   recv_expert, offsets, rows);
+          for (int d = 0; d < n; ++d)
+            Kokkos::parallel_for(Kokkos::TeamThreadRange(m, units), [&](int u) { grad_out(rows(d), u) = Unit{}; });
           return;
         }
-        const char* row = in.at<char>(a);
-        const int k = recv_k(q);
-        const float c = reinterpret_cast<const float*>(row + trailer_off)[k];
-        const float d = scale_and_dot<Scalar, Unit>(m, units, c, ArrivedRow<Unit>{reinterpret_cast<const Unit*>(row)},
-                                                    0, out, q, grad_out, q);
-        Kokkos::single(Kokkos::PerTeam(m), [&]() {
-          const int i = arrive_rank(a);
-          dots.template at<float>(i, a - arrive_base(i))[k] = d;
-        });
+        const std::int64_t walked = arrivals_walked(m, s, arrivals, arrive_count, pre);
+        for (std::int64_t c = m.league_rank(); c < walked; c += walkers) {
+          const std::int64_t a = arrival_index(s, pre, c);
+          const char* row = in.at<char>(a);
+          team_prefetch(m, s.K, [&](int k) {
+            fwd(k) = fwd_rows(a * s.K + k);
+            cs(k) = reinterpret_cast<const float*>(row + trailer_off)[k];
+            if (k == 0) rows(s.K + 1) = arrive_rank(a);
+          });
+          const int i = rows(s.K + 1);
+          if (i >= 0) {
+            Kokkos::single(Kokkos::PerTeam(m), [&]() {
+              int n = 0;
+              for (int k = 0; k < s.K; ++k) {
+                if (fwd(k) < 0) continue;
+                rows(n) = fwd(k);
+                cs(n) = cs(k);  // n <= k: compacts in place
+                ks(n) = k;
+                ++n;
+              }
+              rows(s.K) = n;
+            });
+            m.team_barrier();
+            float* back = dots.template at<float>(i, static_cast<int>(a - arrive_base(i)));
+            scale_and_dots<Scalar, Unit>(m, units, reinterpret_cast<const Unit*>(row), rows(s.K), rows, cs, out,
+                                         grad_out, [&](int d, float dot) { back[ks(d)] = dot; });
+          }
+          if (c + walkers < walked) m.team_barrier();  // the next arrival's tables overwrite these
+        }
       });
 }
 
