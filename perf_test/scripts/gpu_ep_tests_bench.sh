@@ -83,7 +83,7 @@ if [ "$phase" = sanitize-loopback ] || [ "$phase" = all ]; then
   done
   # At R = 8 the tool, tracking every kernel, reports "failed to track a kernel launch" (eight host threads launching
   # at once; at R = 3 it did once too), so there it checks one group of the row kernels per run.
-  for spec in 2 4 8:pack_tokens 8:expand_arrivals 8:reduce_; do
+  for spec in 2 4 8:pack_tokens 8:pack_fp8_tokens 8:expand_arrivals 8:reduce_ 8:_dots; do
     R=${spec%%:*}; flt=(); name=R$R
     if [ "$spec" != "$R" ]; then flt=(--kernel-name "kns=${spec#*:}"); name=R$R-${spec#*:}; fi
     step "compute-sanitizer racecheck over the loopback steps at R = $R (${flt[*]:-every kernel})"
