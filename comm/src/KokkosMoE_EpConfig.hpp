@@ -36,6 +36,11 @@ struct EpGroupConfig {
   int expert_alignment = 1;          ///< A, rows per expert slab are padded to a multiple of it (ExpertMajor)
   bool drop_on_overflow = false;     ///< capacity mode: drop slots past the capacity instead of failing
   RecvLayout layout = RecvLayout::ExpertMajor;
+  /// The SM cap (docs/ep.md §13): every EP kernel of the group runs at most this many teams, so on Cuda it occupies
+  /// at most this many streaming multiprocessors and leaves the others to concurrent compute; on a host space, at
+  /// most this many threads. In [1, the execution space's count] (SMs of the device, or concurrency()); -1: no cap.
+  /// A per-rank resource setting: the ranks may pass different caps.
+  int max_sms = -1;
 };
 
 /// \brief Options of one layer's handle.

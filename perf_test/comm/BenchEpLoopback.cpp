@@ -84,7 +84,7 @@ struct Rank {
   double remote_slots = 0;  // kept slots whose expert is on another rank (what one row per slot would send)
   double planner_rows = 0;  // make_plan's model: tokens times the expected number of other ranks a token reaches
 
-  Rank(const Exec& e, const Communicator& comm, int T, bool capacity, Meeting& meet) : exec(e) {
+  Rank(const Exec& e, const Communicator& comm, int T, bool capacity, int max_sms, Meeting& meet) : exec(e) {
     const RouterPreset preset = router_preset("deepseek-v3");
     const int E = preset.num_experts, K = preset.config.topk, H = 7168, R = comm.size(), me = comm.rank();
     cfg.ep_size = R;
@@ -95,6 +95,7 @@ struct Rank {
     // Capacity: 1.5x the even share of slots per rank, drops allowed (the router's load is near even).
     cfg.max_recv_tokens_per_rank = capacity ? T * K * 3 / 2 : 0;
     cfg.drop_on_overflow = capacity;
+    cfg.max_sms = max_sms;
     Kokkos::View<float**, Kokkos::LayoutRight, Mem> logits("logits", T, E);
     Kokkos::View<float*, Mem> bias("bias", E);
     fill_normal(logits, 17 + me, 0.0f, 1.0f);
@@ -182,7 +183,7 @@ struct Rank {
   }
 };
 
-void BM_Loopback(benchmark::State& state, LOp op, int R, int T, bool capacity, PeerWindows windows) {
+void BM_Loopback(benchmark::State& state, LOp op, int R, int T, bool capacity, PeerWindows windows, int max_sms) {
   const int device = Exec().cuda_device();
   CommConfig cc;
   cc.peer_windows = windows;
@@ -198,7 +199,7 @@ void BM_Loopback(benchmark::State& state, LOp op, int R, int T, bool capacity, P
     for (int r = 1; r < R; ++r)
       peers.emplace_back([&, r] {
         try {
-          Rank rank(Exec(streams[r]), comms[r], T, capacity, meet);
+          Rank rank(Exec(streams[r]), comms[r], T, capacity, max_sms, meet);
           move[r] = rank.move_bytes(op);
           for (int i = 0; i < 2 * kIters + kIters; ++i) rank.run(op);  // rank 0's timed loop, device time, warm-up
           ep_synchronize(rank.exec, *rank.handle);
@@ -208,7 +209,7 @@ void BM_Loopback(benchmark::State& state, LOp op, int R, int T, bool capacity, P
         }
       });
     try {
-      Rank rank(Exec(streams[0]), comms[0], T, capacity, meet);
+      Rank rank(Exec(streams[0]), comms[0], T, capacity, max_sms, meet);
       move[0] = rank.move_bytes(op);
       remote_slots = rank.remote_slots;
       planner_rows = rank.planner_rows;
@@ -244,6 +245,7 @@ void BM_Loopback(benchmark::State& state, LOp op, int R, int T, bool capacity, P
   const double per = seconds / static_cast<double>(state.iterations());
   state.counters["T"] = T;
   state.counters["ranks"] = R;
+  if (max_sms > 0) state.counters["max_sms"] = max_sms;
   state.counters["wire_bytes_per_token"] = wire / T;
   // Beside it: the bytes one row per (token, expert) slot would send, and the planner's prediction (docs/planner.md
   // §4), both for rank 0's tokens and bare rows (the wire adds each row's trailer).
@@ -270,8 +272,8 @@ void register_loopback_benchmarks(const std::vector<int>& tokens) {
                                              {LOp::CombineBackward, "combine_bwd"},
                                              {LOp::DispatchBackward, "dispatch_bwd"},
                                              {LOp::DispatchFp8, "dispatch_fp8"}};
-  auto add = [](const std::string& label, LOp op, int R, int T, bool capacity, PeerWindows windows) {
-    benchmark::RegisterBenchmark(label.c_str(), BM_Loopback, op, R, T, capacity, windows)
+  auto add = [](const std::string& label, LOp op, int R, int T, bool capacity, PeerWindows windows, int max_sms = -1) {
+    benchmark::RegisterBenchmark(label.c_str(), BM_Loopback, op, R, T, capacity, windows, max_sms)
         ->UseManualTime()
         ->Iterations(kIters)
         ->Unit(benchmark::kMicrosecond);
@@ -288,6 +290,11 @@ void register_loopback_benchmarks(const std::vector<int>& tokens) {
     for (int i = 0; i < 2; ++i)
       add(std::string("ep_loopback/") + ops[i].second + "/eager/R8/" + shape + "/messages", ops[i].first, 8, T, false,
           PeerWindows::Off);
+    // Against the SM cap (EpGroupConfig::max_sms, docs/ep.md §13): every rank's kernels at most that many SMs.
+    for (int sms : {4, 8, 16, 32})
+      for (int i = 0; i < 2; ++i)
+        add(std::string("ep_loopback/") + ops[i].second + "/eager/R8/" + shape + "/sms" + std::to_string(sms),
+            ops[i].first, 8, T, false, PeerWindows::Auto, sms);
   }
 #else
   (void)tokens;

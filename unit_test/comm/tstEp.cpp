@@ -67,6 +67,20 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(bootstrap_errors, DeviceType, KOKKOSMOE_DEVICE_TYP
   c.layout = RecvLayout::ExpertMajorFixed;
   c.max_recv_tokens_per_rank = 16;
   BOOST_TEST(static_cast<int>(rule_of([&] { EpGroup<Exec>(exec, comm, c); })) == static_cast<int>(Rule::ConfigValue));
+  // The SM cap: 0, below -1, and above the execution space's count (SMs, or concurrency on a host space).
+  const int processors = is_cuda<Exec>() ? 1 << 16 : exec.concurrency();
+  for (int cap : {0, -2, processors + 1}) {
+    c = default_config(R);
+    c.max_sms = cap;
+    std::string msg;
+    try {
+      EpGroup<Exec>(exec, comm, c);
+    } catch (const InvalidArgument& e) {
+      msg = e.what();
+      BOOST_TEST(static_cast<int>(e.rule()) == static_cast<int>(Rule::ConfigValue), msg);
+    }
+    BOOST_TEST(msg.find("max_sms") != std::string::npos, "max_sms = " << cap << ": " << msg);
+  }
   BOOST_CHECK_THROW(comm.split(-1, 0), InvalidArgument);
   // A malformed timeout in the environment is refused when a communicator is made.
   setenv("KOKKOSMOE_COMM_TIMEOUT", "soon", 1);
@@ -215,6 +229,7 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(invalid_config_on_one_rank_fails_fast_everywhere, 
       {"ep_size = R + 1 on the last rank", R - 1, Rule::CommSize, [](EpGroupConfig& c, int n) { c.ep_size = n + 1; }},
       {"top_k > num_experts on the last rank", R - 1, Rule::ConfigValue,
        [](EpGroupConfig& c, int) { c.top_k = c.num_experts + 1; }},
+      {"max_sms = 0 on rank 0", 0, Rule::ConfigValue, [](EpGroupConfig& c, int) { c.max_sms = 0; }},
   };
   for (const Bad& b : cases) {
     BOOST_TEST_CONTEXT(b.what << " (" << R << " ranks)") {

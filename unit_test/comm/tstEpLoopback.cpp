@@ -13,6 +13,7 @@
 #include <impl/KokkosMoE_EP_Signal.hpp>
 #include <impl/KokkosMoE_Transport.hpp>
 
+#include <algorithm>
 #include <cctype>
 #include <chrono>
 #include <cmath>
@@ -23,6 +24,7 @@
 #include <sstream>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #if defined(KOKKOS_ENABLE_CUDA)
@@ -149,8 +151,9 @@ struct Case {
   Routing routing;
   CombineMode mode;
   bool bf16;
-  int layout;       // 0 eager, 1 capacity (room for all), 2 capacity with drops, 3 fixed
-  int hidden = 40;  // 160-byte FP32 rows: Chunk16 units; bf16 rows of 80 bytes; a multiple of 128: FP8 rows too
+  int layout;        // 0 eager, 1 capacity (room for all), 2 capacity with drops, 3 fixed
+  int hidden = 40;   // 160-byte FP32 rows: Chunk16 units; bf16 rows of 80 bytes; a multiple of 128: FP8 rows too
+  int max_sms = -1;  // the SM cap (docs/ep.md §13)
 };
 
 EpGroupConfig case_config(int R, const Case& k) {
@@ -167,6 +170,7 @@ EpGroupConfig case_config(int R, const Case& k) {
     c.drop_on_overflow = true;
   }
   if (k.layout == 3) c.layout = RecvLayout::ExpertMajorFixed;
+  c.max_sms = k.max_sms;
   return c;
 }
 
@@ -212,6 +216,8 @@ void steps_match_oracle() {
       {"fixed all-to-one fp32 sum", Routing::AllToOneExpert, CombineMode::Sum, false, 3},
       {"eager uniform bf16 weighted, FP8 rows", Routing::Uniform, CombineMode::Weighted, true, 0, 256},
       {"capacity drops fp32 weighted, FP8 rows", Routing::Duplicates, CombineMode::Weighted, false, 2, 128},
+      {"eager skewed bf16 weighted, FP8 rows, SM cap 1", Routing::Skewed, CombineMode::Weighted, true, 0, 256, 1},
+      {"capacity drops bf16 weighted, SM cap 2", Routing::Duplicates, CombineMode::Weighted, true, 2, 40, 2},
   };
   // Direct writes at every R; messages (the staged path, peer_windows = off) at R = 3.
   const std::pair<int, PeerWindows> runs[] = {{1, PeerWindows::Auto}, {2, PeerWindows::Auto}, {3, PeerWindows::Auto},
@@ -224,7 +230,14 @@ void steps_match_oracle() {
     CommConfig cc;
     cc.peer_windows = windows;
     for (const Case& k : cases) {
-      const EpGroupConfig c = case_config(R, k);
+      EpGroupConfig c = case_config(R, k);
+      // A host space's cap counts its threads (Kokkos::Serial: one); a device's, its SMs.
+#if defined(KOKKOS_ENABLE_CUDA)
+      constexpr bool cuda = std::is_same<Exec, Kokkos::Cuda>::value;
+#else
+      constexpr bool cuda = false;
+#endif
+      if (c.max_sms > 0 && !cuda) c.max_sms = std::min(c.max_sms, Exec().concurrency());
       std::vector<RankInputs> in;
       for (int r = 0; r < R; ++r)
         in.push_back(make_inputs(c, k.routing, r, r == 1 ? 0 : c.max_tokens_per_rank - r % 3, 900 + R, k.bf16));

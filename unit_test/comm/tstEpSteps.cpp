@@ -56,6 +56,15 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(step_matches_oracle, DeviceType, KOKKOSMOE_DEVICE_
   fixed.layout = RecvLayout::ExpertMajorFixed;
   check_step<Exec, bf16_t>(fixed, Routing::Uniform, CombineMode::Weighted, 302, false, "fixed layout");
   check_step<Exec, float>(fixed, Routing::AllToOneExpert, CombineMode::Sum, 303, true, "fixed layout");
+  // The SM cap at its tightest (docs/ep.md §13): every kernel runs one team that takes all its work items in turn.
+  // The ranks may pass different caps: rank 0 caps, the others do not.
+  const int me = ep_comm<Exec>().rank();
+  for (auto capped : {c2, cap, f8cap, fixed}) {
+    capped.max_sms = me == 0 || R == 1 ? 1 : -1;
+    check_step<Exec, bf16_t>(capped, Routing::Skewed, CombineMode::Weighted, 320, true, "SM cap 1 on rank 0");
+    capped.max_sms = 1;
+    check_step<Exec, float>(capped, Routing::Uniform, CombineMode::Sum, 321, false, "SM cap 1 on every rank");
+  }
 }
 
 BOOST_AUTO_TEST_CASE_TEMPLATE(fp8_bad_input_is_typed, DeviceType, KOKKOSMOE_DEVICE_TYPES) {

@@ -43,6 +43,9 @@ struct ExecTraits {
   }
   static void* stream(const Exec&) { return nullptr; }
   static int device(const Exec&) { return -1; }
+  /// What EpGroupConfig::max_sms counts: the threads the instance runs.
+  static int processors(const Exec& e) { return e.concurrency(); }
+  static constexpr const char* processor_name = "threads";
 };
 #if defined(KOKKOS_ENABLE_CUDA)
 template <>
@@ -51,6 +54,13 @@ struct ExecTraits<Kokkos::Cuda> {
   static bool serves(CommTransport t) { return t == CommTransport::Nccl || t == CommTransport::Loopback; }
   static void* stream(const Kokkos::Cuda& e) { return static_cast<void*>(e.cuda_stream()); }
   static int device(const Kokkos::Cuda& e) { return e.cuda_device(); }
+  /// What EpGroupConfig::max_sms counts: the device's streaming multiprocessors.
+  static int processors(const Kokkos::Cuda& e) {
+    int n = 0;
+    if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, e.cuda_device()) != cudaSuccess) n = 0;
+    return n;
+  }
+  static constexpr const char* processor_name = "SMs";
 };
 #endif
 
@@ -333,7 +343,8 @@ inline std::uint64_t config_digest(const EpGroupConfig& c) {
   return h;
 }
 
-inline void check_group_config(const char* fn, const EpGroupConfig& c, int comm_size) {
+inline void check_group_config(const char* fn, const EpGroupConfig& c, int comm_size, int processors,
+                               const char* processor_name) {
   auto range = [&](const char* name, std::int64_t v, std::int64_t lo, std::int64_t hi) {
     if (v < lo || v > hi)
       ep_fail(fn, name, Rule::ConfigValue,
@@ -358,6 +369,10 @@ inline void check_group_config(const char* fn, const EpGroupConfig& c, int comm_
   range("expert_alignment", c.expert_alignment, 1, 1 << 16);
   if (c.layout != RecvLayout::ExpertMajor && c.layout != RecvLayout::ExpertMajorFixed)
     ep_fail(fn, "layout", Rule::ConfigValue, "layout is not a RecvLayout enumerator");
+  if (c.max_sms != -1 && (c.max_sms < 1 || c.max_sms > processors))
+    ep_fail(fn, "max_sms", Rule::ConfigValue,
+            "max_sms (" + std::to_string(c.max_sms) + ") must be -1 (no cap) or in [1, " + std::to_string(processors) +
+                "], the execution space's " + processor_name);
   if (c.layout == RecvLayout::ExpertMajorFixed) {
     if (c.max_recv_tokens_per_rank != 0)
       ep_fail(fn, "max_recv_tokens_per_rank", Rule::ConfigValue,
@@ -390,7 +405,7 @@ std::shared_ptr<EpGroupState<Exec>> make_group_state(const Exec& exec, const Com
   // (docs/ep.md §2). Errors above this point need the communicator itself and stay local.
   std::exception_ptr invalid;
   try {
-    check_group_config(fn, config, t->size());
+    check_group_config(fn, config, t->size(), ExecTraits<Exec>::processors(exec), ExecTraits<Exec>::processor_name);
   } catch (const InvalidArgument&) {
     invalid = std::current_exception();
   }
@@ -440,6 +455,7 @@ std::shared_ptr<EpGroupState<Exec>> make_group_state(const Exec& exec, const Com
   s.slab = s.fixed ? s.R * config.max_tokens_per_rank : 0;
   s.capacity = s.fixed ? 0 : config.max_recv_tokens_per_rank;
   s.B = config.max_tokens_per_rank;
+  s.max_teams = config.max_sms;
   s.capacity_mode = g->capacity_mode();
   if (s.capacity_mode) g->recv_rows_fixed = s.fixed ? s.L * s.slab : config.max_recv_tokens_per_rank;
   g->stage_pitch_max = token_pitch(static_cast<std::size_t>(config.hidden) * sizeof(float), s.K, true);

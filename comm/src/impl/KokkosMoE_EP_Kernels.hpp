@@ -98,10 +98,52 @@ struct EpShape {
   int chunk = 32;              // tokens per layout team (layout_chunk(K))
   bool capacity_mode = false;  // capacity or fixed: peer blocks of B token rows (index i * B + p)
   bool windows = false;        // direct writes into the peers' windows
+  int max_teams = -1;          // > 0: the SM cap (EpGroupConfig::max_sms), teams per kernel at most; -1: none
   KOKKOS_INLINE_FUNCTION bool eager() const { return !capacity_mode; }
 };
 
 KOKKOS_INLINE_FUNCTION int pad_to(int n, int a) { return a <= 1 ? n : (n + a - 1) / a * a; }
+
+/// An EP kernel over n work items: one team per item, or under the SM cap (EpShape::max_teams) at most that many
+/// teams, each taking the items league_rank, + max_teams, ... in turn (a barrier between two: they reuse the team's
+/// scratch). A Cuda block runs on one SM, so a capped kernel occupies at most max_teams SMs (docs/ep.md §13).
+template <class Exec, class F>
+void team_items(const Exec& exec, const EpShape& s, const char* label, std::int64_t n, std::size_t shmem, const F& f,
+                int vector = 1) {
+  using Team = typename Kokkos::TeamPolicy<Exec>::member_type;
+  if (n <= 0) return;
+  const std::int64_t league = s.max_teams > 0 && n > s.max_teams ? s.max_teams : n;
+  Kokkos::TeamPolicy<Exec> policy(exec, static_cast<int>(league), Kokkos::AUTO, vector);
+  Kokkos::parallel_for(
+      label, light(policy.set_scratch_size(0, Kokkos::PerTeam(shmem))), KOKKOS_LAMBDA(const Team& m) {
+        for (std::int64_t i = m.league_rank(); i < n; i += league) {
+          if (i != m.league_rank()) m.team_barrier();
+          f(m, i);
+        }
+      });
+}
+
+/// Flat work items per team of a capped flat kernel.
+constexpr int kRangeItemsPerTeam = 256;
+
+/// A flat EP kernel over [0, n): a RangePolicy, or under the SM cap at most max_teams teams over chunks of
+/// kRangeItemsPerTeam items.
+template <class Exec, class F>
+void range_items(const Exec& exec, const EpShape& s, const char* label, std::int64_t n, const F& f) {
+  using Team = typename Kokkos::TeamPolicy<Exec>::member_type;
+  if (n <= 0) return;
+  if (s.max_teams <= 0) {
+    Kokkos::parallel_for(label, light(Kokkos::RangePolicy<Exec>(exec, 0, n)), f);
+    return;
+  }
+  team_items(
+      exec, s, label, (n + kRangeItemsPerTeam - 1) / kRangeItemsPerTeam, 0,
+      KOKKOS_LAMBDA(const Team& m, std::int64_t c) {
+        const std::int64_t i0 = c * kRangeItemsPerTeam;
+        const int len = static_cast<int>(n - i0 < kRangeItemsPerTeam ? n - i0 : kRangeItemsPerTeam);
+        Kokkos::parallel_for(Kokkos::TeamThreadRange(m, len), [&](int j) { f(i0 + j); });
+      });
+}
 
 /// K1 + K2 of the layout: per-chunk ranks and histograms, then the prefix over chunks (docs/ep.md §3.1).
 template <class Exec, class IdxView>
@@ -121,11 +163,9 @@ void layout_count(const Exec& exec, const EpShape s, const IdxView& idx,
     // earlier equal ids there (no serial walk through global memory), and the histogram takes scratch atomics.
     const int n_max = s.chunk * s.K;
     const std::size_t shmem = Scratch::shmem_size(s.E) + Scratch::shmem_size(s.R) + Scratch::shmem_size(n_max);
-    Kokkos::TeamPolicy<Exec> policy(exec, nch, Kokkos::AUTO);
-    Kokkos::parallel_for(
-        "KokkosMoE::ep_layout::count", light(policy.set_scratch_size(0, Kokkos::PerTeam(shmem))),
-        KOKKOS_LAMBDA(const Team& m) {
-          const int c = m.league_rank();
+    team_items(
+        exec, s, "KokkosMoE::ep_layout::count", nch, shmem, KOKKOS_LAMBDA(const Team& m, std::int64_t item) {
+          const int c = static_cast<int>(item);
           Scratch cnt(m.team_scratch(0), s.E);
           Scratch tok(m.team_scratch(0), s.R);
           Scratch ids(m.team_scratch(0), n_max);
@@ -190,10 +230,9 @@ void layout_count(const Exec& exec, const EpShape s, const IdxView& idx,
   // the vector every rank all-gathers: slots per expert, invalid ids, tokens per rank.
   auto send = v.gather_send;
   auto status = v.status;
-  Kokkos::parallel_for(
-      "KokkosMoE::ep_layout::prefix", light(Kokkos::TeamPolicy<Exec>(exec, s.E + s.R + 1, Kokkos::AUTO)),
-      KOKKOS_LAMBDA(const Team& m) {
-        const int i = m.league_rank();
+  team_items(
+      exec, s, "KokkosMoE::ep_layout::prefix", s.E + s.R + 1, 0, KOKKOS_LAMBDA(const Team& m, std::int64_t item) {
+        const int i = static_cast<int>(item);
         if (i < s.E + s.R) {
           const bool expert = i < s.E;
           const int stride = expert ? s.E : s.R, col = expert ? i : i - s.E;
@@ -232,9 +271,8 @@ void gather_pack(const Exec& exec, const EpShape s, const EpLayoutViews<typename
                  const Kokkos::View<std::uintptr_t*, typename Exec::memory_space>& peers) {
   const int W = s.E + 1 + s.R;
   auto send = v.gather_send;
-  Kokkos::parallel_for(
-      "KokkosMoE::ep_layout::gather", light(Kokkos::RangePolicy<Exec>(exec, 0, static_cast<std::int64_t>(s.R) * W)),
-      KOKKOS_LAMBDA(std::int64_t i) {
+  range_items(
+      exec, s, "KokkosMoE::ep_layout::gather", static_cast<std::int64_t>(s.R) * W, KOKKOS_LAMBDA(std::int64_t i) {
         const int r = static_cast<int>(i / W), j = static_cast<int>(i % W);
         reinterpret_cast<int*>(peers(r))[static_cast<std::int64_t>(s.me) * W + j] = send(j);
       });
@@ -246,9 +284,8 @@ template <class Exec>
 void accumulate_load(const Exec& exec, const EpShape s, const EpLayoutViews<typename Exec::memory_space>& v) {
   auto load = v.expert_load;
   auto recv_count = v.recv_count;
-  Kokkos::parallel_for(
-      "KokkosMoE::ep_layout::load", light(Kokkos::RangePolicy<Exec>(exec, 0, s.L)),
-      KOKKOS_LAMBDA(int l) { load(l) += recv_count(l); });
+  range_items(
+      exec, s, "KokkosMoE::ep_layout::load", s.L, KOKKOS_LAMBDA(std::int64_t l) { load(l) += recv_count(l); });
 }
 
 /// K3: offsets from the all-gathered vectors (every rank derives every peer's offsets: no second count exchange).
@@ -273,11 +310,9 @@ void layout_offsets(const Exec& exec, const EpShape s, const EpLayoutViews<typen
   auto status = v.status;
   auto rank_status = v.rank_status;
   const std::size_t shmem = 4 * Scratch::shmem_size(s.L);
-  Kokkos::TeamPolicy<Exec> policy(exec, s.R, Kokkos::AUTO);
-  Kokkos::parallel_for(
-      "KokkosMoE::ep_layout::offsets", light(policy.set_scratch_size(0, Kokkos::PerTeam(shmem))),
-      KOKKOS_LAMBDA(const Team& m) {
-        const int j = m.league_rank(), L = s.L, E = s.E, W = s.E + 1 + s.R;
+  team_items(
+      exec, s, "KokkosMoE::ep_layout::offsets", s.R, shmem, KOKKOS_LAMBDA(const Team& m, std::int64_t item) {
+        const int j = static_cast<int>(item), L = s.L, E = s.E, W = s.E + 1 + s.R;
         constexpr int kNone = 2147483647;
         auto count = [&](int i, int ee) { return gathered(static_cast<std::int64_t>(i) * W + ee); };
         auto tok = [&](int i, int r) { return gathered(static_cast<std::int64_t>(i) * W + E + 1 + r); };
@@ -391,8 +426,8 @@ void layout_slots(const Exec& exec, const EpShape s, const IdxView& idx,
   std::int64_t n = slots;
   n = recv_rows > n ? recv_rows : n;
   n = pairs > n ? pairs : n;
-  Kokkos::parallel_for(
-      "KokkosMoE::ep_layout::slots", light(Kokkos::RangePolicy<Exec>(exec, 0, n)), KOKKOS_LAMBDA(std::int64_t q) {
+  range_items(
+      exec, s, "KokkosMoE::ep_layout::slots", n, KOKKOS_LAMBDA(std::int64_t q) {
         const int L = s.L;
         if (q < slots) {
           const int pos = local_pos(q);
@@ -470,8 +505,8 @@ void meta_pack(const Exec& exec, const EpShape s, const EpLayoutViews<typename E
   auto slot_row = v.slot_row;
   auto slot_rank = v.slot_rank;
   auto sent_rows = v.sent_rows;
-  Kokkos::parallel_for(
-      "KokkosMoE::ep_layout::meta", light(Kokkos::RangePolicy<Exec>(exec, 0, pairs)), KOKKOS_LAMBDA(std::int64_t q) {
+  range_items(
+      exec, s, "KokkosMoE::ep_layout::meta", pairs, KOKKOS_LAMBDA(std::int64_t q) {
         const int t = static_cast<int>(q / s.R), r = static_cast<int>(q % s.R);
         const int p = tok_pos(q);
         if (r == s.me || p < 0) return;
@@ -500,8 +535,8 @@ void meta_scatter(const Exec& exec, const EpShape s, const EpLayoutViews<typenam
   auto recv_src = v.recv_src;
   auto recv_k = v.recv_k;
   auto ret_rows = v.ret_rows;
-  Kokkos::parallel_for(
-      "KokkosMoE::ep_layout::expand_map", light(Kokkos::RangePolicy<Exec>(exec, 0, n)), KOKKOS_LAMBDA(std::int64_t a) {
+  range_items(
+      exec, s, "KokkosMoE::ep_layout::expand_map", n, KOKKOS_LAMBDA(std::int64_t a) {
         // The last source whose arrival block starts at or before a (bases ascend with the source rank).
         int lo = 0, hi = s.R;
         while (hi - lo > 1) {
@@ -786,11 +821,9 @@ void pack_tokens(const Exec& exec, const EpShape s, const Unmanaged2<const Unit,
   using Ops = UnitOps<Scalar, Unit>;
   if (s.T == 0) return;
   const int units = static_cast<int>(src.extent(1));
-  Kokkos::TeamPolicy<Exec> policy(exec, s.T, Kokkos::AUTO);
-  Kokkos::parallel_for(
-      label, light(policy.set_scratch_size(0, Kokkos::PerTeam(PackScratch<Exec>::shmem(s)))),
-      KOKKOS_LAMBDA(const Team& m) {
-        const int t = m.league_rank();
+  team_items(
+      exec, s, label, s.T, PackScratch<Exec>::shmem(s), KOKKOS_LAMBDA(const Team& m, std::int64_t item) {
+        const int t = static_cast<int>(item);
         const PackScratch<Exec> p(m, s);
         p.template targets<Mem>(m, s, v, t, w, dst);
         const auto& ptr = p.ptr;
@@ -832,9 +865,8 @@ void pack_weights(const Exec& exec, const EpShape s, const Unmanaged2<const floa
   const std::int64_t pairs = static_cast<std::int64_t>(s.T) * s.R;
   if (pairs == 0 || s.R == 1) return;
   auto tok_pos = v.tok_pos;
-  Kokkos::parallel_for(
-      "KokkosMoE::ep_combine::weights", light(Kokkos::RangePolicy<Exec>(exec, 0, pairs)),
-      KOKKOS_LAMBDA(std::int64_t q) {
+  range_items(
+      exec, s, "KokkosMoE::ep_combine::weights", pairs, KOKKOS_LAMBDA(std::int64_t q) {
         const int t = static_cast<int>(q / s.R), r = static_cast<int>(q % s.R);
         const int p = tok_pos(q);
         if (r == s.me || p < 0) return;
@@ -927,11 +959,10 @@ void pack_fp8_tokens(const Exec& exec, const EpShape s, const Src& src, int unit
   const int blocks = units / kFp8UnitsPerBlock;
   // One vector of kFp8UnitsPerBlock lanes per 128-channel block: a lane's 16 channels, the block's maximum across the
   // lanes (a maximum: the same in any order), then the lane's codes from its channels again (the loads it just made).
-  Kokkos::TeamPolicy<Exec> policy(exec, s.T, Kokkos::AUTO, kFp8UnitsPerBlock);
-  Kokkos::parallel_for(
-      label, light(policy.set_scratch_size(0, Kokkos::PerTeam(PackScratch<Exec>::shmem(s)))),
-      KOKKOS_LAMBDA(const Team& m) {
-        const int t = m.league_rank();
+  team_items(
+      exec, s, label, s.T, PackScratch<Exec>::shmem(s),
+      KOKKOS_LAMBDA(const Team& m, std::int64_t item) {
+        const int t = static_cast<int>(item);
         const PackScratch<Exec> p(m, s);
         p.template targets<Mem>(m, s, v, t, w, dst);
         const auto& ptr = p.ptr;
@@ -960,7 +991,8 @@ void pack_fp8_tokens(const Exec& exec, const EpShape s, const Src& src, int unit
           });
         });
         p.template weights<Mem>(m, s, t, w, trailer_off, local_f, nl, nr);
-      });
+      },
+      kFp8UnitsPerBlock);
 }
 
 /// Capacity mode's arrival kernels: the host knows only the bound R * B of the arrival indices, not the arrivals, and
@@ -974,7 +1006,7 @@ inline std::int64_t arrival_teams(const EpShape& s, std::int64_t arrivals) {
   return s.eager() ? arrivals : (arrivals + kArrivalsPerTeam - 1) / kArrivalsPerTeam;
 }
 
-/// The arrivals a team walks: the c-th real arrival, c = league_rank, + league_size, ... < the number of arrivals.
+/// The arrivals a walker walks: the c-th real arrival, c = the walker's index, + walkers, ... < the number of arrivals.
 /// Eager mode's arrival indices are the arrivals themselves (source blocks back to back); in capacity mode source i's
 /// arrivals are the first arrive_count(i) indices of its block [i * B, (i + 1) * B). \p pre (R + 1 ints of team
 /// scratch) gets the prefix sums of arrive_count in capacity mode.
@@ -1052,15 +1084,14 @@ void expand_arrivals(const Exec& exec, const EpShape s, std::int64_t arrivals, i
   const int teams = static_cast<int>(walkers) + groups;
   const int rows_len = s.K + 2 > kZeroRows + 1 ? s.K + 2 : kZeroRows + 1;
   const std::size_t shmem = SInt::shmem_size(rows_len) + SInt::shmem_size(s.K) + SInt::shmem_size(s.R + 1);
-  Kokkos::TeamPolicy<Exec> policy(exec, teams, Kokkos::AUTO);
-  Kokkos::parallel_for(
-      label, light(policy.set_scratch_size(0, Kokkos::PerTeam(shmem))), KOKKOS_LAMBDA(const Team& m) {
+  team_items(
+      exec, s, label, teams, shmem, KOKKOS_LAMBDA(const Team& m, std::int64_t item) {
         SInt rows(m.team_scratch(0), rows_len);
         SInt fwd(m.team_scratch(0), s.K);
         SInt pre(m.team_scratch(0), s.R + 1);
-        if (m.league_rank() >= walkers) {
-          const int n = unfed_rows(m, s, static_cast<int>(m.league_rank() - walkers) * kZeroRows, recv_rows, recv_src,
-                                   recv_expert, offsets, rows);
+        if (item >= walkers) {
+          const int n = unfed_rows(m, s, static_cast<int>(item - walkers) * kZeroRows, recv_rows, recv_src, recv_expert,
+                                   offsets, rows);
           for (int d = 0; d < n; ++d)
             Kokkos::parallel_for(Kokkos::TeamThreadRange(m, units), [&](int u) { dst(rows(d), u) = Unit{}; });
           if (with_f) Kokkos::parallel_for(Kokkos::TeamThreadRange(m, n), [&](int d) { dst_f(rows(d)) = 0.0f; });
@@ -1069,7 +1100,7 @@ void expand_arrivals(const Exec& exec, const EpShape s, std::int64_t arrivals, i
           return;
         }
         const std::int64_t walked = arrivals_walked(m, s, arrivals, arrive_count, pre);
-        for (std::int64_t c = m.league_rank(); c < walked; c += walkers) {
+        for (std::int64_t c = item; c < walked; c += walkers) {
           const std::int64_t i = arrival_index(s, pre, c);
           // The token's kept rows here, compacted in k order (a slot is fed by exactly one arrival: no conflicts);
           // the arrival's source rank is read in the same round (an unused index has rank -1).
@@ -1135,9 +1166,8 @@ void reduce_arrivals(const Exec& exec, const EpShape s, std::int64_t arrivals,
   const std::int64_t walkers = arrival_teams(s, arrivals);
   const std::size_t shmem =
       SInt::shmem_size(s.K + 2) + SInt::shmem_size(s.K) + SFlt::shmem_size(s.K) + SInt::shmem_size(s.R + 1);
-  Kokkos::TeamPolicy<Exec> policy(exec, static_cast<int>(walkers), Kokkos::AUTO);
-  Kokkos::parallel_for(
-      label, light(policy.set_scratch_size(0, Kokkos::PerTeam(shmem))), KOKKOS_LAMBDA(const Team& m) {
+  team_items(
+      exec, s, label, static_cast<int>(walkers), shmem, KOKKOS_LAMBDA(const Team& m, std::int64_t item) {
         // The kept rows of the token here and their coefficients, in k order (the order of the sum); the arrival's
         // source rank in the same round of loads (-1: an unused index).
         SInt rows(m.team_scratch(0), s.K + 2);
@@ -1145,7 +1175,7 @@ void reduce_arrivals(const Exec& exec, const EpShape s, std::int64_t arrivals,
         SFlt cs(m.team_scratch(0), s.K);
         SInt pre(m.team_scratch(0), s.R + 1);
         const std::int64_t walked = arrivals_walked(m, s, arrivals, arrive_count, pre);
-        for (std::int64_t c = m.league_rank(); c < walked; c += walkers) {
+        for (std::int64_t c = item; c < walked; c += walkers) {
           const std::int64_t a = arrival_index(s, pre, c);
           team_prefetch(m, s.K, [&](int k) {
             fwd(k) = fwd_rows(a * s.K + k);
@@ -1213,10 +1243,9 @@ void reduce_ranks(const Exec& exec, const EpShape s, const Unmanaged2<const Unit
   auto send_base = v.send_base;
   const std::size_t shmem =
       3 * SInt::shmem_size(s.K + 1) + SInt::shmem_size(2 * s.K) + SFlt::shmem_size(s.K) + SInt::shmem_size(s.R);
-  Kokkos::TeamPolicy<Exec> policy(exec, s.T, Kokkos::AUTO);
-  Kokkos::parallel_for(
-      label, light(policy.set_scratch_size(0, Kokkos::PerTeam(shmem))), KOKKOS_LAMBDA(const Team& m) {
-        const int t = m.league_rank();
+  team_items(
+      exec, s, label, s.T, shmem, KOKKOS_LAMBDA(const Team& m, std::int64_t item) {
+        const int t = static_cast<int>(item);
         const std::int64_t q0 = static_cast<std::int64_t>(t) * s.K;
         // The distinct ranks of the kept slots, ascending (count last); per rank the returned row's index, -1 for
         // this rank, whose kept rows and coefficients follow in k order (count last).
@@ -1325,11 +1354,9 @@ void local_dots(const Exec& exec, const EpShape s, const Unmanaged2<const Unit, 
   auto slot_row = v.slot_row;
   auto slot_rank = v.slot_rank;
   const std::size_t shmem = 2 * SInt::shmem_size(s.K + 1) + SInt::shmem_size(s.K) + SFlt::shmem_size(s.K);
-  Kokkos::TeamPolicy<Exec> policy(exec, s.T, Kokkos::AUTO);
-  Kokkos::parallel_for(
-      "KokkosMoE::ep_combine_backward::local", light(policy.set_scratch_size(0, Kokkos::PerTeam(shmem))),
-      KOKKOS_LAMBDA(const Team& m) {
-        const int t = m.league_rank();
+  team_items(
+      exec, s, "KokkosMoE::ep_combine_backward::local", s.T, shmem, KOKKOS_LAMBDA(const Team& m, std::int64_t item) {
+        const int t = static_cast<int>(item);
         SInt rows(m.team_scratch(0), s.K + 1);
         SInt ks(m.team_scratch(0), s.K + 1);
         SInt ranks(m.team_scratch(0), s.K);
@@ -1385,24 +1412,22 @@ void expand_with_dots(const Exec& exec, const EpShape s, std::int64_t arrivals, 
   const int rows_len = s.K + 2 > kZeroRows + 1 ? s.K + 2 : kZeroRows + 1;
   const std::size_t shmem =
       SInt::shmem_size(rows_len) + 2 * SInt::shmem_size(s.K) + SFlt::shmem_size(s.K) + SInt::shmem_size(s.R + 1);
-  Kokkos::TeamPolicy<Exec> policy(exec, teams, Kokkos::AUTO);
-  Kokkos::parallel_for(
-      "KokkosMoE::ep_combine_backward::expert", light(policy.set_scratch_size(0, Kokkos::PerTeam(shmem))),
-      KOKKOS_LAMBDA(const Team& m) {
+  team_items(
+      exec, s, "KokkosMoE::ep_combine_backward::expert", teams, shmem, KOKKOS_LAMBDA(const Team& m, std::int64_t item) {
         SInt rows(m.team_scratch(0), rows_len);
         SInt fwd(m.team_scratch(0), s.K);
         SInt ks(m.team_scratch(0), s.K);
         SFlt cs(m.team_scratch(0), s.K);
         SInt pre(m.team_scratch(0), s.R + 1);
-        if (m.league_rank() >= walkers) {
-          const int n = unfed_rows(m, s, static_cast<int>(m.league_rank() - walkers) * kZeroRows, recv_rows, recv_src,
-                                   recv_expert, offsets, rows);
+        if (item >= walkers) {
+          const int n = unfed_rows(m, s, static_cast<int>(item - walkers) * kZeroRows, recv_rows, recv_src, recv_expert,
+                                   offsets, rows);
           for (int d = 0; d < n; ++d)
             Kokkos::parallel_for(Kokkos::TeamThreadRange(m, units), [&](int u) { grad_out(rows(d), u) = Unit{}; });
           return;
         }
         const std::int64_t walked = arrivals_walked(m, s, arrivals, arrive_count, pre);
-        for (std::int64_t c = m.league_rank(); c < walked; c += walkers) {
+        for (std::int64_t c = item; c < walked; c += walkers) {
           const std::int64_t a = arrival_index(s, pre, c);
           const char* row = in.at<char>(a);
           team_prefetch(m, s.K, [&](int k) {
@@ -1445,9 +1470,8 @@ void scatter_dots(const Exec& exec, const EpShape s, const LocalRows ret,
   auto slot_rank = v.slot_rank;
   auto tok_pos = v.tok_pos;
   auto send_base = v.send_base;
-  Kokkos::parallel_for(
-      "KokkosMoE::ep_combine_backward::scatter", light(Kokkos::RangePolicy<Exec>(exec, 0, slots)),
-      KOKKOS_LAMBDA(std::int64_t q) {
+  range_items(
+      exec, s, "KokkosMoE::ep_combine_backward::scatter", slots, KOKKOS_LAMBDA(std::int64_t q) {
         const int t = static_cast<int>(q / s.K), k = static_cast<int>(q % s.K);
         const int row = slot_row(q), r = slot_rank(q);
         if (row < 0) {
