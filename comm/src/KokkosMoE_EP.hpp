@@ -14,6 +14,7 @@
 ///     ep_dispatch(exec, handle, x, topk_w, recv_x, recv_w);           // [T, H] rows -> [N, H] expert-major rows
 ///     // or as FP8 rows: ep_dispatch(exec, handle, x, topk_w, fp8_rows(recv_q, recv_scales), recv_w);
 ///     ep_combine(exec, handle, mode, out, topk_w, y);                 // [N, H] -> [T, H]
+///     // or in two halves: auto hook = ep_dispatch_send(exec, handle, ...); (other work); hook(exec);
 ///     ep_combine_backward(exec, handle, mode, grad_y, topk_w, out, grad_out, grad_w);
 ///     ep_dispatch_backward(exec, handle, grad_recv_x, grad_recv_w, grad_x, grad_w);
 ///
@@ -30,6 +31,7 @@
 
 #include <impl/KokkosMoE_EP_Impl.hpp>
 
+#include <cstdint>
 #include <memory>
 #include <string>
 
@@ -195,6 +197,47 @@ template <class ExecSpace, class XQView, class XSView, class WView, class RecvQV
 void ep_dispatch(const ExecSpace& exec, const EpHandle<ExecSpace>& handle, const Fp8Rows<XQView, XSView>& x,
                  const WView& topk_w, const Fp8Rows<RecvQView, RecvSView>& recv, const RecvWView& recv_w) {
   Impl::dispatch_fp8(exec, *handle.impl_state(), x, topk_w, recv.q, recv.scales, recv_w, Fp8QuantizeConfig{});
+}
+
+/// \brief The receive half of a split send (docs/ep.md §14), returned by ep_dispatch_send and ep_combine_send.
+/// Between the send and its hook the caller's instances are free for other work (the experts of another
+/// micro-batch); the hook must run once, before the handle's next operation.
+template <class ExecSpace>
+class EpReceiveHook {
+ public:
+  EpReceiveHook(std::shared_ptr<Impl::EpHandleState<ExecSpace>> state, std::uint64_t ticket)
+      : m_state(std::move(state)), m_ticket(ticket) {}
+  /// Waits on \p exec (bounded by the timeout) for the peers' rows of the send and finishes the operation there:
+  /// the dispatch's expansion of the arrived rows, the combine's reduction of the returned ones. \p exec must be
+  /// ordered after the send's instance (that instance, or one that waited for it).
+  /// \throws InvalidArgument (Rule::HandleState) when this hook already ran; CommError on a peer's timeout
+  void operator()(const ExecSpace& exec) const { Impl::run_receive(exec, *m_state, m_ticket); }
+
+ private:
+  std::shared_ptr<Impl::EpHandleState<ExecSpace>> m_state;
+  std::uint64_t m_ticket;
+};
+
+/// \brief ep_dispatch in two halves (docs/ep.md §14): this call packs x's rows and sends them (the local slots'
+/// rows are written into recv_x here), the returned hook receives the peers' rows into recv_x and recv_w. Same
+/// arguments, results and errors as ep_dispatch; until the hook ran, every other operation on \p handle throws
+/// InvalidArgument (Rule::HandleState) naming the handle.
+template <class ExecSpace, class XView, class WView, class RecvXView, class RecvWView>
+[[nodiscard]] EpReceiveHook<ExecSpace> ep_dispatch_send(const ExecSpace& exec, const EpHandle<ExecSpace>& handle,
+                                                        const XView& x, const WView& topk_w, const RecvXView& recv_x,
+                                                        const RecvWView& recv_w) {
+  Impl::dispatch(exec, *handle.impl_state(), x, topk_w, recv_x, recv_w, true);
+  return {handle.impl_state(), handle.impl_state()->sends};
+}
+
+/// \brief ep_combine in two halves (docs/ep.md §14): this call reduces this rank's experts' slots of every arrived
+/// token and sends the partial rows back; the hook adds the returned partials into y. As ep_combine otherwise.
+template <class ExecSpace, class OutView, class WView, class YView>
+[[nodiscard]] EpReceiveHook<ExecSpace> ep_combine_send(const ExecSpace& exec, const EpHandle<ExecSpace>& handle,
+                                                       CombineMode mode, const OutView& out, const WView& topk_w,
+                                                       const YView& y) {
+  Impl::combine(exec, *handle.impl_state(), mode, out, topk_w, y, true);
+  return {handle.impl_state(), handle.impl_state()->sends};
 }
 
 /// \brief y[t] = sum over valid k of c(t,k) * out[slot(t,k)] (FP32 accumulation in k order), c = 1 (Sum) or

@@ -58,7 +58,7 @@ inline void compare(const char* what, const std::vector<float>& got, const std::
 
 template <class Exec, class Scalar>
 void check_step(const EpGroupConfig& c, Routing routing, CombineMode mode, std::uint64_t seed, bool vary_tokens,
-                const std::string& label) {
+                const std::string& label, bool split = false) {
   BOOST_TEST_CONTEXT(label << " mode " << to_string(mode) << " dtype "
                            << (std::is_same<Scalar, bf16_t>::value ? "bf16" : "fp32") << " routing "
                            << static_cast<int>(routing)) {
@@ -68,7 +68,7 @@ void check_step(const EpGroupConfig& c, Routing routing, CombineMode mode, std::
     const auto in = group_inputs(c, routing, seed, bf16, vary_tokens);
     EpGroup<Exec> group(exec, comm, c);
     auto handle = group.make_handle();
-    const StepOutputs got = run_step<Exec, Scalar>(exec, group, handle, in[comm.rank()], mode);
+    const StepOutputs got = run_step<Exec, Scalar>(exec, group, handle, in[comm.rank()], mode, -1, split);
     const StepOutputs want = expected_step(c, in, comm.rank(), mode, bf16);
     BOOST_TEST(got.recv_rows == want.recv_rows);
     BOOST_TEST(got.recv_expert == want.recv_expert, boost::test_tools::per_element());

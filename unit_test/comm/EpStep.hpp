@@ -121,12 +121,22 @@ struct StepViews {
   explicit StepViews(const EpGroupConfig& c, const RankInputs& in) : StepViews(Exec(), c, in) {}
 };
 
+/// Work between a split send and its hook, on the same instance (docs/ep.md §14): it must not disturb the step.
+template <class Exec>
+void other_work(const Exec& exec) {
+  Kokkos::View<float*, typename Exec::memory_space> busy("busy", 4096);
+  Kokkos::parallel_for(
+      "test_other_work", Kokkos::RangePolicy<Exec>(exec, 0, busy.extent(0)),
+      KOKKOS_LAMBDA(int i) { busy(i) = static_cast<float>(i) * 0.5f; });
+}
+
 /// The whole step on this rank; `me` and `L` locate the global expert ids of the received rows. \p rows >= 0
 /// allocates the receive Views with that many rows before the layout (the oracle's count; loopback ranks allocate
-/// nothing while their peers' kernels run), -1 after it.
+/// nothing while their peers' kernels run), -1 after it. \p split: dispatch and combine in their two halves, other
+/// work between a send and its hook.
 template <class Exec, class Scalar>
 StepOutputs run_step(const Exec& exec, EpGroup<Exec>& group, EpHandle<Exec>& handle, const RankInputs& in,
-                     CombineMode mode, int rows = -1) {
+                     CombineMode mode, int rows = -1, bool split = false) {
   using Mem = typename Exec::memory_space;
   const EpGroupConfig& c = group.config();
   const int H = c.hidden, K = c.top_k, T = in.T, me = group.rank(), L = group.num_local_experts();
@@ -155,7 +165,13 @@ StepOutputs run_step(const Exec& exec, EpGroup<Exec>& group, EpHandle<Exec>& han
       throw std::runtime_error("the layout needs " + std::to_string(handle.num_recv_rows()) + " receive rows, " +
                                std::to_string(N) + " were allocated");
   }
-  ep_dispatch(exec, handle, sv.x, sv.w, recv_x, recv_w);
+  if (split) {
+    const auto hook = ep_dispatch_send(exec, handle, sv.x, sv.w, recv_x, recv_w);
+    other_work(exec);
+    hook(exec);
+  } else {
+    ep_dispatch(exec, handle, sv.x, sv.w, recv_x, recv_w);
+  }
   StepOutputs o;
   if (H % kFp8BlockChannels == 0) {
     const int nb = H / kFp8BlockChannels;
@@ -200,7 +216,13 @@ StepOutputs run_step(const Exec& exec, EpGroup<Exec>& group, EpHandle<Exec>& han
                   static_cast<float>(e % 3) * 0.0625f;
         out(r, h) = Scalar(v);
       });
-  ep_combine(exec, handle, mode, out, sv.w, y);
+  if (split) {
+    const auto hook = ep_combine_send(exec, handle, mode, out, sv.w, y);
+    other_work(exec);
+    hook(exec);
+  } else {
+    ep_combine(exec, handle, mode, out, sv.w, y);
+  }
   Kokkos::deep_copy(exec, grad_y, hg);
   ep_combine_backward(exec, handle, mode, grad_y, sv.w, out, grad_out, grad_wc);
   Kokkos::parallel_for(

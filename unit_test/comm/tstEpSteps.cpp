@@ -65,6 +65,74 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(step_matches_oracle, DeviceType, KOKKOSMOE_DEVICE_
     capped.max_sms = 1;
     check_step<Exec, float>(capped, Routing::Uniform, CombineMode::Sum, 321, false, "SM cap 1 on every rank");
   }
+  // Dispatch and combine in their two halves (docs/ep.md §14), other work between each send and its hook.
+  for (auto split : {c2, cap, fixed}) {
+    check_step<Exec, bf16_t>(split, Routing::Skewed, CombineMode::Weighted, 330, true, "split send/receive", true);
+    check_step<Exec, float>(split, Routing::Duplicates, CombineMode::Sum, 331, false, "split send/receive", true);
+  }
+}
+
+BOOST_AUTO_TEST_CASE_TEMPLATE(receive_hook_misuse_is_typed, DeviceType, KOKKOSMOE_DEVICE_TYPES) {
+  // Every rank makes the same mistake: each throws InvalidArgument (Rule::HandleState) before communicating, the
+  // pending receive survives the refused calls, and the step completes afterwards (no rank was left waiting).
+  using Exec = typename DeviceType::execution_space;
+  using Mem = typename Exec::memory_space;
+  Exec exec;
+  const Communicator& comm = ep_comm<Exec>();
+  const auto c = default_config(comm.size());
+  const auto in = group_inputs(c, Routing::Uniform, 91, false, false);
+  EpGroup<Exec> group(exec, comm, c);
+  auto handle = group.make_handle({false, "layer 7"});
+  StepViews<Exec, float> sv(exec, c, in[comm.rank()]);
+  ep_layout(exec, handle, sv.idx);
+  const int N = handle.num_recv_rows(), T = in[comm.rank()].T;
+  Kokkos::View<float**, Kokkos::LayoutRight, Mem> rx("rx", N, c.hidden), y("y", T, c.hidden);
+  Kokkos::View<float*, Mem> rw("rw", N);
+  auto refused = [&](const char* what, auto&& f, const char* arg) {
+    std::string msg;
+    try {
+      f();
+    } catch (const InvalidArgument& e) {
+      msg = e.what();
+      BOOST_TEST(static_cast<int>(e.rule()) == static_cast<int>(Rule::HandleState), what << ": " << msg);
+      BOOST_TEST(e.parameter() == arg, what << ": " << msg);
+    }
+    BOOST_TEST(!msg.empty(), what << " was not refused");
+  };
+  auto hook = ep_dispatch_send(exec, handle, sv.x, sv.w, rx, rw);
+  refused(
+      "a second send before the hook", [&] { (void)ep_dispatch_send(exec, handle, sv.x, sv.w, rx, rw); }, "handle");
+  refused(
+      "ep_dispatch before the hook", [&] { ep_dispatch(exec, handle, sv.x, sv.w, rx, rw); }, "handle");
+  refused(
+      "ep_combine before the hook", [&] { ep_combine(exec, handle, CombineMode::Sum, rx, sv.w, y); }, "handle");
+  refused(
+      "ep_layout before the hook", [&] { ep_layout(exec, handle, sv.idx); }, "handle");
+  refused(
+      "ep_synchronize before the hook", [&] { ep_synchronize(exec, handle); }, "handle");
+  hook(exec);
+  refused(
+      "the hook called twice", [&] { hook(exec); }, "hook");
+  auto back = ep_combine_send(exec, handle, CombineMode::Weighted, rx, sv.w, y);
+  refused(
+      "the dispatch's hook after a later send", [&] { hook(exec); }, "hook");
+  back(exec);
+  ep_synchronize(exec, handle);
+  // The identity expert's y (sum over k of w * x) in plain loops: the refused calls changed nothing.
+  auto hy = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), y);
+  int bad = 0;
+  for (int t = 0; t < T; ++t)
+    for (int h = 0; h < c.hidden; ++h) {
+      float want_y = 0.0f;
+      for (int k = 0; k < c.top_k; ++k) {
+        const int e = in[comm.rank()].idx[static_cast<std::size_t>(t) * c.top_k + k];
+        if (e >= 0)
+          want_y += in[comm.rank()].w[static_cast<std::size_t>(t) * c.top_k + k] *
+                    in[comm.rank()].x[static_cast<std::size_t>(t) * c.hidden + h];
+      }
+      if (!close(hy(t, h), want_y, false) && bad++ < 3)
+        BOOST_TEST(false, "y(" << t << ", " << h << ") = " << hy(t, h) << ", expected " << want_y);
+    }
 }
 
 BOOST_AUTO_TEST_CASE_TEMPLATE(fp8_bad_input_is_typed, DeviceType, KOKKOSMOE_DEVICE_TYPES) {

@@ -24,6 +24,7 @@
 #include <cstdint>
 #include <cstring>
 #include <exception>
+#include <functional>
 #include <limits>
 #include <memory>
 #include <string>
@@ -215,6 +216,10 @@ struct EpHandleState {
   std::vector<std::int64_t> send_tok, recv_tok, send_off, recv_off;  // eager, per peer, in token rows
   bool laid_out = false, backward_done = true;
   std::int64_t recv_rows_alloc = 0;
+  /// The receive half of a split operation (docs/ep.md §14) until its hook runs: it owns the Views it writes.
+  std::function<void(const Exec&)> receive;
+  const char* receive_of = nullptr;  // the send that left it
+  std::uint64_t sends = 0;           // split sends so far: a hook runs only the receive of its own send
 
   EpHandleState(std::shared_ptr<EpGroupState<Exec>> g, const EpHandleOptions& o) : group(std::move(g)), options(o) {
     const EpShape& s = group->shape;
@@ -645,6 +650,45 @@ void wire_move(const Exec& exec, const char* fn, EpHandleState<Exec>& h, int reg
   }
 }
 
+/// The send half of wire_move (split operations): windows raise this rank's counters in the peers, the message
+/// transports move the rows at once.
+template <class Exec>
+void wire_send(const Exec& exec, const char* fn, EpHandleState<Exec>& h, int region, std::size_t pitch) {
+  EpGroupState<Exec>& g = *h.group;
+  if (h.shape.R == 1) return;
+  if (!g.window) {
+    wire_move(exec, fn, h, region, pitch);
+    return;
+  }
+  if constexpr (Kokkos::SpaceAccessibility<Kokkos::HostSpace, typename Exec::memory_space>::accessible) exec.fence();
+  window_raise(exec, g.signals, region);
+  check_window(exec, fn, g);
+}
+
+/// The receive half of wire_move: windows wait for every peer's rows of \p region (the message transports moved
+/// them at the send).
+template <class Exec>
+void wire_wait(const Exec& exec, const char* fn, EpHandleState<Exec>& h, int region) {
+  EpGroupState<Exec>& g = *h.group;
+  if (h.shape.R == 1 || !g.window) return;
+  window_wait(exec, g.signals, region);
+  check_window(exec, fn, g);
+}
+
+/// Runs \p finish now (one call) or leaves it as the handle's receive (split): \p owned are the caller's Views it
+/// writes, kept alive with it.
+template <class Exec, class Finish, class... Owned>
+void finish_or_defer(const Exec& exec, EpHandleState<Exec>& h, const char* fn, bool split, Finish&& finish,
+                     const Owned&... owned) {
+  if (!split) {
+    finish(exec);
+    return;
+  }
+  h.receive = [finish = std::forward<Finish>(finish), owned...](const Exec& e) { finish(e); };
+  h.receive_of = fn;
+  ++h.sends;
+}
+
 /// After the rows of \p region were consumed here: with windows, the peers may write there again.
 template <class Exec>
 void wire_release(const Exec& exec, EpGroupState<Exec>& g, int region) {
@@ -666,6 +710,7 @@ void account(const Exec& exec, EpHandleState<Exec>& h, int op, bool forward, std
 template <class Exec, class IdxView>
 void layout(const Exec& exec, EpHandleState<Exec>& h, const IdxView& idx) {
   constexpr const char* fn = "ep_layout";
+  require_no_receive(fn, h);
   ep_static_view<Exec, IdxView, 2>();
   static_assert(is_ep_index_type<typename IdxView::non_const_value_type>::value,
                 "KokkosMoE::ep_layout: topk_idx must hold int16_t, int32_t or int64_t expert ids");
@@ -771,8 +816,18 @@ void layout(const Exec& exec, EpHandleState<Exec>& h, const IdxView& idx) {
   h.backward_done = !h.options.training;
 }
 
+/// No operation but the hook may run on a handle whose split send waits for its receive.
+template <class Exec>
+void require_no_receive(const char* fn, const EpHandleState<Exec>& h) {
+  if (h.receive)
+    ep_fail(fn, "handle", Rule::HandleState,
+            std::string("the receive hook of ") + h.receive_of +
+                " has not run: call it before the handle's next operation (docs/ep.md §14)");
+}
+
 template <class Exec>
 void require_layout(const char* fn, const EpHandleState<Exec>& h) {
+  require_no_receive(fn, h);
   if (!h.laid_out) ep_fail(fn, "handle", Rule::HandleState, "the handle has no layout yet: call ep_layout first");
 }
 
@@ -829,8 +884,8 @@ constexpr void dispatch_weights_static() {
 
 template <class Exec, class XView, class WView, class RecvXView, class RecvWView>
 void dispatch(const Exec& exec, EpHandleState<Exec>& h, const XView& x, const WView& w, const RecvXView& recv_x,
-              const RecvWView& recv_w) {
-  constexpr const char* fn = "ep_dispatch";
+              const RecvWView& recv_w, bool split = false) {
+  const char* fn = split ? "ep_dispatch_send" : "ep_dispatch";
   using Mem = typename Exec::memory_space;
   using Scalar = typename XView::non_const_value_type;
   ep_static_view<Exec, XView, 2>();
@@ -861,10 +916,19 @@ void dispatch(const Exec& exec, EpHandleState<Exec>& h, const XView& x, const WV
     pack_tokens<Exec, Scalar, Unit>(exec, s, rows_view<Unit, Mem>(x, H), src_w, true, false, h.v, rx, rw,
                                     PeerRows<Mem>{g.peers.fwd, h.v.fwd_base, pitch}, pad16(row_bytes),
                                     "KokkosMoE::ep_dispatch::pack");
-    wire_move(exec, fn, h, kRegionFwd, pitch);
-    expand_arrivals<Exec, Scalar, Unit>(exec, s, h.arrivals, h.recv_rows, LocalRows{g.in_fwd, pitch}, pad16(row_bytes),
-                                        h.v, rx, rw, "KokkosMoE::ep_dispatch::expand");
-    wire_release(exec, g, kRegionFwd);
+    wire_send(exec, fn, h, kRegionFwd, pitch);
+    EpHandleState<Exec>* hp = &h;
+    const LocalRows in{g.in_fwd, pitch};
+    const std::size_t trailer = pad16(row_bytes);
+    finish_or_defer(
+        exec, h, fn, split,
+        [hp, fn, s, in, trailer, rx, rw](const Exec& e) {
+          wire_wait(e, fn, *hp, kRegionFwd);
+          expand_arrivals<Exec, Scalar, Unit>(e, s, hp->arrivals, hp->recv_rows, in, trailer, hp->v, rx, rw,
+                                              "KokkosMoE::ep_dispatch::expand");
+          wire_release(e, *hp->group, kRegionFwd);
+        },
+        recv_x, recv_w);
   });
   account(exec, h, kOpDispatch, true, pitch, row_bytes);
 }
@@ -965,12 +1029,25 @@ void dispatch_fp8(const Exec& exec, EpHandleState<Exec>& h, const XArg& x, const
   account(exec, h, kOpDispatch, true, pitch, row_bytes);
 }
 
+/// The hook of a split send: runs the receive of send number \p ticket once.
+template <class Exec>
+void run_receive(const Exec& exec, EpHandleState<Exec>& h, std::uint64_t ticket) {
+  if (!h.receive || ticket != h.sends)
+    ep_fail("EpReceiveHook", "hook", Rule::HandleState,
+            "this receive hook already ran (a hook runs once, for the send that returned it)");
+  ScopedRegion region("KokkosMoE::ep_receive");
+  auto finish = std::move(h.receive);
+  h.receive = nullptr;
+  h.receive_of = nullptr;
+  finish(exec);
+}
+
 // ----- combine -----------------------------------------------------------------------------------------------------
 
 template <class Exec, class OutView, class WView, class YView>
 void combine(const Exec& exec, EpHandleState<Exec>& h, CombineMode mode, const OutView& out, const WView& w,
-             const YView& y) {
-  constexpr const char* fn = "ep_combine";
+             const YView& y, bool split = false) {
+  const char* fn = split ? "ep_combine_send" : "ep_combine";
   using Mem = typename Exec::memory_space;
   using Scalar = typename OutView::non_const_value_type;
   ep_static_view<Exec, OutView, 2>();
@@ -1009,13 +1086,22 @@ void combine(const Exec& exec, EpHandleState<Exec>& h, CombineMode mode, const O
         exec, s, h.arrivals, rows_view<Unit, Mem>(out, H), weighted ? LocalRows{g.in_fwd_f, fpitch} : LocalRows{},
         Unmanaged1<const float, Mem>(), h.v, PeerRows<Mem>{g.peers.ret, h.v.ret_base, pitch}, 0,
         "KokkosMoE::ep_combine::reduce_experts");
-    wire_move(exec, fn, h, kRegionRet, pitch);
+    wire_send(exec, fn, h, kRegionRet, pitch);
     if (weighted) wire_release(exec, g, kRegionFwdF);
-    reduce_ranks<Exec, Scalar, Unit>(
-        exec, s, rows_view<Unit, Mem>(out, H), weighted ? floats2<Mem>(w) : Unmanaged2<const float, Mem>(),
-        Unmanaged1<const float, Mem>(), LocalRows{g.in_ret, pitch}, 0, h.v, rows_view<Unit, Mem>(y, H),
-        Unmanaged2<float, Mem>(), "KokkosMoE::ep_combine::reduce_ranks");
-    wire_release(exec, g, kRegionRet);
+    EpHandleState<Exec>* hp = &h;
+    const auto o = rows_view<Unit, Mem>(out, H);
+    const auto cw = weighted ? floats2<Mem>(w) : Unmanaged2<const float, Mem>();
+    const auto yv = rows_view<Unit, Mem>(y, H);
+    const LocalRows ret{g.in_ret, pitch};
+    finish_or_defer(
+        exec, h, fn, split,
+        [hp, fn, s, o, cw, yv, ret](const Exec& e) {
+          wire_wait(e, fn, *hp, kRegionRet);
+          reduce_ranks<Exec, Scalar, Unit>(e, s, o, cw, Unmanaged1<const float, Mem>(), ret, 0, hp->v, yv,
+                                           Unmanaged2<float, Mem>(), "KokkosMoE::ep_combine::reduce_ranks");
+          wire_release(e, *hp->group, kRegionRet);
+        },
+        out, w, y);
   });
   account(exec, h, kOpCombine, false, pitch, static_cast<std::size_t>(H) * sizeof(Scalar));
 }
@@ -1151,6 +1237,7 @@ void dispatch_backward(const Exec& exec, EpHandleState<Exec>& h, const GradRecvX
 template <class Exec>
 EpStatus synchronize(const Exec& exec, EpHandleState<Exec>& h) {
   constexpr const char* fn = "ep_synchronize";
+  require_no_receive(fn, h);
   EpGroupState<Exec>& g = *h.group;
   g.transport->wait(fn, ExecTraits<Exec>::stream(exec));
   exec.fence();

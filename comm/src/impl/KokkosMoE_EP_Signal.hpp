@@ -124,6 +124,27 @@ void window_post(const Exec& exec, const WindowSignals<typename Exec::memory_spa
       });
 }
 
+/// The send half of window_post (split operations, docs/ep.md §14): raise this rank's arrive counter in every peer.
+template <class Exec>
+void window_raise(const Exec& exec, const WindowSignals<typename Exec::memory_space>& w, int region) {
+  Kokkos::parallel_for(
+      "KokkosMoE::ep::window_raise", Kokkos::RangePolicy<Exec>(exec, 0, 1), KOKKOS_LAMBDA(int) {
+        if (w.err(0) != 0) return;
+        w.raise_all(region, 0, w.epoch(region) + 1);
+      });
+}
+
+/// The receive half of window_post: wait for every peer's arrive counter of the next epoch.
+template <class Exec>
+void window_wait(const Exec& exec, const WindowSignals<typename Exec::memory_space>& w, int region) {
+  Kokkos::parallel_for(
+      "KokkosMoE::ep::window_wait", Kokkos::RangePolicy<Exec>(exec, 0, 1), KOKKOS_LAMBDA(int) {
+        if (w.err(0) != 0) return;
+        const std::uint64_t n = w.epoch(region) + 1;
+        if (w.wait_all(region, 0, n)) w.epoch(region) = n;
+      });
+}
+
 /// After consuming a region: tell every peer its rows here may be overwritten.
 template <class Exec>
 void window_release(const Exec& exec, const WindowSignals<typename Exec::memory_space>& w, int region) {
