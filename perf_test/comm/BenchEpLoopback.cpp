@@ -25,6 +25,9 @@
 #include <cuda_runtime.h>
 #endif
 
+#include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <memory>
 #include <mutex>
@@ -261,6 +264,110 @@ void BM_Loopback(benchmark::State& state, LOp op, int R, int T, bool capacity, P
   state.SetItemsProcessed(static_cast<std::int64_t>(T) * R * state.iterations());
 }
 
+/// The stand-in for an expert GEMM: every thread runs a long chain of FMAs on registers (compute bound, as a grouped
+/// GEMM's inner loop is), on its own instance.
+struct ComputeKernel {
+  static constexpr int kThreads = 132 * 2048, kSteps = 32768;
+  Kokkos::View<float*, Mem> acc{"KokkosMoE::perf::compute", kThreads};
+  KOKKOS_INLINE_FUNCTION void operator()(int i) const {
+    float x0 = 1.0f + 1e-7f * static_cast<float>(i), x1 = x0 * 0.5f, x2 = x0 * 0.25f, x3 = x0 * 0.125f;
+    for (int k = 0; k < kSteps; ++k) {
+      x0 = x0 * 0.9999f + 1e-4f;
+      x1 = x1 * 0.9998f + 2e-4f;
+      x2 = x2 * 0.9997f + 3e-4f;
+      x3 = x3 * 0.9996f + 4e-4f;
+    }
+    acc(i) = x0 + x1 + x2 + x3;
+  }
+  void run(const Exec& exec) const {
+    Kokkos::parallel_for("KokkosMoE::perf::gemm_like", Kokkos::RangePolicy<Exec>(exec, 0, kThreads), *this);
+  }
+};
+
+/// Median CUDA-event time in us of \p reps runs of the compute kernel on \p exec.
+double compute_us(const ComputeKernel& k, const Exec& exec, int reps) {
+  std::vector<double> t;
+  cudaEvent_t b, e;
+  cudaEventCreate(&b);
+  cudaEventCreate(&e);
+  for (int i = 0; i < reps; ++i) {
+    cudaEventRecord(b, exec.cuda_stream());
+    k.run(exec);
+    cudaEventRecord(e, exec.cuda_stream());
+    cudaEventSynchronize(e);
+    float ms = 0;
+    cudaEventElapsedTime(&ms, b, e);
+    t.push_back(1e3 * ms);
+  }
+  cudaEventDestroy(b);
+  cudaEventDestroy(e);
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+/// Overlap (docs/ep.md §13): the compute kernel on its own instance, alone and while R loopback ranks run dispatch
+/// and combine steps beside it under the SM cap; its slowdown and the EP step's time with it running.
+void BM_Overlap(benchmark::State& state, int R, int T, int max_sms) {
+  const int device = Exec().cuda_device();
+  std::vector<Communicator> comms = make_loopback_communicators(R, device, CommConfig{});
+  std::vector<cudaStream_t> streams(static_cast<std::size_t>(R) + 1);
+  for (auto& s : streams) cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+  const Exec compute_exec(streams[static_cast<std::size_t>(R)]);
+  const ComputeKernel kernel;
+  constexpr int kReps = 7, kSteps = 10;
+  double alone = 0, beside = 0, step_us = 0, runs = 0;
+  std::vector<std::string> errors(static_cast<std::size_t>(R));
+  Meeting meet(R + 1), setup(R);
+  std::atomic<bool> done{false};
+  for (auto _ : state) {
+    compute_us(kernel, compute_exec, 2);  // warm-up
+    alone = compute_us(kernel, compute_exec, kReps);
+    std::vector<std::thread> ranks;
+    for (int r = 0; r < R; ++r)
+      ranks.emplace_back([&, r] {
+        bool met = false;
+        try {
+          Rank rank(Exec(streams[static_cast<std::size_t>(r)]), comms[r], T, false, max_sms, setup);
+          for (int i = 0; i < 2; ++i) rank.run(LOp::Dispatch), rank.run(LOp::Combine);
+          ep_synchronize(rank.exec, *rank.handle);
+          met = true;
+          meet.wait();  // the compute kernel's timing starts with the steps
+          const auto t0 = std::chrono::steady_clock::now();
+          for (int i = 0; i < kSteps; ++i) rank.run(LOp::Dispatch), rank.run(LOp::Combine);
+          ep_synchronize(rank.exec, *rank.handle);
+          if (r == 0)
+            step_us = 1e6 * std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / kSteps;
+        } catch (const std::exception& e) {
+          errors[r] = e.what();
+          if (!met) meet.wait();
+        }
+        if (r == 0) done = true;
+      });
+    meet.wait();
+    // The compute kernel runs again and again while the steps last: the median of its times beside them.
+    std::vector<double> times;
+    while (!done || times.empty()) times.push_back(compute_us(kernel, compute_exec, 1));
+    std::sort(times.begin(), times.end());
+    beside = times[times.size() / 2];
+    runs = static_cast<double>(times.size());
+    for (auto& t : ranks) t.join();
+    state.SetIterationTime(beside * 1e-6);
+  }
+  for (auto& s : streams) cudaStreamDestroy(s);
+  for (int r = 0; r < R; ++r)
+    if (!errors[r].empty()) {
+      state.SkipWithError(("rank " + std::to_string(r) + ": " + errors[r]).c_str());
+      return;
+    }
+  state.counters["ranks"] = R;
+  if (max_sms > 0) state.counters["max_sms"] = max_sms;
+  state.counters["compute_alone_us"] = alone;
+  state.counters["compute_beside_ep_us"] = beside;
+  state.counters["compute_slowdown"] = beside / alone;
+  state.counters["compute_runs_beside_ep"] = runs;
+  state.counters["ep_step_us"] = step_us;  // dispatch + combine, wall time per step with the compute beside
+}
+
 }  // namespace
 #endif
 
@@ -295,6 +402,15 @@ void register_loopback_benchmarks(const std::vector<int>& tokens) {
       for (int i = 0; i < 2; ++i)
         add(std::string("ep_loopback/") + ops[i].second + "/eager/R8/" + shape + "/sms" + std::to_string(sms),
             ops[i].first, 8, T, false, PeerWindows::Auto, sms);
+    // A compute kernel beside the EP steps, alone and with dispatch + combine at R = 8 under each cap.
+    if (T >= 1024)
+      for (int sms : {8, 16, 32, -1})
+        benchmark::RegisterBenchmark(
+            ("ep_overlap/R8/" + shape + "/" + (sms > 0 ? "sms" + std::to_string(sms) : std::string("all"))).c_str(),
+            BM_Overlap, 8, T, sms)
+            ->UseManualTime()
+            ->Iterations(1)
+            ->Unit(benchmark::kMicrosecond);
   }
 #else
   (void)tokens;

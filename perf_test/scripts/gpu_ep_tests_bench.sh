@@ -97,7 +97,7 @@ fi
 
 if [ "$phase" = bench ] || [ "$phase" = all ]; then
   step "EP benchmarks (prefill 4096 and decode 128 tokens; one rank over NCCL, then loopback at R = 2, 4, 8)"
-  (cd "$bin" && timeout 300 "${mpi1[@]}" ./KokkosMoE_CommBenchmarks --benchmark_out="$out/h200_comm.json" \
+  (cd "$bin" && timeout 420 "${mpi1[@]}" ./KokkosMoE_CommBenchmarks --benchmark_out="$out/h200_comm.json" \
     --benchmark_out_format=json --benchmark_filter="${KOKKOSMOE_BENCH_FILTER:-.}") >"$out/bench.log" 2>&1
   echo "exit $?" | tee -a "$out/bench.log"; grep -E "^ep/" "$out/bench.log" | cut -c1-220
 fi

@@ -121,10 +121,11 @@ struct StepViews {
   explicit StepViews(const EpGroupConfig& c, const RankInputs& in) : StepViews(Exec(), c, in) {}
 };
 
-/// Work between a split send and its hook, on the same instance (docs/ep.md §14): it must not disturb the step.
-template <class Exec>
-void other_work(const Exec& exec) {
-  Kokkos::View<float*, typename Exec::memory_space> busy("busy", 4096);
+/// Work between a split send and its hook, on the same instance (docs/ep.md §14): it must not disturb the step. It
+/// allocates nothing: freeing device memory synchronizes the whole device, and loopback peers on it may be waiting
+/// for this rank's next signal.
+template <class Exec, class View>
+void other_work(const Exec& exec, const View& busy) {
   Kokkos::parallel_for(
       "test_other_work", Kokkos::RangePolicy<Exec>(exec, 0, busy.extent(0)),
       KOKKOS_LAMBDA(int i) { busy(i) = static_cast<float>(i) * 0.5f; });
@@ -148,6 +149,7 @@ StepOutputs run_step(const Exec& exec, EpGroup<Exec>& group, EpHandle<Exec>& han
   Kokkos::View<float*, Mem> recv_w("recv_w", N), grad_recv_w("grad_recv_w", N);
   Kokkos::View<Scalar**, Kokkos::LayoutRight, Mem> y("y", T, H), grad_y("grad_y", T, H), grad_x("grad_x", T, H);
   Kokkos::View<float**, Kokkos::LayoutRight, Mem> grad_wc("grad_wc", T, K), grad_wd("grad_wd", T, K);
+  Kokkos::View<float*, Mem> busy("busy", split ? 4096 : 0);
   auto hg = Kokkos::create_mirror_view(grad_y);
   for (int t = 0; t < T; ++t)
     for (int h = 0; h < H; ++h) hg(t, h) = Scalar(upstream_grad(me, t, h, is_bf16));
@@ -167,7 +169,7 @@ StepOutputs run_step(const Exec& exec, EpGroup<Exec>& group, EpHandle<Exec>& han
   }
   if (split) {
     const auto hook = ep_dispatch_send(exec, handle, sv.x, sv.w, recv_x, recv_w);
-    other_work(exec);
+    other_work(exec, busy);
     hook(exec);
   } else {
     ep_dispatch(exec, handle, sv.x, sv.w, recv_x, recv_w);
@@ -218,7 +220,7 @@ StepOutputs run_step(const Exec& exec, EpGroup<Exec>& group, EpHandle<Exec>& han
       });
   if (split) {
     const auto hook = ep_combine_send(exec, handle, mode, out, sv.w, y);
-    other_work(exec);
+    other_work(exec, busy);
     hook(exec);
   } else {
     ep_combine(exec, handle, mode, out, sv.w, y);

@@ -151,9 +151,10 @@ struct Case {
   Routing routing;
   CombineMode mode;
   bool bf16;
-  int layout;        // 0 eager, 1 capacity (room for all), 2 capacity with drops, 3 fixed
-  int hidden = 40;   // 160-byte FP32 rows: Chunk16 units; bf16 rows of 80 bytes; a multiple of 128: FP8 rows too
-  int max_sms = -1;  // the SM cap (docs/ep.md §13)
+  int layout;          // 0 eager, 1 capacity (room for all), 2 capacity with drops, 3 fixed
+  int hidden = 40;     // 160-byte FP32 rows: Chunk16 units; bf16 rows of 80 bytes; a multiple of 128: FP8 rows too
+  int max_sms = -1;    // the SM cap (docs/ep.md §13)
+  bool split = false;  // dispatch and combine in two halves (docs/ep.md §14)
 };
 
 EpGroupConfig case_config(int R, const Case& k) {
@@ -176,13 +177,13 @@ EpGroupConfig case_config(int R, const Case& k) {
 
 template <class Exec, class Scalar>
 std::string rank_step(const Exec& exec, const Communicator& comm, const EpGroupConfig& c,
-                      const std::vector<RankInputs>& in, CombineMode mode) {
+                      const std::vector<RankInputs>& in, CombineMode mode, bool split) {
   constexpr bool bf16 = std::is_same<Scalar, bf16_t>::value;
   const int me = comm.rank();
   const StepOutputs want = expected_step(c, in, me, mode, bf16);
   EpGroup<Exec> group(exec, comm, c);
   auto handle = group.make_handle();
-  const StepOutputs got = run_step<Exec, Scalar>(exec, group, handle, in[me], mode, want.recv_rows);
+  const StepOutputs got = run_step<Exec, Scalar>(exec, group, handle, in[me], mode, want.recv_rows, split);
   std::ostringstream out;
   if (got.recv_rows != want.recv_rows) out << "recv_rows " << got.recv_rows << " != " << want.recv_rows << "; ";
   diff_exact(out, "recv_expert", got.recv_expert, want.recv_expert);
@@ -218,6 +219,9 @@ void steps_match_oracle() {
       {"capacity drops fp32 weighted, FP8 rows", Routing::Duplicates, CombineMode::Weighted, false, 2, 128},
       {"eager skewed bf16 weighted, FP8 rows, SM cap 1", Routing::Skewed, CombineMode::Weighted, true, 0, 256, 1},
       {"capacity drops bf16 weighted, SM cap 2", Routing::Duplicates, CombineMode::Weighted, true, 2, 40, 2},
+      {"eager skewed fp32 weighted, split send/receive", Routing::Skewed, CombineMode::Weighted, false, 0, 40, -1,
+       true},
+      {"capacity bf16 sum, split send/receive", Routing::Uniform, CombineMode::Sum, true, 1, 40, -1, true},
   };
   // Direct writes at every R; messages (the staged path, peer_windows = off) at R = 3.
   const std::pair<int, PeerWindows> runs[] = {{1, PeerWindows::Auto}, {2, PeerWindows::Auto}, {3, PeerWindows::Auto},
@@ -242,8 +246,8 @@ void steps_match_oracle() {
       for (int r = 0; r < R; ++r)
         in.push_back(make_inputs(c, k.routing, r, r == 1 ? 0 : c.max_tokens_per_rank - r % 3, 900 + R, k.bf16));
       const auto found = on_ranks<Exec>(R, cc, [&](int, const Exec& exec, const Communicator& comm) {
-        return k.bf16 ? rank_step<Exec, bf16_t>(exec, comm, c, in, k.mode)
-                      : rank_step<Exec, float>(exec, comm, c, in, k.mode);
+        return k.bf16 ? rank_step<Exec, bf16_t>(exec, comm, c, in, k.mode, k.split)
+                      : rank_step<Exec, float>(exec, comm, c, in, k.mode, k.split);
       });
       for (int r = 0; r < R; ++r)
         BOOST_TEST(found[r].empty(), "R = " << R << " (windows " << to_string(windows) << "), " << k.name << ", rank "

@@ -68,7 +68,7 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(step_matches_oracle, DeviceType, KOKKOSMOE_DEVICE_
   // Dispatch and combine in their two halves (docs/ep.md §14), other work between each send and its hook.
   for (auto split : {c2, cap, fixed}) {
     check_step<Exec, bf16_t>(split, Routing::Skewed, CombineMode::Weighted, 330, true, "split send/receive", true);
-    check_step<Exec, float>(split, Routing::Duplicates, CombineMode::Sum, 331, false, "split send/receive", true);
+    check_step<Exec, float>(split, Routing::WithMinusOne, CombineMode::Sum, 331, false, "split send/receive", true);
   }
 }
 

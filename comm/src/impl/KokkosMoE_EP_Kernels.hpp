@@ -104,23 +104,38 @@ struct EpShape {
 
 KOKKOS_INLINE_FUNCTION int pad_to(int n, int a) { return a <= 1 ? n : (n + a - 1) / a * a; }
 
+template <class Exec>
+using TeamScratch = typename Exec::scratch_memory_space;
+
 /// An EP kernel over n work items: one team per item, or under the SM cap (EpShape::max_teams) at most that many
 /// teams, each taking the items league_rank, + max_teams, ... in turn (a barrier between two: they reuse the team's
 /// scratch). A Cuda block runs on one SM, so a capped kernel occupies at most max_teams SMs (docs/ep.md §13).
+/// f(m, item, scratch): \p scratch is the team's shmem bytes of scratch, afresh for every item (Kokkos's
+/// team_scratch only ever advances, and a team of a capped kernel takes several items).
 template <class Exec, class F>
 void team_items(const Exec& exec, const EpShape& s, const char* label, std::int64_t n, std::size_t shmem, const F& f,
                 int vector = 1) {
   using Team = typename Kokkos::TeamPolicy<Exec>::member_type;
+  using Scratch = typename Exec::scratch_memory_space;
   if (n <= 0) return;
-  const std::int64_t league = s.max_teams > 0 && n > s.max_teams ? s.max_teams : n;
+  if (s.max_teams <= 0 || n <= s.max_teams) {
+    // One team per item: the kernel as written without a cap (a loop around the item costs the reduces registers).
+    Kokkos::TeamPolicy<Exec> policy(exec, static_cast<int>(n), Kokkos::AUTO, vector);
+    Kokkos::parallel_for(
+        label, light(policy.set_scratch_size(0, Kokkos::PerTeam(shmem))),
+        KOKKOS_LAMBDA(const Team& m) { f(m, m.league_rank(), m.team_scratch(0)); });
+    return;
+  }
+  const std::int64_t league = s.max_teams;
+  const auto body = KOKKOS_LAMBDA(const Team& m) {
+    void* buf = shmem > 0 ? m.team_scratch(0).get_shmem(shmem) : nullptr;
+    for (std::int64_t i = m.league_rank(); i < n; i += league) {
+      if (i != m.league_rank()) m.team_barrier();
+      f(m, i, Scratch(buf, shmem));
+    }
+  };
   Kokkos::TeamPolicy<Exec> policy(exec, static_cast<int>(league), Kokkos::AUTO, vector);
-  Kokkos::parallel_for(
-      label, light(policy.set_scratch_size(0, Kokkos::PerTeam(shmem))), KOKKOS_LAMBDA(const Team& m) {
-        for (std::int64_t i = m.league_rank(); i < n; i += league) {
-          if (i != m.league_rank()) m.team_barrier();
-          f(m, i);
-        }
-      });
+  Kokkos::parallel_for(label, light(policy.set_scratch_size(0, Kokkos::PerTeam(shmem))), body);
 }
 
 /// Flat work items per team of a capped flat kernel.
@@ -138,7 +153,7 @@ void range_items(const Exec& exec, const EpShape& s, const char* label, std::int
   }
   team_items(
       exec, s, label, (n + kRangeItemsPerTeam - 1) / kRangeItemsPerTeam, 0,
-      KOKKOS_LAMBDA(const Team& m, std::int64_t c) {
+      KOKKOS_LAMBDA(const Team& m, std::int64_t c, const TeamScratch<Exec>&) {
         const std::int64_t i0 = c * kRangeItemsPerTeam;
         const int len = static_cast<int>(n - i0 < kRangeItemsPerTeam ? n - i0 : kRangeItemsPerTeam);
         Kokkos::parallel_for(Kokkos::TeamThreadRange(m, len), [&](int j) { f(i0 + j); });
@@ -164,11 +179,12 @@ void layout_count(const Exec& exec, const EpShape s, const IdxView& idx,
     const int n_max = s.chunk * s.K;
     const std::size_t shmem = Scratch::shmem_size(s.E) + Scratch::shmem_size(s.R) + Scratch::shmem_size(n_max);
     team_items(
-        exec, s, "KokkosMoE::ep_layout::count", nch, shmem, KOKKOS_LAMBDA(const Team& m, std::int64_t item) {
+        exec, s, "KokkosMoE::ep_layout::count", nch, shmem,
+        KOKKOS_LAMBDA(const Team& m, std::int64_t item, const TeamScratch<Exec>& sp) {
           const int c = static_cast<int>(item);
-          Scratch cnt(m.team_scratch(0), s.E);
-          Scratch tok(m.team_scratch(0), s.R);
-          Scratch ids(m.team_scratch(0), n_max);
+          Scratch cnt(sp, s.E);
+          Scratch tok(sp, s.R);
+          Scratch ids(sp, n_max);
           const int t0 = c * s.chunk;
           const int t1 = t0 + s.chunk < s.T ? t0 + s.chunk : s.T;
           const int n = (t1 - t0) * s.K;
@@ -231,7 +247,8 @@ void layout_count(const Exec& exec, const EpShape s, const IdxView& idx,
   auto send = v.gather_send;
   auto status = v.status;
   team_items(
-      exec, s, "KokkosMoE::ep_layout::prefix", s.E + s.R + 1, 0, KOKKOS_LAMBDA(const Team& m, std::int64_t item) {
+      exec, s, "KokkosMoE::ep_layout::prefix", s.E + s.R + 1, 0,
+      KOKKOS_LAMBDA(const Team& m, std::int64_t item, const TeamScratch<Exec>& sp) {
         const int i = static_cast<int>(item);
         if (i < s.E + s.R) {
           const bool expert = i < s.E;
@@ -311,7 +328,8 @@ void layout_offsets(const Exec& exec, const EpShape s, const EpLayoutViews<typen
   auto rank_status = v.rank_status;
   const std::size_t shmem = 4 * Scratch::shmem_size(s.L);
   team_items(
-      exec, s, "KokkosMoE::ep_layout::offsets", s.R, shmem, KOKKOS_LAMBDA(const Team& m, std::int64_t item) {
+      exec, s, "KokkosMoE::ep_layout::offsets", s.R, shmem,
+      KOKKOS_LAMBDA(const Team& m, std::int64_t item, const TeamScratch<Exec>& sp) {
         const int j = static_cast<int>(item), L = s.L, E = s.E, W = s.E + 1 + s.R;
         constexpr int kNone = 2147483647;
         auto count = [&](int i, int ee) { return gathered(static_cast<std::int64_t>(i) * W + ee); };
@@ -329,8 +347,7 @@ void layout_offsets(const Exec& exec, const EpShape s, const EpLayoutViews<typen
           for (int q = 0; q < i; ++q) n += q == r ? 0 : tok(q, r);
           return n;
         };
-        Scratch tot(m.team_scratch(0), L), off(m.team_scratch(0), L), run(m.team_scratch(0), L),
-            unused(m.team_scratch(0), L);
+        Scratch tot(sp, L), off(sp, L), run(sp, L), unused(sp, L);
         Kokkos::parallel_for(Kokkos::TeamThreadRange(m, E + 1),
                              [&](int ee) { counts(static_cast<std::int64_t>(j) * (E + 1) + ee) = count(j, ee); });
         Kokkos::parallel_for(Kokkos::TeamThreadRange(m, L), [&](int l) {
@@ -644,8 +661,10 @@ KOKKOS_INLINE_FUNCTION void team_prefetch(const Member& m, int K, const F& f) {
 }
 
 /// Slots whose dot products one team reduction forms in the Weighted combine backward: a token's kept slots on one
-/// rank beyond it take another pass over its row (DeepSeek-V3 has 8 slots per token).
-constexpr int kDotSlots = 8;
+/// rank beyond it take another pass over its row. Four keep the reduction's value and the slots' loads in registers
+/// (eight cost the expert side occupancy: 96 registers a thread), and a token rarely has more on one rank
+/// (DeepSeek-V3 at EP8: about 1.8 on average).
+constexpr int kDotSlots = 4;
 
 /// The FP32 dot products of up to kDotSlots slots: the value of one team reduction.
 struct SlotDots {
@@ -770,13 +789,9 @@ struct PackScratch {
     return SPtr::shmem_size(s.K) + SPtr::shmem_size(s.R) + SInt::shmem_size(s.K + 2) + SFlt::shmem_size(s.K) +
            SInt::shmem_size(2 * s.K);
   }
-  template <class Member>
-  KOKKOS_INLINE_FUNCTION PackScratch(const Member& m, const EpShape& s)
-      : ptr(m.team_scratch(0), s.K),
-        raddr(m.team_scratch(0), s.R),
-        lrow(m.team_scratch(0), s.K + 2),
-        lcoef(m.team_scratch(0), s.K),
-        slots(m.team_scratch(0), 2 * s.K) {}
+  template <class Space>
+  KOKKOS_INLINE_FUNCTION PackScratch(const Space& sp, const EpShape& s)
+      : ptr(sp, s.K), raddr(sp, s.R), lrow(sp, s.K + 2), lcoef(sp, s.K), slots(sp, 2 * s.K) {}
   /// Token t's targets (token_targets), then a barrier: lrow(K) local rows, lrow(K + 1) remote ranks.
   template <class Mem, class Member>
   KOKKOS_INLINE_FUNCTION void targets(const Member& m, const EpShape& s, const EpLayoutViews<Mem>& v, int t,
@@ -822,9 +837,10 @@ void pack_tokens(const Exec& exec, const EpShape s, const Unmanaged2<const Unit,
   if (s.T == 0) return;
   const int units = static_cast<int>(src.extent(1));
   team_items(
-      exec, s, label, s.T, PackScratch<Exec>::shmem(s), KOKKOS_LAMBDA(const Team& m, std::int64_t item) {
+      exec, s, label, s.T, PackScratch<Exec>::shmem(s),
+      KOKKOS_LAMBDA(const Team& m, std::int64_t item, const TeamScratch<Exec>& sp) {
         const int t = static_cast<int>(item);
-        const PackScratch<Exec> p(m, s);
+        const PackScratch<Exec> p(sp, s);
         p.template targets<Mem>(m, s, v, t, w, dst);
         const auto& ptr = p.ptr;
         const auto& lrow = p.lrow;
@@ -961,9 +977,9 @@ void pack_fp8_tokens(const Exec& exec, const EpShape s, const Src& src, int unit
   // lanes (a maximum: the same in any order), then the lane's codes from its channels again (the loads it just made).
   team_items(
       exec, s, label, s.T, PackScratch<Exec>::shmem(s),
-      KOKKOS_LAMBDA(const Team& m, std::int64_t item) {
+      KOKKOS_LAMBDA(const Team& m, std::int64_t item, const TeamScratch<Exec>& sp) {
         const int t = static_cast<int>(item);
-        const PackScratch<Exec> p(m, s);
+        const PackScratch<Exec> p(sp, s);
         p.template targets<Mem>(m, s, v, t, w, dst);
         const auto& ptr = p.ptr;
         const auto& lrow = p.lrow;
@@ -1085,10 +1101,10 @@ void expand_arrivals(const Exec& exec, const EpShape s, std::int64_t arrivals, i
   const int rows_len = s.K + 2 > kZeroRows + 1 ? s.K + 2 : kZeroRows + 1;
   const std::size_t shmem = SInt::shmem_size(rows_len) + SInt::shmem_size(s.K) + SInt::shmem_size(s.R + 1);
   team_items(
-      exec, s, label, teams, shmem, KOKKOS_LAMBDA(const Team& m, std::int64_t item) {
-        SInt rows(m.team_scratch(0), rows_len);
-        SInt fwd(m.team_scratch(0), s.K);
-        SInt pre(m.team_scratch(0), s.R + 1);
+      exec, s, label, teams, shmem, KOKKOS_LAMBDA(const Team& m, std::int64_t item, const TeamScratch<Exec>& sp) {
+        SInt rows(sp, rows_len);
+        SInt fwd(sp, s.K);
+        SInt pre(sp, s.R + 1);
         if (item >= walkers) {
           const int n = unfed_rows(m, s, static_cast<int>(item - walkers) * kZeroRows, recv_rows, recv_src, recv_expert,
                                    offsets, rows);
@@ -1167,13 +1183,14 @@ void reduce_arrivals(const Exec& exec, const EpShape s, std::int64_t arrivals,
   const std::size_t shmem =
       SInt::shmem_size(s.K + 2) + SInt::shmem_size(s.K) + SFlt::shmem_size(s.K) + SInt::shmem_size(s.R + 1);
   team_items(
-      exec, s, label, static_cast<int>(walkers), shmem, KOKKOS_LAMBDA(const Team& m, std::int64_t item) {
+      exec, s, label, static_cast<int>(walkers), shmem,
+      KOKKOS_LAMBDA(const Team& m, std::int64_t item, const TeamScratch<Exec>& sp) {
         // The kept rows of the token here and their coefficients, in k order (the order of the sum); the arrival's
         // source rank in the same round of loads (-1: an unused index).
-        SInt rows(m.team_scratch(0), s.K + 2);
-        SInt fwd(m.team_scratch(0), s.K);
-        SFlt cs(m.team_scratch(0), s.K);
-        SInt pre(m.team_scratch(0), s.R + 1);
+        SInt rows(sp, s.K + 2);
+        SInt fwd(sp, s.K);
+        SFlt cs(sp, s.K);
+        SInt pre(sp, s.R + 1);
         const std::int64_t walked = arrivals_walked(m, s, arrivals, arrive_count, pre);
         for (std::int64_t c = item; c < walked; c += walkers) {
           const std::int64_t a = arrival_index(s, pre, c);
@@ -1244,17 +1261,17 @@ void reduce_ranks(const Exec& exec, const EpShape s, const Unmanaged2<const Unit
   const std::size_t shmem =
       3 * SInt::shmem_size(s.K + 1) + SInt::shmem_size(2 * s.K) + SFlt::shmem_size(s.K) + SInt::shmem_size(s.R);
   team_items(
-      exec, s, label, s.T, shmem, KOKKOS_LAMBDA(const Team& m, std::int64_t item) {
+      exec, s, label, s.T, shmem, KOKKOS_LAMBDA(const Team& m, std::int64_t item, const TeamScratch<Exec>& sp) {
         const int t = static_cast<int>(item);
         const std::int64_t q0 = static_cast<std::int64_t>(t) * s.K;
         // The distinct ranks of the kept slots, ascending (count last); per rank the returned row's index, -1 for
         // this rank, whose kept rows and coefficients follow in k order (count last).
-        SInt order(m.team_scratch(0), s.K + 1);
-        SInt from(m.team_scratch(0), s.K + 1);
-        SInt lrow(m.team_scratch(0), s.K + 1);
-        SFlt lcoef(m.team_scratch(0), s.K);
-        SInt slots(m.team_scratch(0), 2 * s.K);  // slot_row, then slot_rank
-        SInt rret(m.team_scratch(0), s.R);       // per rank the returned row's index (-1: none, or this rank)
+        SInt order(sp, s.K + 1);
+        SInt from(sp, s.K + 1);
+        SInt lrow(sp, s.K + 1);
+        SFlt lcoef(sp, s.K);
+        SInt slots(sp, 2 * s.K);  // slot_row, then slot_rank
+        SInt rret(sp, s.R);       // per rank the returned row's index (-1: none, or this rank)
         team_prefetch(m, s.K > s.R ? s.K : s.R, [&](int j) {
           if (j < s.K) {
             slots(j) = slot_row(q0 + j);
@@ -1355,12 +1372,13 @@ void local_dots(const Exec& exec, const EpShape s, const Unmanaged2<const Unit, 
   auto slot_rank = v.slot_rank;
   const std::size_t shmem = 2 * SInt::shmem_size(s.K + 1) + SInt::shmem_size(s.K) + SFlt::shmem_size(s.K);
   team_items(
-      exec, s, "KokkosMoE::ep_combine_backward::local", s.T, shmem, KOKKOS_LAMBDA(const Team& m, std::int64_t item) {
+      exec, s, "KokkosMoE::ep_combine_backward::local", s.T, shmem,
+      KOKKOS_LAMBDA(const Team& m, std::int64_t item, const TeamScratch<Exec>& sp) {
         const int t = static_cast<int>(item);
-        SInt rows(m.team_scratch(0), s.K + 1);
-        SInt ks(m.team_scratch(0), s.K + 1);
-        SInt ranks(m.team_scratch(0), s.K);
-        SFlt cs(m.team_scratch(0), s.K);
+        SInt rows(sp, s.K + 1);
+        SInt ks(sp, s.K + 1);
+        SInt ranks(sp, s.K);
+        SFlt cs(sp, s.K);
         const std::int64_t q0 = static_cast<std::int64_t>(t) * s.K;
         team_prefetch(m, s.K, [&](int k) {
           rows(k) = slot_row(q0 + k);
@@ -1413,12 +1431,13 @@ void expand_with_dots(const Exec& exec, const EpShape s, std::int64_t arrivals, 
   const std::size_t shmem =
       SInt::shmem_size(rows_len) + 2 * SInt::shmem_size(s.K) + SFlt::shmem_size(s.K) + SInt::shmem_size(s.R + 1);
   team_items(
-      exec, s, "KokkosMoE::ep_combine_backward::expert", teams, shmem, KOKKOS_LAMBDA(const Team& m, std::int64_t item) {
-        SInt rows(m.team_scratch(0), rows_len);
-        SInt fwd(m.team_scratch(0), s.K);
-        SInt ks(m.team_scratch(0), s.K);
-        SFlt cs(m.team_scratch(0), s.K);
-        SInt pre(m.team_scratch(0), s.R + 1);
+      exec, s, "KokkosMoE::ep_combine_backward::expert", teams, shmem,
+      KOKKOS_LAMBDA(const Team& m, std::int64_t item, const TeamScratch<Exec>& sp) {
+        SInt rows(sp, rows_len);
+        SInt fwd(sp, s.K);
+        SInt ks(sp, s.K);
+        SFlt cs(sp, s.K);
+        SInt pre(sp, s.R + 1);
         if (item >= walkers) {
           const int n = unfed_rows(m, s, static_cast<int>(item - walkers) * kZeroRows, recv_rows, recv_src, recv_expert,
                                    offsets, rows);

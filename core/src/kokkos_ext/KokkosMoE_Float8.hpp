@@ -15,14 +15,17 @@
 #include <kokkos_ext/KokkosMoE_Float16.hpp>
 
 #include <cstdint>
+#if defined(__CUDACC__)
+#include <cuda_fp8.h>
+#endif
 
 namespace KokkosMoE {
 namespace Impl {
 
 constexpr float kE4m3Max = 448.0f;
 
-/// float -> E4M3 bits: round to nearest even, saturating at +-448, NaN -> S.1111.111.
-KOKKOSMOE_HD_INLINE std::uint8_t float_to_e4m3_bits(float f) {
+/// float -> E4M3 bits in integer arithmetic: round to nearest even, saturating at +-448, NaN -> S.1111.111.
+KOKKOSMOE_HD_INLINE std::uint8_t float_to_e4m3_bits_integer(float f) {
   const std::uint32_t x = float_bits(f);
   const std::uint32_t sign = (x >> 24) & 0x80u;
   const std::uint32_t a = x & 0x7fffffffu;
@@ -51,6 +54,19 @@ KOKKOSMOE_HD_INLINE std::uint8_t float_to_e4m3_bits(float f) {
   std::uint32_t code = (exp << 3) | keep;
   if (code > 0x7eu) code = 0x7eu;  // rounded up past 448 (the NaN pattern): saturate
   return static_cast<std::uint8_t>(sign | code);
+}
+
+/// float -> E4M3 bits: round to nearest even, saturating at +-448, NaN -> S.1111.111.
+KOKKOSMOE_HD_INLINE std::uint8_t float_to_e4m3_bits(float f) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  // Ada and Hopper convert in one instruction (cvt.rn.satfinite.e4m3x2.f32) with the same rounding and saturation of
+  // finite and infinite magnitudes; only NaN's sign is set here, the instruction's NaN has none.
+  const std::uint32_t x = float_bits(f);
+  if ((x & 0x7fffffffu) > 0x7f800000u) return static_cast<std::uint8_t>(((x >> 24) & 0x80u) | 0x7fu);
+  return static_cast<std::uint8_t>(__nv_cvt_float_to_fp8(f, __NV_SATFINITE, __NV_E4M3));
+#else
+  return float_to_e4m3_bits_integer(f);
+#endif
 }
 
 /// E4M3 bits -> float (exact).
