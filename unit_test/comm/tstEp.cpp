@@ -3,7 +3,11 @@
  */
 // The EP test matrix of docs/ep.md §12 (cases 1-8 and 10), one source for every transport: host device types run
 // over MPI, Kokkos::Cuda over NCCL. Every rank runs every case; expected values come from the plain-loop oracle.
+// Also ep_tools_instances (at the end; run on one rank): the Kokkos Tools see every EP operation's kernels on the
+// caller's instance and no fence but the documented waits.
 #include <KokkosMoE_EnableDeviceTypes.hpp>
+
+#include <KokkosToolsEvents.hpp>
 
 #include <EpCases.hpp>
 #include <EpStep.hpp>
@@ -511,5 +515,103 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(wire_bytes_match_the_planner, DeviceType, KOKKOSMO
   }
 }
 #endif
+
+BOOST_AUTO_TEST_SUITE_END()
+
+// ----- the caller's instance, no fence (Kokkos Tools) ---------------------------------------------------------------
+// The EP operations stay on the caller's execution space instance and do not fence (docs/ep.md §6, the contract of
+// KokkosMoE_EP.hpp): on one rank, every Kokkos kernel of the layout, both dispatches (rows and FP8 rows), combine,
+// both backwards and the statistics resets carries the Tools device id of an instance of the caller's own, and none
+// of them fences, except the two documented waits: the eager layout (it learns the receive size) and
+// ep_synchronize. Recorded through the callbacks of unit_test/KokkosToolsEvents.hpp, as the router's
+// router_tools_instances suite does. The step's Views have EpStep.hpp's types, so the operations' instantiations are
+// those of run_step.
+using KokkosMoETest::expect_on_instance;
+using KokkosMoETest::kernel_count;
+using KokkosMoETest::RecordToolsEvents;
+using KokkosMoETest::ToolsEvent;
+
+namespace {
+
+/// One step of every EP operation on \p exec, in eager and in capacity mode: check(operation, may_fence, events)
+/// gets the Kokkos Tools events of each call.
+template <class Exec, class Check>
+void each_ep_operation(const Exec& exec, Check&& check) {
+  using Mem = typename Exec::memory_space;
+  const Communicator& comm = ep_comm<Exec>();
+  BOOST_TEST_REQUIRE(comm.size() == 1, "the instance test runs on one rank");
+  for (const bool capacity : {false, true}) {
+    BOOST_TEST_CONTEXT(Exec::name() << (capacity ? " capacity mode" : " eager mode")) {
+      EpGroupConfig c = default_config(1);
+      c.hidden = kFp8BlockChannels;  // one FP8 scale block per row: the FP8 dispatch runs too
+      if (capacity) c.max_recv_tokens_per_rank = c.max_tokens_per_rank * c.top_k;
+      const RankInputs in = make_inputs(c, Routing::Uniform, 0, c.max_tokens_per_rank, 5, false);
+      const StepViews<Exec, float> sv(exec, c, in);
+      EpGroup<Exec> group(exec, comm, c);
+      auto handle = group.make_handle();
+      RecordToolsEvents rec;
+      auto run = [&](const char* op, bool may_fence, const auto& call) {
+        const std::vector<ToolsEvent> events = rec.during(call);
+        check(op, may_fence, events);
+      };
+      // Eager mode waits once in the layout, for the receive size (KokkosMoE_EP.hpp, docs/ep.md §5).
+      run("ep_layout", !capacity, [&] { ep_layout(exec, handle, sv.idx); });
+      // The Views of the step (EpStep.hpp's types), allocated outside the recorded calls.
+      const int T = in.T, H = c.hidden, K = c.top_k, N = handle.num_recv_rows(), nb = H / kFp8BlockChannels;
+      using Rows = Kokkos::View<float**, Kokkos::LayoutRight, Mem>;
+      Rows rx("recv_x", N, H), ro("out", N, H), rgo("grad_out", N, H), y("y", T, H), grad_y("grad_y", T, H),
+          grad_x("grad_x", T, H), grad_wc("grad_wc", T, K), grad_wd("grad_wd", T, K), rs("recv_scales", N, nb);
+      Kokkos::View<float*, Mem> rw("recv_w", N), rw8("recv_w_fp8", N);
+      Kokkos::View<fp8_e4m3_t**, Kokkos::LayoutRight, Mem> rq("recv_q", N, H);
+      Kokkos::deep_copy(exec, ro, 0.5f);
+      Kokkos::deep_copy(exec, grad_y, 0.25f);
+      exec.fence();
+      run("ep_dispatch", false, [&] { ep_dispatch(exec, handle, sv.x, sv.w, rx, rw); });
+      run("ep_dispatch (FP8 rows)", false, [&] { ep_dispatch(exec, handle, sv.x, sv.w, fp8_rows(rq, rs), rw8); });
+      run("ep_combine", false, [&] { ep_combine(exec, handle, CombineMode::Weighted, ro, sv.w, y); });
+      run("ep_combine_backward", false,
+          [&] { ep_combine_backward(exec, handle, CombineMode::Weighted, grad_y, sv.w, ro, rgo, grad_wc); });
+      run("ep_dispatch_backward", false, [&] { ep_dispatch_backward(exec, handle, rgo, rw, grad_x, grad_wd); });
+      run("ep_reset_statistics (handle)", false, [&] { ep_reset_statistics(exec, handle); });
+      run("ep_reset_statistics (group)", false, [&] { ep_reset_statistics(exec, group); });
+      run("ep_synchronize", true, [&] { ep_synchronize(exec, handle); });
+    }
+  }
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_SUITE(ep_tools_instances)
+
+// Every Kokkos kernel of the EP operations runs on the caller's backend; the dispatch and the combine launch some
+// (a call the Tools saw no kernel of would make the check vacuous).
+BOOST_AUTO_TEST_CASE_TEMPLATE(kernels_on_the_user_backend, DeviceType, KOKKOSMOE_DEVICE_TYPES) {
+  using Exec = typename DeviceType::execution_space;
+  const Exec exec = Impl::partitioned_instance(Exec());
+  each_ep_operation(exec, [&](const std::string& op, bool, const std::vector<ToolsEvent>& events) {
+    expect_on_instance(op, events, exec, /*whole_id=*/false, /*fences_allowed=*/true);
+    if (op == "ep_dispatch" || op == "ep_combine") BOOST_TEST(kernel_count(events) > 0, op << ": no kernel seen");
+  });
+}
+
+// ... and on the caller's instance itself, where the backend tells instances apart.
+BOOST_TEST_DECORATOR(*boost::unit_test::precondition(KokkosMoETest::OwnInstanceIds{}))
+BOOST_AUTO_TEST_CASE_TEMPLATE(kernels_on_the_user_instance, DeviceType, KOKKOSMOE_DEVICE_TYPES) {
+  using Exec = typename DeviceType::execution_space;
+  const Exec exec = Impl::partitioned_instance(Exec());
+  each_ep_operation(exec, [&](const std::string& op, bool, const std::vector<ToolsEvent>& events) {
+    expect_on_instance(op, events, exec, /*whole_id=*/true, /*fences_allowed=*/true);
+  });
+}
+
+// No fence but in the two documented waits.
+BOOST_TEST_DECORATOR(*boost::unit_test::precondition(KokkosMoETest::fences_are_reported))
+BOOST_AUTO_TEST_CASE_TEMPLATE(no_fence_but_the_documented_waits, DeviceType, KOKKOSMOE_DEVICE_TYPES) {
+  using Exec = typename DeviceType::execution_space;
+  const Exec exec = Impl::partitioned_instance(Exec());
+  each_ep_operation(exec, [&](const std::string& op, bool may_fence, const std::vector<ToolsEvent>& events) {
+    expect_on_instance(op, events, exec, /*whole_id=*/false, may_fence);
+  });
+}
 
 BOOST_AUTO_TEST_SUITE_END()

@@ -49,7 +49,7 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(reference_patterns_compat, DeviceType, KOKKOSMOE_D
 
 // Shapes the native CUDA forward kernels leave to the portable path (more than 1024 experts; a group size no lane
 // layout fits; more than 8 experts scoring a group), against the oracle on every backend: on Kokkos::Cuda, Auto
-// runs the portable kernels through the specialization's fallback (tstRouterProfilingRegions.cpp checks which
+// runs the portable kernels through the specialization's fallback (tstRouterKokkosTools.cpp checks which
 // path ran).
 BOOST_AUTO_TEST_CASE_TEMPLATE(native_fallback_shapes, DeviceType, KOKKOSMOE_DEVICE_TYPES) {
   struct Shape {
