@@ -62,6 +62,7 @@ struct Args {
   std::string transport;  // "" = the build's default (nccl with CUDA, else mpi)
   long ranks = 2;         // loopback
   bool fp8 = false;       // dispatch as FP8 rows (docs/ep.md §3.5)
+  bool decode = false;    // the decode path: fixed layout, layout fused into the dispatch (docs/ep.md §15)
   bool help = false;
   KokkosMoE::Impl::CliKokkosArgs kokkos;
 };
@@ -72,11 +73,13 @@ Args parse(int argc, char** argv) {
   static const std::vector<CliFlag> flags = {
       {"--preset", true, ""},    {"--tokens", true, ""},    {"--hidden", true, ""}, {"--dtype", true, ""},
       {"--capacity", true, ""},  {"--alignment", true, ""}, {"--iters", true, ""},  {"--seed", true, ""},
-      {"--transport", true, ""}, {"--ranks", true, ""},     {"--fp8", false, ""},   {"--help", false, "-h"}};
+      {"--transport", true, ""}, {"--ranks", true, ""},     {"--fp8", false, ""},   {"--decode", false, ""},
+      {"--help", false, "-h"}};
   const KokkosMoE::Impl::CliArgs cli = KokkosMoE::Impl::parse_command_line(argc, argv, flags, KOKKOS_VERSION);
   Args a;
   a.help = cli.has("--help");
   a.fp8 = cli.has("--fp8");
+  a.decode = cli.has("--decode");
   a.preset = cli.choice("--preset", router_preset_names(), a.preset);
   a.tokens = cli.integer("--tokens", 0, 1 << 24, a.tokens);
   a.hidden = cli.integer("--hidden", 1, 1 << 16, 0);
@@ -92,6 +95,17 @@ Args parse(int argc, char** argv) {
     if (H % kFp8BlockChannels != 0)
       throw KokkosMoE::Impl::CliUsageError("--fp8 needs a hidden size that is a multiple of " +
                                            std::to_string(kFp8BlockChannels) + ", got " + std::to_string(H));
+  }
+  if (a.decode) {
+    using KokkosMoE::Impl::CliUsageError;
+    if (a.tokens > KokkosMoE::EpDecodeLimits::max_tokens_per_rank)
+      throw CliUsageError("--decode takes at most " + std::to_string(KokkosMoE::EpDecodeLimits::max_tokens_per_rank) +
+                          " tokens per rank, got " + std::to_string(a.tokens));
+    if (cli.has("--capacity") || cli.has("--alignment"))
+      throw CliUsageError(
+          "--decode sizes its own receive rows (the fixed layout): --capacity and --alignment do not "
+          "apply");
+    if (a.fp8) throw CliUsageError("--decode sends the rows as they are: --fp8 does not apply");
   }
   a.kokkos = cli.kokkos();
   KokkosMoE::Impl::cli_check_kokkos_environment(a.kokkos);
@@ -112,7 +126,9 @@ const char* kUsage =
     "                    Kokkos::Cuda (the default of each), loopback: --ranks ranks as threads of this process\n"
     "  --ranks R         loopback ranks (default 2); without mpirun\n"
     "  --fp8             dispatch the rows as FP8 E4M3 with a scale per 128 channels (H a multiple of 128); the\n"
-    "                    expert reads them dequantized, the check uses the same quantized rows\n";
+    "                    expert reads them dequantized, the check uses the same quantized rows\n"
+    "  --decode          the decode path: the fixed expert-major layout and ep_decode_dispatch (the layout fused\n"
+    "                    into the dispatch, no host wait); at most 256 tokens per rank\n";
 
 /// The few collectives of the job itself (timing barriers, the table, the verdict): MPI_COMM_WORLD, or the threads of
 /// a loopback job.
@@ -218,6 +234,7 @@ int run(const Args& args, const Exec& exec, const Communicator& comm, int world_
   c.max_recv_tokens_per_rank = static_cast<int>(args.capacity);
   c.expert_alignment = static_cast<int>(args.alignment);
   c.drop_on_overflow = args.capacity > 0;
+  if (args.decode) c.layout = RecvLayout::ExpertMajorFixed;
   EpGroup<Exec> group(exec, comm, c);
   auto handle = group.make_handle({true, "layer 0"});
   const int L = group.num_local_experts();
@@ -271,9 +288,10 @@ int run(const Args& args, const Exec& exec, const Communicator& comm, int world_
     acc.push_back(timer.seconds());
   };
   for (long it = 0; it < args.iters; ++it) {
-    timed(t_layout, [&] { ep_layout(exec, handle, ids); });
-    if (handle.num_recv_rows() != N || recv_x.extent(0) == 0) {
-      N = handle.num_recv_rows();
+    if (!args.decode) timed(t_layout, [&] { ep_layout(exec, handle, ids); });
+    const int rows = args.decode ? group.capacity_rows() : handle.num_recv_rows();
+    if (rows != N || recv_x.extent(0) == 0) {
+      N = rows;
       recv_x = decltype(recv_x)("recv_x", N, H);
       out = decltype(out)("out", N, H);
       grad_out = decltype(grad_out)("grad_out", N, H);
@@ -287,6 +305,8 @@ int run(const Args& args, const Exec& exec, const Communicator& comm, int world_
     if (args.fp8) {
       timed(t_dispatch, [&] { ep_dispatch(exec, handle, x, weights, fp8_rows(recv_q, recv_scales), recv_w); });
       dequantize_fp8_rows(exec, recv_q, recv_scales, recv_x);
+    } else if (args.decode) {
+      timed(t_dispatch, [&] { ep_decode_dispatch(exec, handle, ids, x, weights, recv_x, recv_w); });
     } else {
       timed(t_dispatch, [&] { ep_dispatch(exec, handle, x, weights, recv_x, recv_w); });
     }
@@ -418,7 +438,9 @@ int run(const Args& args, const Exec& exec, const Communicator& comm, int world_
     std::printf(
         "kokkosmoe-ep: %s (E = %d, top-%d, %d local experts per rank), %d ranks over %s, %s rows of %d, %s mode\n",
         preset.name.c_str(), E, K, L, R, to_string(comm.transport()), is_bf16 ? "bf16" : "fp32", H,
-        args.capacity > 0 ? ("capacity (" + std::to_string(args.capacity) + " rows, drop)").c_str() : "eager");
+        args.decode         ? "decode (fixed layout, layout fused into the dispatch)"
+        : args.capacity > 0 ? ("capacity (" + std::to_string(args.capacity) + " rows, drop)").c_str()
+                            : "eager");
     std::printf("execution space %s; times are medians of %ld steps (fenced wall time, ep_synchronize included)\n",
                 Exec::name(), args.iters);
     std::printf(

@@ -17,6 +17,7 @@
 ///     // or in two halves: auto hook = ep_dispatch_send(exec, handle, ...); (other work); hook(exec);
 ///     ep_combine_backward(exec, handle, mode, grad_y, topk_w, out, grad_out, grad_w);
 ///     ep_dispatch_backward(exec, handle, grad_recv_x, grad_recv_w, grad_x, grad_w);
+///     // decode (fixed layout, <= 256 tokens): ep_decode_dispatch(exec, handle, topk_idx, x, topk_w, recv_x, recv_w);
 ///
 /// Host execution spaces run over an MPI communicator, Kokkos::Cuda over an NCCL communicator. Operations enqueue on
 /// the instance and return without fencing, except the layout in eager mode, which waits once (bounded by the
@@ -176,6 +177,23 @@ void ep_dispatch(const ExecSpace& exec, const EpHandle<ExecSpace>& handle, const
   Impl::dispatch(exec, *handle.impl_state(), x, topk_w, recv_x, recv_w);
 }
 
+/// \brief The decode path (docs/ep.md §15): ep_layout and ep_dispatch in one step whose counts travel with the rows
+/// through the peer windows: a send kernel and a receive kernel, no count exchange ahead of the rows, no host wait
+/// (CUDA-graph capturable). For groups with layout = ExpertMajorFixed, max_tokens_per_rank <= 256, ep_size <= 64
+/// and num_experts <= 4096. The results are those of ep_layout + ep_dispatch (every handle accessor, then combine and
+/// the backwards as after any dispatch), with two differences: an expert id repeated within a token counts as
+/// invalid (reported at ep_synchronize like an id out of range, that slot treated as -1), and a slab's rows past its
+/// recv_counts(l) are not written over the windows (recv_expert() marks them -1: the masked slab; zero recv_x once
+/// where a grouped GEMM reads whole slabs). Over windows count_matrix() holds this rank's own experts' columns and the
+/// invalid column only. Over a message transport (or at one rank) it runs as ep_layout + ep_dispatch with the same
+/// contract. \throws InvalidArgument as ep_layout and ep_dispatch; Rule::ConfigValue naming the handle for a group
+/// outside the limits above
+template <class ExecSpace, class IdxView, class XView, class WView, class RecvXView, class RecvWView>
+void ep_decode_dispatch(const ExecSpace& exec, EpHandle<ExecSpace>& handle, const IdxView& topk_idx, const XView& x,
+                        const WView& topk_w, const RecvXView& recv_x, const RecvWView& recv_w) {
+  Impl::decode_dispatch(exec, *handle.impl_state(), topk_idx, x, topk_w, recv_x, recv_w);
+}
+
 /// \brief FP8 dispatch (docs/ep.md §3.5): as above, but each token row travels as FP8 E4M3 codes with one FP32 scale
 /// per 128 channels, quantized in the pack from x ([T, H] float or bf16_t, H a multiple of 128) by the rules of
 /// quantize_fp8_rows and \p config. recv = fp8_rows(recv_q, recv_scales): recv_q [>= N, H] fp8_e4m3_t and
@@ -283,13 +301,13 @@ EpStatus ep_synchronize(const ExecSpace& exec, const EpHandle<ExecSpace>& handle
 /// \brief Zeroes \p handle's expert_load() on \p exec (ordered after the work already enqueued there).
 template <class ExecSpace>
 void ep_reset_statistics(const ExecSpace& exec, const EpHandle<ExecSpace>& handle) {
-  Kokkos::deep_copy(exec, handle.impl_state()->v.expert_load, std::int64_t(0));
+  Impl::zero_on(exec, handle.impl_state()->v.expert_load);
 }
 
 /// \brief Zeroes \p group's peer_wait_ns() on \p exec.
 template <class ExecSpace>
 void ep_reset_statistics(const ExecSpace& exec, const EpGroup<ExecSpace>& group) {
-  Kokkos::deep_copy(exec, group.impl_state()->signals.wait_ns, std::int64_t(0));
+  Impl::zero_on(exec, group.impl_state()->signals.wait_ns);
 }
 
 }  // namespace KokkosMoE

@@ -43,6 +43,13 @@ struct EpGroupConfig {
   int max_sms = -1;
 };
 
+/// \brief The groups ep_decode_dispatch serves (docs/ep.md §15), besides layout = ExpertMajorFixed.
+struct EpDecodeLimits {
+  static constexpr int max_tokens_per_rank = 256;  ///< small batches: a token row per (token, rank reached)
+  static constexpr int max_ep_size = 64;           ///< a token's destination ranks are one 64-bit mask
+  static constexpr int max_experts = 4096;         ///< the send kernel's histogram lives in team scratch
+};
+
 /// \brief Options of one layer's handle.
 struct EpHandleOptions {
   /// Training: the step's backward must run (dispatch backward last) before the handle takes a new layout, so that

@@ -67,7 +67,14 @@ class Meeting {
   std::condition_variable m_cv;
 };
 
-enum class LOp { Dispatch, Combine, CombineBackward, DispatchBackward, DispatchFp8 };
+enum class LOp { Dispatch, Combine, CombineBackward, DispatchBackward, DispatchFp8, Layout, Decode };
+
+/// The receive layout of a run: eager, capacity (1.5x the even share, drops allowed), or the fixed expert-major
+/// layout of the decode path (docs/ep.md §15).
+enum class LMode { Eager, Capacity, Fixed };
+constexpr const char* lmode_name(LMode m) {
+  return m == LMode::Eager ? "eager" : (m == LMode::Capacity ? "capacity" : "fixed");
+}
 
 /// One rank's step state; every copy goes through the rank's instance (no global fence while peers wait on it).
 struct Rank {
@@ -87,7 +94,7 @@ struct Rank {
   double remote_slots = 0;  // kept slots whose expert is on another rank (what one row per slot would send)
   double planner_rows = 0;  // make_plan's model: tokens times the expected number of other ranks a token reaches
 
-  Rank(const Exec& e, const Communicator& comm, int T, bool capacity, int max_sms, Meeting& meet) : exec(e) {
+  Rank(const Exec& e, const Communicator& comm, int T, LMode mode, int max_sms, Meeting& meet) : exec(e) {
     const RouterPreset preset = router_preset("deepseek-v3");
     const int E = preset.num_experts, K = preset.config.topk, H = 7168, R = comm.size(), me = comm.rank();
     cfg.ep_size = R;
@@ -96,8 +103,10 @@ struct Rank {
     cfg.top_k = K;
     cfg.max_tokens_per_rank = T;
     // Capacity: 1.5x the even share of slots per rank, drops allowed (the router's load is near even).
+    const bool capacity = mode == LMode::Capacity;
     cfg.max_recv_tokens_per_rank = capacity ? T * K * 3 / 2 : 0;
     cfg.drop_on_overflow = capacity;
+    if (mode == LMode::Fixed) cfg.layout = RecvLayout::ExpertMajorFixed;
     cfg.max_sms = max_sms;
     Kokkos::View<float**, Kokkos::LayoutRight, Mem> logits("logits", T, E);
     Kokkos::View<float*, Mem> bias("bias", E);
@@ -160,12 +169,19 @@ struct Rank {
 
   /// The bytes op must read and write on this rank (docs/ep.md §9).
   double move_bytes(LOp op) const {
+    if (op == LOp::Layout) return 0;  // no rows: device time only
     if (op == LOp::DispatchFp8) return move_fp8;
     return (op == LOp::CombineBackward ? move_dots : move_rows) * 7168 * sizeof(Row);
   }
 
   void run(LOp op) {
     switch (op) {
+      case LOp::Layout:
+        ep_layout(exec, *handle, ids);
+        break;
+      case LOp::Decode:
+        ep_decode_dispatch(exec, *handle, ids, x, w, recv_x, recv_w);
+        break;
       case LOp::DispatchFp8:
         ep_dispatch(exec, *handle, x, w, fp8_rows(recv_q, recv_scales), recv_w);
         break;
@@ -186,7 +202,7 @@ struct Rank {
   }
 };
 
-void BM_Loopback(benchmark::State& state, LOp op, int R, int T, bool capacity, PeerWindows windows, int max_sms) {
+void BM_Loopback(benchmark::State& state, LOp op, int R, int T, LMode mode, PeerWindows windows, int max_sms) {
   const int device = Exec().cuda_device();
   CommConfig cc;
   cc.peer_windows = windows;
@@ -202,7 +218,7 @@ void BM_Loopback(benchmark::State& state, LOp op, int R, int T, bool capacity, P
     for (int r = 1; r < R; ++r)
       peers.emplace_back([&, r] {
         try {
-          Rank rank(Exec(streams[r]), comms[r], T, capacity, max_sms, meet);
+          Rank rank(Exec(streams[r]), comms[r], T, mode, max_sms, meet);
           move[r] = rank.move_bytes(op);
           for (int i = 0; i < 2 * kIters + kIters; ++i) rank.run(op);  // rank 0's timed loop, device time, warm-up
           ep_synchronize(rank.exec, *rank.handle);
@@ -212,7 +228,7 @@ void BM_Loopback(benchmark::State& state, LOp op, int R, int T, bool capacity, P
         }
       });
     try {
-      Rank rank(Exec(streams[0]), comms[0], T, capacity, max_sms, meet);
+      Rank rank(Exec(streams[0]), comms[0], T, mode, max_sms, meet);
       move[0] = rank.move_bytes(op);
       remote_slots = rank.remote_slots;
       planner_rows = rank.planner_rows;
@@ -223,10 +239,11 @@ void BM_Loopback(benchmark::State& state, LOp op, int R, int T, bool capacity, P
       seconds = timed_loop(state, rank.exec, [&](std::int64_t) { rank.run(op); });
       dev = device_time_us(rank.exec, kIters, [&](std::int64_t) { rank.run(op); });
       ep_synchronize(rank.exec, *rank.handle);
-      const std::string name = op == LOp::Dispatch || op == LOp::DispatchFp8 ? "ep_dispatch"
-                               : op == LOp::Combine                          ? "ep_combine"
-                               : op == LOp::CombineBackward                  ? "ep_combine_backward"
-                                                                             : "ep_dispatch_backward";
+      const std::string name = op == LOp::Dispatch || op == LOp::DispatchFp8 || op == LOp::Decode ? "ep_dispatch"
+                               : op == LOp::Combine                                               ? "ep_combine"
+                               : op == LOp::CombineBackward ? "ep_combine_backward"
+                               : op == LOp::Layout          ? "ep_layout"
+                                                            : "ep_dispatch_backward";
       const CommStats after = rank.group->stats();
       wire =
           static_cast<double>(after.bytes.at(name).wire - (before.bytes.count(name) ? before.bytes.at(name).wire : 0)) /
@@ -257,7 +274,8 @@ void BM_Loopback(benchmark::State& state, LOp op, int R, int T, bool capacity, P
   if (planner_rows > 0) state.counters["planner_bytes_per_token"] = planner_rows * row_bytes / T;
   state.counters["agg_move_GBps"] = bytes / per / 1e9;
   state.counters["device_us"] = dev;
-  if (dev > 0) {
+  state.counters["device_us_per_rank"] = dev / R;  // the ranks share the device: each rank's share of its time
+  if (dev > 0 && bytes > 0) {
     state.counters["device_agg_move_GBps"] = bytes / (dev * 1e-6) / 1e9;
     state.counters["frac_copy"] = bytes / (dev * 1e-6) / 1e9 / copy_bandwidth_GBps();
   }
@@ -327,7 +345,7 @@ void BM_Overlap(benchmark::State& state, int R, int T, int max_sms) {
       ranks.emplace_back([&, r] {
         bool met = false;
         try {
-          Rank rank(Exec(streams[static_cast<std::size_t>(r)]), comms[r], T, false, max_sms, setup);
+          Rank rank(Exec(streams[static_cast<std::size_t>(r)]), comms[r], T, LMode::Eager, max_sms, setup);
           for (int i = 0; i < 2; ++i) rank.run(LOp::Dispatch), rank.run(LOp::Combine);
           ep_synchronize(rank.exec, *rank.handle);
           met = true;
@@ -374,13 +392,12 @@ void BM_Overlap(benchmark::State& state, int R, int T, int max_sms) {
 void register_loopback_benchmarks(const std::vector<int>& tokens) {
 #if defined(KOKKOS_ENABLE_CUDA)
   if (!std::is_same<Kokkos::DefaultExecutionSpace, Kokkos::Cuda>::value) return;
-  const std::pair<LOp, const char*> ops[] = {{LOp::Dispatch, "dispatch"},
-                                             {LOp::Combine, "combine"},
-                                             {LOp::CombineBackward, "combine_bwd"},
-                                             {LOp::DispatchBackward, "dispatch_bwd"},
-                                             {LOp::DispatchFp8, "dispatch_fp8"}};
-  auto add = [](const std::string& label, LOp op, int R, int T, bool capacity, PeerWindows windows, int max_sms = -1) {
-    benchmark::RegisterBenchmark(label.c_str(), BM_Loopback, op, R, T, capacity, windows, max_sms)
+  const std::pair<LOp, const char*> ops[] = {
+      {LOp::Dispatch, "dispatch"},           {LOp::Combine, "combine"},
+      {LOp::CombineBackward, "combine_bwd"}, {LOp::DispatchBackward, "dispatch_bwd"},
+      {LOp::DispatchFp8, "dispatch_fp8"},    {LOp::Layout, "layout"}};
+  auto add = [](const std::string& label, LOp op, int R, int T, LMode mode, PeerWindows windows, int max_sms = -1) {
+    benchmark::RegisterBenchmark(label.c_str(), BM_Loopback, op, R, T, mode, windows, max_sms)
         ->UseManualTime()
         ->Iterations(kIters)
         ->Unit(benchmark::kMicrosecond);
@@ -388,20 +405,25 @@ void register_loopback_benchmarks(const std::vector<int>& tokens) {
   for (int T : tokens) {
     const std::string shape = T >= 1024 ? "prefill" : "decode";
     for (int R : {2, 4, 8})
-      for (bool capacity : {false, true})
+      for (LMode mode : {LMode::Eager, LMode::Capacity})
         for (const auto& [op, name] : ops)
-          add(std::string("ep_loopback/") + name + "/" + (capacity ? "capacity" : "eager") + "/R" + std::to_string(R) +
-                  "/" + shape,
-              op, R, T, capacity, PeerWindows::Auto);
+          add(std::string("ep_loopback/") + name + "/" + lmode_name(mode) + "/R" + std::to_string(R) + "/" + shape, op,
+              R, T, mode, PeerWindows::Auto);
+    // The decode path (docs/ep.md §15) on the fixed layout, beside that layout's separate layout + dispatch.
+    if (T <= EpDecodeLimits::max_tokens_per_rank)
+      for (const auto& [op, name] :
+           {std::make_pair(LOp::Decode, "decode"), std::make_pair(LOp::Layout, "layout"),
+            std::make_pair(LOp::Dispatch, "dispatch"), std::make_pair(LOp::Combine, "combine")})
+        add(std::string("ep_loopback/") + name + "/fixed/R8/" + shape, op, 8, T, LMode::Fixed, PeerWindows::Auto);
     // The message path over the same ranks (staging rows, host-driven copies): the baseline of the direct writes.
     for (int i = 0; i < 2; ++i)
-      add(std::string("ep_loopback/") + ops[i].second + "/eager/R8/" + shape + "/messages", ops[i].first, 8, T, false,
-          PeerWindows::Off);
+      add(std::string("ep_loopback/") + ops[i].second + "/eager/R8/" + shape + "/messages", ops[i].first, 8, T,
+          LMode::Eager, PeerWindows::Off);
     // Against the SM cap (EpGroupConfig::max_sms, docs/ep.md §13): every rank's kernels at most that many SMs.
     for (int sms : {4, 8, 16, 32})
       for (int i = 0; i < 2; ++i)
         add(std::string("ep_loopback/") + ops[i].second + "/eager/R8/" + shape + "/sms" + std::to_string(sms),
-            ops[i].first, 8, T, false, PeerWindows::Auto, sms);
+            ops[i].first, 8, T, LMode::Eager, PeerWindows::Auto, sms);
     // A compute kernel beside the EP steps, alone and with dispatch + combine at R = 8 under each cap.
     if (T >= 1024)
       for (int sms : {8, 16, 32, -1})

@@ -58,17 +58,17 @@ inline void compare(const char* what, const std::vector<float>& got, const std::
 
 template <class Exec, class Scalar>
 void check_step(const EpGroupConfig& c, Routing routing, CombineMode mode, std::uint64_t seed, bool vary_tokens,
-                const std::string& label, bool split = false) {
+                const std::string& label, bool split = false, bool decode = false) {
   BOOST_TEST_CONTEXT(label << " mode " << to_string(mode) << " dtype "
                            << (std::is_same<Scalar, bf16_t>::value ? "bf16" : "fp32") << " routing "
-                           << static_cast<int>(routing)) {
+                           << static_cast<int>(routing) << (decode ? " decode" : "")) {
     Exec exec;
     const Communicator& comm = ep_comm<Exec>();
     constexpr bool bf16 = std::is_same<Scalar, bf16_t>::value;
     const auto in = group_inputs(c, routing, seed, bf16, vary_tokens);
     EpGroup<Exec> group(exec, comm, c);
     auto handle = group.make_handle();
-    const StepOutputs got = run_step<Exec, Scalar>(exec, group, handle, in[comm.rank()], mode, -1, split);
+    const StepOutputs got = run_step<Exec, Scalar>(exec, group, handle, in[comm.rank()], mode, -1, split, decode);
     const StepOutputs want = expected_step(c, in, comm.rank(), mode, bf16);
     BOOST_TEST(got.recv_rows == want.recv_rows);
     BOOST_TEST(got.recv_expert == want.recv_expert, boost::test_tools::per_element());
@@ -84,7 +84,9 @@ void check_step(const EpGroupConfig& c, Routing routing, CombineMode mode, std::
     BOOST_TEST(got.tokens_per_expert == want.tokens_per_expert, boost::test_tools::per_element());
     BOOST_TEST(got.tokens_per_rank == want.tokens_per_rank, boost::test_tools::per_element());
     BOOST_TEST(got.token_in_rank == want.token_in_rank, boost::test_tools::per_element());
-    BOOST_TEST(got.counts == want.counts, boost::test_tools::per_element());
+    BOOST_TEST((decode ? decode_counts(c, got.counts, comm.rank()) : got.counts) ==
+                   (decode ? decode_counts(c, want.counts, comm.rank()) : want.counts),
+               boost::test_tools::per_element());
     BOOST_TEST(got.offsets == want.offsets, boost::test_tools::per_element());
     BOOST_TEST(got.slot_kept == want.slot_kept, boost::test_tools::per_element());
     BOOST_TEST(got.offsets.back() <= got.recv_rows);

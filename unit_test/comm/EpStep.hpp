@@ -134,15 +134,17 @@ void other_work(const Exec& exec, const View& busy) {
 /// The whole step on this rank; `me` and `L` locate the global expert ids of the received rows. \p rows >= 0
 /// allocates the receive Views with that many rows before the layout (the oracle's count; loopback ranks allocate
 /// nothing while their peers' kernels run), -1 after it. \p split: dispatch and combine in their two halves, other
-/// work between a send and its hook.
+/// work between a send and its hook. \p decode: the layout and the dispatch as one ep_decode_dispatch (a fixed-layout
+/// group; its receive rows start zeroed, since the masked slabs' tails are not written).
 template <class Exec, class Scalar>
 StepOutputs run_step(const Exec& exec, EpGroup<Exec>& group, EpHandle<Exec>& handle, const RankInputs& in,
-                     CombineMode mode, int rows = -1, bool split = false) {
+                     CombineMode mode, int rows = -1, bool split = false, bool decode = false) {
   using Mem = typename Exec::memory_space;
   const EpGroupConfig& c = group.config();
   const int H = c.hidden, K = c.top_k, T = in.T, me = group.rank(), L = group.num_local_experts();
   constexpr bool is_bf16 = std::is_same<Scalar, bf16_t>::value;
   StepViews<Exec, Scalar> sv(exec, c, in);
+  if (decode && rows < 0) rows = group.capacity_rows();
   const int N = rows >= 0 ? rows : (ep_layout(exec, handle, sv.idx), handle.num_recv_rows());
   Kokkos::View<Scalar**, Kokkos::LayoutRight, Mem> recv_x("recv_x", N, H), out("out", N, H), grad_out("grad_out", N, H),
       grad_recv_x("grad_recv_x", N, H);
@@ -161,17 +163,21 @@ StepOutputs run_step(const Exec& exec, EpGroup<Exec>& group, EpHandle<Exec>& han
   Kokkos::deep_copy(exec, grad_x, Scalar(kSentinel));
   Kokkos::deep_copy(exec, grad_wc, kSentinel);
   Kokkos::deep_copy(exec, grad_wd, kSentinel);
-  if (rows >= 0) {
+  if (decode) {
+    Kokkos::deep_copy(exec, recv_x, Scalar(0.0f));
+    Kokkos::deep_copy(exec, recv_w, 0.0f);
+    ep_decode_dispatch(exec, handle, sv.idx, sv.x, sv.w, recv_x, recv_w);
+  } else if (rows >= 0) {
     ep_layout(exec, handle, sv.idx);
     if (handle.num_recv_rows() > N)
       throw std::runtime_error("the layout needs " + std::to_string(handle.num_recv_rows()) + " receive rows, " +
                                std::to_string(N) + " were allocated");
   }
-  if (split) {
+  if (split && !decode) {
     const auto hook = ep_dispatch_send(exec, handle, sv.x, sv.w, recv_x, recv_w);
     other_work(exec, busy);
     hook(exec);
-  } else {
+  } else if (!decode) {
     ep_dispatch(exec, handle, sv.x, sv.w, recv_x, recv_w);
   }
   StepOutputs o;
@@ -406,6 +412,17 @@ inline StepOutputs expected_step(const EpGroupConfig& c, const std::vector<RankI
   e.offsets = o.offsets[me];
   for (int v : o.slot_row[me]) e.slot_kept.push_back(v >= 0 ? 1 : 0);
   return e;
+}
+
+/// What the decode path's count matrix promises (docs/ep.md §15): rank \p me's own experts' columns and the invalid
+/// column; the rest set to 0.
+inline std::vector<int> decode_counts(const EpGroupConfig& c, std::vector<int> counts, int me) {
+  const int E = c.num_experts, L = E / c.ep_size;
+  for (std::size_t j = 0; j < counts.size(); ++j) {
+    const int e = static_cast<int>(j % static_cast<std::size_t>(E + 1));
+    if (e != E && e / L != me) counts[j] = 0;
+  }
+  return counts;
 }
 
 /// The Weighted combine of an identity expert (the received rows themselves) on rank \p me: y = sum of w * x over the

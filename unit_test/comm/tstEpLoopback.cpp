@@ -151,10 +151,11 @@ struct Case {
   Routing routing;
   CombineMode mode;
   bool bf16;
-  int layout;          // 0 eager, 1 capacity (room for all), 2 capacity with drops, 3 fixed
-  int hidden = 40;     // 160-byte FP32 rows: Chunk16 units; bf16 rows of 80 bytes; a multiple of 128: FP8 rows too
-  int max_sms = -1;    // the SM cap (docs/ep.md §13)
-  bool split = false;  // dispatch and combine in two halves (docs/ep.md §14)
+  int layout;           // 0 eager, 1 capacity (room for all), 2 capacity with drops, 3 fixed
+  int hidden = 40;      // 160-byte FP32 rows: Chunk16 units; bf16 rows of 80 bytes; a multiple of 128: FP8 rows too
+  int max_sms = -1;     // the SM cap (docs/ep.md §13)
+  bool split = false;   // dispatch and combine in two halves (docs/ep.md §14)
+  bool decode = false;  // ep_decode_dispatch instead of ep_layout + ep_dispatch (docs/ep.md §15; layout 3)
 };
 
 EpGroupConfig case_config(int R, const Case& k) {
@@ -177,13 +178,13 @@ EpGroupConfig case_config(int R, const Case& k) {
 
 template <class Exec, class Scalar>
 std::string rank_step(const Exec& exec, const Communicator& comm, const EpGroupConfig& c,
-                      const std::vector<RankInputs>& in, CombineMode mode, bool split) {
+                      const std::vector<RankInputs>& in, CombineMode mode, bool split, bool decode) {
   constexpr bool bf16 = std::is_same<Scalar, bf16_t>::value;
   const int me = comm.rank();
   const StepOutputs want = expected_step(c, in, me, mode, bf16);
   EpGroup<Exec> group(exec, comm, c);
   auto handle = group.make_handle();
-  const StepOutputs got = run_step<Exec, Scalar>(exec, group, handle, in[me], mode, want.recv_rows, split);
+  const StepOutputs got = run_step<Exec, Scalar>(exec, group, handle, in[me], mode, want.recv_rows, split, decode);
   std::ostringstream out;
   if (got.recv_rows != want.recv_rows) out << "recv_rows " << got.recv_rows << " != " << want.recv_rows << "; ";
   diff_exact(out, "recv_expert", got.recv_expert, want.recv_expert);
@@ -194,7 +195,8 @@ std::string rank_step(const Exec& exec, const Communicator& comm, const EpGroupC
   if (mode == CombineMode::Weighted) diff(out, "grad_w (combine)", got.grad_w_combine, want.grad_w_combine, bf16);
   diff(out, "grad_x", got.grad_x, want.grad_x, bf16);
   diff(out, "grad_w (dispatch)", got.grad_w_dispatch, want.grad_w_dispatch, false);
-  diff_exact(out, "counts", got.counts, want.counts);
+  diff_exact(out, "counts", decode ? decode_counts(c, got.counts, me) : got.counts,
+             decode ? decode_counts(c, want.counts, me) : want.counts);
   diff_exact(out, "offsets", got.offsets, want.offsets);
   diff_exact(out, "slot_kept", got.slot_kept, want.slot_kept);
   if (got.status.dropped_slots != want.status.dropped_slots) out << "dropped_slots differ; ";
@@ -222,6 +224,11 @@ void steps_match_oracle() {
       {"eager skewed fp32 weighted, split send/receive", Routing::Skewed, CombineMode::Weighted, false, 0, 40, -1,
        true},
       {"capacity bf16 sum, split send/receive", Routing::Uniform, CombineMode::Sum, true, 1, 40, -1, true},
+      {"decode uniform bf16 weighted", Routing::Uniform, CombineMode::Weighted, true, 3, 40, -1, false, true},
+      {"decode skewed fp32 sum, FP8 rows", Routing::Skewed, CombineMode::Sum, false, 3, 128, -1, false, true},
+      {"decode -1 bf16 weighted, SM cap 1", Routing::WithMinusOne, CombineMode::Weighted, true, 3, 40, 1, false, true},
+      {"decode all-to-one fp32 weighted, split combine", Routing::AllToOneExpert, CombineMode::Weighted, false, 3, 40,
+       -1, true, true},
   };
   // Direct writes at every R; messages (the staged path, peer_windows = off) at R = 3.
   const std::pair<int, PeerWindows> runs[] = {{1, PeerWindows::Auto}, {2, PeerWindows::Auto}, {3, PeerWindows::Auto},
@@ -246,8 +253,8 @@ void steps_match_oracle() {
       for (int r = 0; r < R; ++r)
         in.push_back(make_inputs(c, k.routing, r, r == 1 ? 0 : c.max_tokens_per_rank - r % 3, 900 + R, k.bf16));
       const auto found = on_ranks<Exec>(R, cc, [&](int, const Exec& exec, const Communicator& comm) {
-        return k.bf16 ? rank_step<Exec, bf16_t>(exec, comm, c, in, k.mode, k.split)
-                      : rank_step<Exec, float>(exec, comm, c, in, k.mode, k.split);
+        return k.bf16 ? rank_step<Exec, bf16_t>(exec, comm, c, in, k.mode, k.split, k.decode)
+                      : rank_step<Exec, float>(exec, comm, c, in, k.mode, k.split, k.decode);
       });
       for (int r = 0; r < R; ++r)
         BOOST_TEST(found[r].empty(), "R = " << R << " (windows " << to_string(windows) << "), " << k.name << ", rank "
@@ -417,12 +424,13 @@ BOOST_AUTO_TEST_CASE(cuda_steps_match_oracle) { steps_match_oracle<Kokkos::Cuda>
 BOOST_AUTO_TEST_CASE(cuda_peer_that_never_signals) { peer_that_never_signals<Kokkos::Cuda>(Fault::Silent); }
 BOOST_AUTO_TEST_CASE(cuda_peer_whose_device_stalls) { peer_that_never_signals<Kokkos::Cuda>(Fault::DeviceStall); }
 
-BOOST_AUTO_TEST_CASE(cuda_graph_capture_replays_new_routing) {
-  // Capacity mode at R = 8: layout, dispatch and combine captured once per rank, replayed with new routing.
+/// Capacity mode at R = 8: layout, dispatch and combine captured once per rank, replayed with new routing; \p decode:
+/// the fixed layout's decode dispatch (docs/ep.md §15) and combine.
+static void graph_capture_replays_new_routing(bool decode) {
   using Exec = Kokkos::Cuda;
   using Mem = Exec::memory_space;
   const int R = 8;
-  auto c = case_config(R, Case{"", Routing::Uniform, CombineMode::Weighted, false, 1});
+  auto c = case_config(R, Case{"", Routing::Uniform, CombineMode::Weighted, false, decode ? 3 : 1});
   std::vector<RankInputs> in1, in2;
   for (int r = 0; r < R; ++r) {
     in1.push_back(make_inputs(c, Routing::Uniform, r, c.max_tokens_per_rank, 601, false));
@@ -436,11 +444,18 @@ BOOST_AUTO_TEST_CASE(cuda_graph_capture_replays_new_routing) {
     const int N = group.capacity_rows();
     Kokkos::View<float**, Kokkos::LayoutRight, Mem> rx("rx", N, c.hidden), y("y", s.x.extent(0), c.hidden);
     Kokkos::View<float*, Mem> rw("rw", N);
+    const auto step = [&] {
+      if (decode) {
+        ep_decode_dispatch(exec, handle, s.idx, s.x, s.w, rx, rw);
+      } else {
+        ep_layout(exec, handle, s.idx);
+        ep_dispatch(exec, handle, s.x, s.w, rx, rw);
+      }
+      ep_combine(exec, handle, CombineMode::Weighted, rx, s.w, y);
+    };
     exec.fence();
     if (!meet.wait()) return std::string("the peers never met before the first step");
-    ep_layout(exec, handle, s.idx);
-    ep_dispatch(exec, handle, s.x, s.w, rx, rw);
-    ep_combine(exec, handle, CombineMode::Weighted, rx, s.w, y);
+    step();
     ep_synchronize(exec, handle);
     cudaStream_t stream = exec.cuda_stream();
     cudaGraph_t graph = nullptr;
@@ -450,9 +465,7 @@ BOOST_AUTO_TEST_CASE(cuda_graph_capture_replays_new_routing) {
     if (!meet.wait()) return std::string("the peers never met before the capture");
     if (cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal) != cudaSuccess) return std::string("capture");
     try {
-      ep_layout(exec, handle, s.idx);
-      ep_dispatch(exec, handle, s.x, s.w, rx, rw);
-      ep_combine(exec, handle, CombineMode::Weighted, rx, s.w, y);
+      step();
     } catch (...) {
       cudaStreamEndCapture(stream, &graph);  // the stream leaves capture mode before the error goes on
       if (graph != nullptr) cudaGraphDestroy(graph);
@@ -465,6 +478,7 @@ BOOST_AUTO_TEST_CASE(cuda_graph_capture_replays_new_routing) {
     Kokkos::deep_copy(exec, s.idx, s2.idx);
     Kokkos::deep_copy(exec, s.w, s2.w);
     Kokkos::deep_copy(exec, s.x, s2.x);
+    if (decode) Kokkos::deep_copy(exec, rx, 0.0f);  // the masked slabs' tails are not written
     exec.fence();
     if (cudaGraphLaunch(inst, stream) != cudaSuccess) return std::string("launch");
     ep_synchronize(exec, handle);
@@ -480,8 +494,12 @@ BOOST_AUTO_TEST_CASE(cuda_graph_capture_replays_new_routing) {
     cudaGraphDestroy(graph);
     return out.str();
   });
-  for (int r = 0; r < R; ++r) BOOST_TEST(found[r].empty(), "rank " << r << ": " << found[r]);
+  for (int r = 0; r < R; ++r)
+    BOOST_TEST(found[r].empty(), (decode ? "decode, " : "") << "rank " << r << ": " << found[r]);
 }
+
+BOOST_AUTO_TEST_CASE(cuda_graph_capture_replays_new_routing) { graph_capture_replays_new_routing(false); }
+BOOST_AUTO_TEST_CASE(cuda_graph_capture_replays_decode) { graph_capture_replays_new_routing(true); }
 #endif
 
 #if defined(KOKKOSMOE_HAVE_SERIAL_INSTANCES)

@@ -70,6 +70,89 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(step_matches_oracle, DeviceType, KOKKOSMOE_DEVICE_
     check_step<Exec, bf16_t>(split, Routing::Skewed, CombineMode::Weighted, 330, true, "split send/receive", true);
     check_step<Exec, float>(split, Routing::WithMinusOne, CombineMode::Sum, 331, false, "split send/receive", true);
   }
+  // The decode path (docs/ep.md §15): the layout fused into the dispatch on fixed-layout groups (ids distinct per
+  // token), then combine and the backwards on its handle; FP8 dispatches on the same handle where H allows.
+  auto odd_fixed = c2;
+  odd_fixed.layout = RecvLayout::ExpertMajorFixed;
+  odd_fixed.expert_alignment = 1;
+  auto f8_fixed = f8;
+  f8_fixed.layout = RecvLayout::ExpertMajorFixed;
+  f8_fixed.expert_alignment = 1;
+  for (Routing r :
+       {Routing::Uniform, Routing::Skewed, Routing::AllToOneExpert, Routing::SomeExpertsEmpty, Routing::WithMinusOne}) {
+    const int seed = static_cast<int>(r);
+    check_step<Exec, bf16_t>(fixed, r, CombineMode::Weighted, 340 + seed, false, "decode", false, true);
+    check_step<Exec, float>(odd_fixed, r, CombineMode::Sum, 350 + seed, true, "decode, odd shape", false, true);
+  }
+  check_step<Exec, bf16_t>(f8_fixed, Routing::Uniform, CombineMode::Weighted, 360, true, "decode, FP8 rows", false,
+                           true);
+  auto decode_capped = odd_fixed;
+  decode_capped.max_sms = 1;
+  check_step<Exec, float>(decode_capped, Routing::Skewed, CombineMode::Weighted, 361, true, "decode, SM cap 1", false,
+                          true);
+  check_step<Exec, bf16_t>(fixed, Routing::WithMinusOne, CombineMode::Weighted, 362, true, "decode, split combine",
+                           true, true);
+}
+
+BOOST_AUTO_TEST_CASE_TEMPLATE(decode_rules_are_typed, DeviceType, KOKKOSMOE_DEVICE_TYPES) {
+  using Exec = typename DeviceType::execution_space;
+  using Mem = typename Exec::memory_space;
+  Exec exec;
+  const Communicator& comm = ep_comm<Exec>();
+  const int R = comm.size(), me = comm.rank();
+  {
+    // A group the decode path does not serve (the ExpertMajor layout): every rank refuses before communicating.
+    const auto c = default_config(R);
+    EpGroup<Exec> group(exec, comm, c);
+    auto handle = group.make_handle({false, "decode"});
+    const auto in = group_inputs(c, Routing::Uniform, 93, false, false);
+    StepViews<Exec, float> sv(exec, c, in[me]);
+    Kokkos::View<float**, Kokkos::LayoutRight, Mem> rx("rx", c.max_tokens_per_rank * c.top_k * R, c.hidden);
+    Kokkos::View<float*, Mem> rw("rw", rx.extent(0));
+    int rule = -1;
+    std::string param, msg;
+    try {
+      ep_decode_dispatch(exec, handle, sv.idx, sv.x, sv.w, rx, rw);
+    } catch (const InvalidArgument& e) {
+      rule = static_cast<int>(e.rule());
+      param = e.parameter();
+      msg = e.what();
+    }
+    BOOST_TEST(rule == static_cast<int>(Rule::ConfigValue), msg);
+    BOOST_TEST(param == "handle", msg);
+    BOOST_TEST(msg.find("ExpertMajorFixed") != std::string::npos, msg);
+  }
+  {
+    // Rank 0's first token names one expert twice: every rank throws ExpertIdRange at ep_synchronize, naming the
+    // repeat and rank 0, and the handle serves the next step.
+    auto c = default_config(R);
+    c.layout = RecvLayout::ExpertMajorFixed;
+    EpGroup<Exec> group(exec, comm, c);
+    auto handle = group.make_handle({false, "decode"});
+    auto in = group_inputs(c, Routing::Uniform, 94, false, false);
+    in[0].idx[1] = in[0].idx[0];
+    StepViews<Exec, float> sv(exec, c, in[me]);
+    const int N = group.capacity_rows();
+    Kokkos::View<float**, Kokkos::LayoutRight, Mem> rx("rx", N, c.hidden);
+    Kokkos::View<float*, Mem> rw("rw", N);
+    ep_decode_dispatch(exec, handle, sv.idx, sv.x, sv.w, rx, rw);
+    int rule = -1;
+    std::string msg;
+    try {
+      ep_synchronize(exec, handle);
+    } catch (const InvalidArgument& e) {
+      rule = static_cast<int>(e.rule());
+      msg = e.what();
+    }
+    BOOST_TEST(rule == static_cast<int>(Rule::ExpertIdRange), msg);
+    BOOST_TEST(msg.find("repeated") != std::string::npos, msg);
+    BOOST_TEST(msg.find("rank 0 (1)") != std::string::npos, msg);
+    const auto clean = group_inputs(c, Routing::Uniform, 95, false, false);
+    const StepOutputs got =
+        run_step<Exec, float>(exec, group, handle, clean[me], CombineMode::Weighted, -1, false, true);
+    const StepOutputs want = expected_step(c, clean, me, CombineMode::Weighted, false);
+    compare("y after the refused step", got.y, want.y, false, want.y.size());
+  }
 }
 
 BOOST_AUTO_TEST_CASE_TEMPLATE(receive_hook_misuse_is_typed, DeviceType, KOKKOSMOE_DEVICE_TYPES) {

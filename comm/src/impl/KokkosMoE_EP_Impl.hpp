@@ -16,6 +16,7 @@
 #include <kokkos_ext/KokkosMoE_Float16.hpp>
 #include <kokkos_ext/KokkosMoE_KokkosCompat.hpp>
 
+#include <impl/KokkosMoE_EP_Decode.hpp>
 #include <impl/KokkosMoE_EP_Kernels.hpp>
 #include <impl/KokkosMoE_EP_Signal.hpp>
 #include <impl/KokkosMoE_Transport.hpp>
@@ -166,6 +167,15 @@ void from_host(const Exec& exec, const View& v, const std::vector<typename View:
   exec.fence();
 }
 
+/// Zeroes \p v on \p exec with a kernel: Kokkos 4's deep_copy of a scalar into host memory fences, and the statistics
+/// resets promise not to.
+template <class Exec, class View>
+void zero_on(const Exec& exec, const View& v) {
+  Kokkos::parallel_for(
+      "KokkosMoE::ep::reset_statistics", light(Kokkos::RangePolicy<Exec>(exec, 0, v.extent(0))),
+      KOKKOS_LAMBDA(std::size_t i) { v(i) = 0; });
+}
+
 // ----- state -------------------------------------------------------------------------------------------------------
 
 /// Where each kind of token row for (or back to) each peer is written: one address per peer. The message transports
@@ -215,6 +225,7 @@ struct EpHandleState {
   std::int64_t arrivals = 0;  // arrival indices in use (eager: exact; capacity: R * B)
   std::vector<std::int64_t> send_tok, recv_tok, send_off, recv_off;  // eager, per peer, in token rows
   bool laid_out = false, backward_done = true;
+  bool decoded = false;  // the last layout was the decode path's (ids repeated within a token count as invalid)
   std::int64_t recv_rows_alloc = 0;
   /// The receive half of a split operation (docs/ep.md §14) until its hook runs: it owns the Views it writes.
   std::function<void(const Exec&)> receive;
@@ -707,16 +718,14 @@ void account(const Exec& exec, EpHandleState<Exec>& h, int op, bool forward, std
 
 // ----- layout ------------------------------------------------------------------------------------------------------
 
+/// The checks every layout runs (ep_layout, ep_decode_dispatch), then the step's shape into the handle.
 template <class Exec, class IdxView>
-void layout(const Exec& exec, EpHandleState<Exec>& h, const IdxView& idx) {
-  constexpr const char* fn = "ep_layout";
+void begin_layout(const char* fn, EpHandleState<Exec>& h, const IdxView& idx) {
   require_no_receive(fn, h);
   ep_static_view<Exec, IdxView, 2>();
   static_assert(is_ep_index_type<typename IdxView::non_const_value_type>::value,
-                "KokkosMoE::ep_layout: topk_idx must hold int16_t, int32_t or int64_t expert ids");
-  ScopedRegion region("KokkosMoE::ep_layout");
-  EpGroupState<Exec>& g = *h.group;
-  const EpGroupConfig& c = g.config;
+                "KokkosMoE EP: topk_idx must hold int16_t, int32_t or int64_t expert ids");
+  const EpGroupConfig& c = h.group->config;
   if (idx.extent(0) > static_cast<std::size_t>(c.max_tokens_per_rank) ||
       idx.extent(1) != static_cast<std::size_t>(c.top_k))
     ep_fail(fn, "topk_idx", Rule::ShapeMismatch,
@@ -728,8 +737,18 @@ void layout(const Exec& exec, EpHandleState<Exec>& h, const IdxView& idx) {
             "the handle" + (h.options.name.empty() ? std::string() : " '" + h.options.name + "'") +
                 " still holds a training step whose backward has not run (ep_dispatch_backward); use one EpHandle "
                 "per layer, or EpHandleOptions::training = false for inference");
-  h.shape = g.shape;
+  h.shape = h.group->shape;
   h.shape.T = static_cast<int>(idx.extent(0));
+}
+
+template <class Exec, class IdxView>
+void layout(const Exec& exec, EpHandleState<Exec>& h, const IdxView& idx, const char* fn = "ep_layout",
+            bool unique_ids = false) {
+  begin_layout(fn, h, idx);
+  ScopedRegion region("KokkosMoE::ep_layout");
+  EpGroupState<Exec>& g = *h.group;
+  h.shape.unique_ids = unique_ids;
+  h.decoded = unique_ids;
   const EpShape& s = h.shape;
   void* stream = ExecTraits<Exec>::stream(exec);
   const int W = s.E + 1 + s.R;
@@ -745,7 +764,9 @@ void layout(const Exec& exec, EpHandleState<Exec>& h, const IdxView& idx) {
     Kokkos::deep_copy(exec, h.v.gathered, Unmanaged(reinterpret_cast<const int*>(g.in_counts), h.v.gathered.extent(0)));
     wire_release(exec, g, kRegionCounts);
   } else {
-    if (ExecTraits<Exec>::transport == CommTransport::Mpi) exec.fence();
+    // MPI reads what the kernels wrote. One rank's all-gather is a copy on this thread, after the kernels: host
+    // execution spaces (Serial, OpenMP) have finished a kernel when its launch returns.
+    if (ExecTraits<Exec>::transport == CommTransport::Mpi && s.R > 1) exec.fence();
     g.transport->allgather(fn, h.v.gather_send.data(), h.v.gathered.data(), sizeof(int) * W, stream);
   }
 
@@ -882,11 +903,11 @@ constexpr void dispatch_weights_static() {
                 "KokkosMoE::ep_dispatch: recv_w must be non-const float");
 }
 
+/// The row arguments of a dispatch (ep_dispatch, its split send, ep_decode_dispatch): their types, then their extents
+/// against T and \p rows receive rows. Returns whether weights travel (topk_w non-empty).
 template <class Exec, class XView, class WView, class RecvXView, class RecvWView>
-void dispatch(const Exec& exec, EpHandleState<Exec>& h, const XView& x, const WView& w, const RecvXView& recv_x,
-              const RecvWView& recv_w, bool split = false) {
-  const char* fn = split ? "ep_dispatch_send" : "ep_dispatch";
-  using Mem = typename Exec::memory_space;
+bool check_dispatch_rows(const char* fn, const EpShape& s, int H, int rows, const XView& x, const WView& w,
+                         const RecvXView& recv_x, const RecvWView& recv_w) {
   using Scalar = typename XView::non_const_value_type;
   ep_static_view<Exec, XView, 2>();
   ep_static_view<Exec, RecvXView, 2>();
@@ -894,15 +915,25 @@ void dispatch(const Exec& exec, EpHandleState<Exec>& h, const XView& x, const WV
   static_assert(is_ep_row_type<Scalar>::value, "KokkosMoE::ep_dispatch: x must hold float or KokkosMoE::bf16_t");
   static_assert(std::is_same<typename RecvXView::value_type, Scalar>::value,
                 "KokkosMoE::ep_dispatch: recv_x must be non-const with x's element type");
+  ep_check_view(fn, "x", x, s.T, H, false);
+  const bool with_w = w.extent(0) > 0 || w.extent(1) > 0;
+  if (with_w) ep_check_view(fn, "topk_w", w, s.T, s.K, false);
+  ep_check_view(fn, "recv_x", recv_x, rows, H, true);
+  if (with_w) ep_check_view(fn, "recv_w", recv_w, rows, 1, true);
+  return with_w;
+}
+
+template <class Exec, class XView, class WView, class RecvXView, class RecvWView>
+void dispatch(const Exec& exec, EpHandleState<Exec>& h, const XView& x, const WView& w, const RecvXView& recv_x,
+              const RecvWView& recv_w, bool split = false) {
+  const char* fn = split ? "ep_dispatch_send" : "ep_dispatch";
+  using Mem = typename Exec::memory_space;
+  using Scalar = typename XView::non_const_value_type;
   ScopedRegion region("KokkosMoE::ep_dispatch");
   require_layout(fn, h);
   const EpShape& s = h.shape;
   const int H = h.group->config.hidden;
-  ep_check_view(fn, "x", x, s.T, H, false);
-  const bool with_w = w.extent(0) > 0 || w.extent(1) > 0;
-  if (with_w) ep_check_view(fn, "topk_w", w, s.T, s.K, false);
-  ep_check_view(fn, "recv_x", recv_x, h.recv_rows, H, true);
-  if (with_w) ep_check_view(fn, "recv_w", recv_w, h.recv_rows, 1, true);
+  const bool with_w = check_dispatch_rows<Exec>(fn, s, H, h.recv_rows, x, w, recv_x, recv_w);
   EpGroupState<Exec>& g = *h.group;
   enter_op(fn, g, s);
   const std::size_t row_bytes = static_cast<std::size_t>(H) * sizeof(Scalar);
@@ -931,6 +962,75 @@ void dispatch(const Exec& exec, EpHandleState<Exec>& h, const XView& x, const WV
         recv_x, recv_w);
   });
   account(exec, h, kOpDispatch, true, pitch, row_bytes);
+}
+
+// ----- decode ------------------------------------------------------------------------------------------------------
+
+/// ep_decode_dispatch (docs/ep.md §15): the layout fused into the dispatch over the peer windows; without windows (a
+/// message transport, one rank) the same contract as ep_layout + ep_dispatch.
+template <class Exec, class IdxView, class XView, class WView, class RecvXView, class RecvWView>
+void decode_dispatch(const Exec& exec, EpHandleState<Exec>& h, const IdxView& idx, const XView& x, const WView& w,
+                     const RecvXView& recv_x, const RecvWView& recv_w) {
+  constexpr const char* fn = "ep_decode_dispatch";
+  using Mem = typename Exec::memory_space;
+  using Scalar = typename XView::non_const_value_type;
+  EpGroupState<Exec>& g = *h.group;
+  const EpGroupConfig& c = g.config;
+  using Lim = EpDecodeLimits;
+  if (c.layout != RecvLayout::ExpertMajorFixed || c.max_tokens_per_rank > Lim::max_tokens_per_rank ||
+      c.ep_size > Lim::max_ep_size || c.num_experts > Lim::max_experts)
+    ep_fail(fn, "handle", Rule::ConfigValue,
+            "the decode path needs a group with layout = ExpertMajorFixed, max_tokens_per_rank <= " +
+                std::to_string(Lim::max_tokens_per_rank) + ", ep_size <= " + std::to_string(Lim::max_ep_size) +
+                " and num_experts <= " + std::to_string(Lim::max_experts) + " (this one: " + to_string(c.layout) +
+                ", " + std::to_string(c.max_tokens_per_rank) + ", " + std::to_string(c.ep_size) + ", " +
+                std::to_string(c.num_experts) + ")");
+  // Every argument is checked before the first communication, on either path.
+  begin_layout(fn, h, idx);
+  const EpShape& s = h.shape;
+  const int H = c.hidden;
+  const int N = g.recv_rows_fixed;
+  const bool with_w = check_dispatch_rows<Exec>(fn, s, H, N, x, w, recv_x, recv_w);
+  if (!g.window) {
+    layout(exec, h, idx, fn, true);
+    dispatch(exec, h, x, w, recv_x, recv_w);
+    return;
+  }
+  ScopedRegion region("KokkosMoE::ep_decode_dispatch");
+  h.shape.unique_ids = true;
+  h.recv_rows = N;
+  h.arrivals = g.stage_rows;
+  enter_op(fn, g, s);
+  const std::size_t row_bytes = static_cast<std::size_t>(H) * sizeof(Scalar);
+  DecodeWire<Mem> d{g.peers.fwd,
+                    g.peers.meta,
+                    g.peers.counts,
+                    g.in_fwd,
+                    reinterpret_cast<const int*>(g.in_meta),
+                    reinterpret_cast<const int*>(g.in_counts),
+                    token_pitch(row_bytes, s.K, true),
+                    pad16(row_bytes),
+                    row_bytes};
+  with_unit<Scalar>(H, {x.data(), recv_x.data()}, [&](auto unit) {
+    using Unit = decltype(unit);
+    g.transport->require_open(fn);
+    window_acquire_regions(exec, g.signals, kDecodeRegions);
+    check_window(exec, fn, g);
+    decode_send<Exec, Unit>(exec, s, idx, rows_view<Unit, Mem>(x, H),
+                            with_w ? floats2<Mem>(w) : Unmanaged2<const float, Mem>(), h.v, d,
+                            "KokkosMoE::ep_decode_dispatch::send");
+    if constexpr (Kokkos::SpaceAccessibility<Kokkos::HostSpace, Mem>::accessible)
+      exec.fence();  // the rows of every host thread are written before the counters say so
+    window_post_regions(exec, g.signals, kDecodeRegions);
+    check_window(exec, fn, g);
+    decode_receive<Exec, Unit>(exec, s, h.v, d, rows_view<Unit, Mem>(recv_x, H),
+                               with_w ? floats1_out<Mem>(recv_w) : Unmanaged1<float, Mem>(),
+                               "KokkosMoE::ep_decode_dispatch::receive");
+    window_release_regions(exec, g.signals, kDecodeRegions);
+  });
+  h.laid_out = true;
+  h.decoded = true;
+  h.backward_done = !h.options.training;
 }
 
 // ----- FP8 dispatch ------------------------------------------------------------------------------------------------
@@ -1264,8 +1364,9 @@ EpStatus synchronize(const Exec& exec, EpHandleState<Exec>& h) {
       bad += (bad.empty() ? "" : ", ") + std::string("rank ") + std::to_string(i) + " (" + std::to_string(n) + ")";
   }
   if (!bad.empty())
-    ep_fail("ep_layout", "topk_idx", Rule::ExpertIdRange,
-            "topk_idx held expert ids outside [-1, num_experts = " + std::to_string(s.E) + ") on " + bad +
+    ep_fail(h.decoded ? "ep_decode_dispatch" : "ep_layout", "topk_idx", Rule::ExpertIdRange,
+            "topk_idx held expert ids outside [-1, num_experts = " + std::to_string(s.E) + ")" +
+                (h.decoded ? std::string(" or repeated within a token") : std::string()) + " on " + bad +
                 " (found at ep_synchronize; those slots were treated as -1)");
   auto ranks = to_host(exec, h.v.rank_status);
   st.recv_demand = status(2);

@@ -99,6 +99,7 @@ struct EpShape {
   bool capacity_mode = false;  // capacity or fixed: peer blocks of B token rows (index i * B + p)
   bool windows = false;        // direct writes into the peers' windows
   int max_teams = -1;          // > 0: the SM cap (EpGroupConfig::max_sms), teams per kernel at most; -1: none
+  bool unique_ids = false;     // decode contract (docs/ep.md §15): an id repeated within a token counts as invalid
   KOKKOS_INLINE_FUNCTION bool eager() const { return !capacity_mode; }
 };
 
@@ -195,7 +196,9 @@ void layout_count(const Exec& exec, const EpShape s, const IdxView& idx,
               Kokkos::TeamThreadRange(m, n),
               [&](int j, int& acc) {
                 const long long e = static_cast<long long>(idx(t0 + j / s.K, j % s.K));
-                const bool ok = e >= 0 && e < s.E;
+                bool ok = e >= 0 && e < s.E;
+                if (ok && s.unique_ids)
+                  for (int k2 = 0; k2 < j % s.K; ++k2) ok = ok && static_cast<long long>(idx(t0 + j / s.K, k2)) != e;
                 if (!ok && e != -1) ++acc;
                 ids(j) = ok ? static_cast<int>(e) : -1;
               },

@@ -102,26 +102,56 @@ struct WindowSignals {
   }
 };
 
-/// Before writing a region: every peer freed the previous epoch's rows.
+/// A set of regions, one bit each (1u << region): the decode path signals its three regions in one kernel.
+using RegionMask = unsigned;
+
+/// Before writing regions: every peer freed the previous epoch's rows of each.
 template <class Exec>
-void window_acquire(const Exec& exec, const WindowSignals<typename Exec::memory_space>& w, int region) {
+void window_acquire_regions(const Exec& exec, const WindowSignals<typename Exec::memory_space>& w, RegionMask mask) {
   Kokkos::parallel_for(
       "KokkosMoE::ep::window_acquire", Kokkos::RangePolicy<Exec>(exec, 0, 1), KOKKOS_LAMBDA(int) {
         if (w.err(0) != 0) return;
-        w.wait_all(region, 1, w.epoch(region));
+        for (int r = 0; r < kWindowRegions; ++r)
+          if ((mask >> r) & 1u)
+            if (!w.wait_all(r, 1, w.epoch(r))) return;
       });
 }
 
-/// After writing a region: raise this rank's arrive counter in every peer, wait for every peer's.
+/// After writing regions: raise this rank's arrive counters in every peer, then wait for every peer's.
 template <class Exec>
-void window_post(const Exec& exec, const WindowSignals<typename Exec::memory_space>& w, int region) {
+void window_post_regions(const Exec& exec, const WindowSignals<typename Exec::memory_space>& w, RegionMask mask) {
   Kokkos::parallel_for(
       "KokkosMoE::ep::window_post", Kokkos::RangePolicy<Exec>(exec, 0, 1), KOKKOS_LAMBDA(int) {
         if (w.err(0) != 0) return;
-        const std::uint64_t n = w.epoch(region) + 1;
-        w.raise_all(region, 0, n);
-        if (w.wait_all(region, 0, n)) w.epoch(region) = n;
+        for (int r = 0; r < kWindowRegions; ++r)
+          if ((mask >> r) & 1u) w.raise_all(r, 0, w.epoch(r) + 1);
+        for (int r = 0; r < kWindowRegions; ++r)
+          if ((mask >> r) & 1u)
+            if (!w.wait_all(r, 0, w.epoch(r) + 1)) return;
+        for (int r = 0; r < kWindowRegions; ++r)
+          if ((mask >> r) & 1u) w.epoch(r) += 1;
       });
+}
+
+/// After consuming regions: tell every peer its rows there may be overwritten.
+template <class Exec>
+void window_release_regions(const Exec& exec, const WindowSignals<typename Exec::memory_space>& w, RegionMask mask) {
+  Kokkos::parallel_for(
+      "KokkosMoE::ep::window_release", Kokkos::RangePolicy<Exec>(exec, 0, 1), KOKKOS_LAMBDA(int) {
+        if (w.err(0) != 0) return;
+        for (int r = 0; r < kWindowRegions; ++r)
+          if ((mask >> r) & 1u) w.raise_all(r, 1, w.epoch(r));
+      });
+}
+
+template <class Exec>
+void window_acquire(const Exec& exec, const WindowSignals<typename Exec::memory_space>& w, int region) {
+  window_acquire_regions(exec, w, 1u << region);
+}
+
+template <class Exec>
+void window_post(const Exec& exec, const WindowSignals<typename Exec::memory_space>& w, int region) {
+  window_post_regions(exec, w, 1u << region);
 }
 
 /// The send half of window_post (split operations, docs/ep.md §14): raise this rank's arrive counter in every peer.
@@ -145,14 +175,9 @@ void window_wait(const Exec& exec, const WindowSignals<typename Exec::memory_spa
       });
 }
 
-/// After consuming a region: tell every peer its rows here may be overwritten.
 template <class Exec>
 void window_release(const Exec& exec, const WindowSignals<typename Exec::memory_space>& w, int region) {
-  Kokkos::parallel_for(
-      "KokkosMoE::ep::window_release", Kokkos::RangePolicy<Exec>(exec, 0, 1), KOKKOS_LAMBDA(int) {
-        if (w.err(0) != 0) return;
-        w.raise_all(region, 1, w.epoch(region));
-      });
+  window_release_regions(exec, w, 1u << region);
 }
 
 }  // namespace Impl

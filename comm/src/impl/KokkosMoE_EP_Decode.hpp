@@ -1,0 +1,310 @@
+/*
+ * KokkosMoE: Mixture-of-Experts routing for Kokkos. SPDX-License-Identifier: Apache-2.0
+ */
+#ifndef KOKKOSMOE_EP_DECODE_HPP
+#define KOKKOSMOE_EP_DECODE_HPP
+
+// The decode path (docs/ep.md §15): layout and dispatch fused into one send and one receive kernel over the peer
+// windows, for the fixed expert-major layout and small batches. No count exchange runs ahead of the rows: each token
+// row goes to its arrival index me * B + t on every rank it reaches, with K codes per token saying which of the
+// receiver's experts it feeds and its rank among this rank's slots for that expert, and a short counts vector per
+// rank (L counts, T, invalid ids) travels in the same epoch. The receiver places a slot of source i for expert l at
+// l * R * B + (slots of sources before i for l) + its rank: the fixed layout's order (source rank, token, k), from
+// prefix sums only. Ids must be distinct within a token (a repeat counts as invalid), so no source sends one expert
+// more than B slots and the slabs never overflow.
+
+#include <KokkosMoE_EpConfig.hpp>
+
+#include <Kokkos_Core.hpp>
+
+#include <impl/KokkosMoE_EP_Kernels.hpp>
+#include <impl/KokkosMoE_EP_Signal.hpp>
+
+#include <cstdint>
+
+namespace KokkosMoE {
+namespace Impl {
+
+/// The window regions of one decode dispatch: rows, codes and counts, signalled together.
+constexpr RegionMask kDecodeRegions = (1u << kRegionFwd) | (1u << kRegionMeta) | (1u << kRegionCounts);
+
+/// Ints per source rank in a rank's counts area: its slots for each of the L local experts, its T, its invalid ids.
+KOKKOS_INLINE_FUNCTION constexpr int decode_count_words(int L) { return L + 2; }
+
+/// Slot k of token t as the decode path reads it: its expert id, or -1 when empty, out of range or a repeat of an
+/// earlier slot of the token.
+template <class IdxView>
+KOKKOS_INLINE_FUNCTION int decode_id(const IdxView& idx, int E, int t, int k) {
+  const long long e = static_cast<long long>(idx(t, k));
+  if (e < 0 || e >= E) return -1;
+  for (int k2 = 0; k2 < k; ++k2)
+    if (static_cast<long long>(idx(t, k2)) == e) return -1;
+  return static_cast<int>(e);
+}
+
+/// Where the decode kernels write in the peers' windows and read in this rank's.
+template <class Mem>
+struct DecodeWire {
+  Kokkos::View<const std::uintptr_t*, Mem> fwd, meta, counts;  // every rank's regions
+  const char* in_fwd = nullptr;                                // this rank's
+  const int* in_meta = nullptr;
+  const int* in_counts = nullptr;
+  std::size_t pitch = 0;        // bytes per token row
+  std::size_t trailer_off = 0;  // where its K weights start
+  std::size_t row_bytes = 0;    // the row's own bytes (the traffic counters' logical bytes)
+};
+
+/// The send kernel: one team per token, and one for the counts. Token t's K codes go to every rank (l * B + rank of
+/// the slot among this rank's slots of expert l, -1 where the slot is not that rank's), its row and weights to every
+/// rank it reaches, this rank's own included (its arrival space is where the receive kernel finds it). The sender's
+/// maps get the slots' ranks and codes (a remote slot's code stands for its row: it is kept, and only the expert's
+/// rank needs its row). The last team counts the slots per expert, the invalid ids and the tokens per rank, writes
+/// them where the layout would (gather_send, status, the traffic counters) and sends each rank its counts vector.
+template <class Exec, class Unit, class IdxView>
+void decode_send(const Exec& exec, const EpShape s, const IdxView& idx,
+                 const Unmanaged2<const Unit, typename Exec::memory_space>& x,
+                 const Unmanaged2<const float, typename Exec::memory_space>& w,
+                 const EpLayoutViews<typename Exec::memory_space>& v, const DecodeWire<typename Exec::memory_space>& d,
+                 const char* label) {
+  using Mem = typename Exec::memory_space;
+  using Team = typename Kokkos::TeamPolicy<Exec>::member_type;
+  using SInt = Kokkos::View<int*, typename Exec::scratch_memory_space, Kokkos::MemoryUnmanaged>;
+  const int units = static_cast<int>(x.extent(1));
+  const int CW = decode_count_words(s.L);
+  const std::size_t shmem = PackScratch<Exec>::shmem(s) > SInt::shmem_size(s.E + s.R) ? PackScratch<Exec>::shmem(s)
+                                                                                      : SInt::shmem_size(s.E + s.R);
+  team_items(
+      exec, s, label, static_cast<std::int64_t>(s.T) + 1, shmem,
+      KOKKOS_LAMBDA(const Team& m, std::int64_t item, const TeamScratch<Exec>& sp) {
+        if (item == s.T) {
+          SInt cnt(sp, s.E + s.R);  // slots per expert, then tokens per rank
+          Kokkos::parallel_for(Kokkos::TeamThreadRange(m, s.E + s.R), [&](int e) { cnt(e) = 0; });
+          m.team_barrier();
+          int bad = 0;
+          Kokkos::parallel_reduce(
+              Kokkos::TeamThreadRange(m, s.T),
+              [&](int t, int& acc) {
+                std::uint64_t reached = 0;  // R <= EpDecodeLimits::max_ep_size
+                for (int k = 0; k < s.K; ++k) {
+                  const int e = decode_id(idx, s.E, t, k);
+                  if (e >= 0) {
+                    Kokkos::atomic_add(&cnt(e), 1);  // a histogram: the same counts in any order
+                    reached |= std::uint64_t(1) << (e / s.L);
+                  } else if (static_cast<long long>(idx(t, k)) != -1) {
+                    ++acc;
+                  }
+                }
+                for (int r = 0; r < s.R; ++r)
+                  if ((reached >> r) & 1u) Kokkos::atomic_add(&cnt(s.E + r), 1);
+              },
+              bad);
+          m.team_barrier();
+          Kokkos::parallel_for(Kokkos::TeamThreadRange(m, s.E + 1 + s.R),
+                               [&](int j) { v.gather_send(j) = j < s.E ? cnt(j) : (j == s.E ? bad : cnt(j - 1)); });
+          Kokkos::parallel_for(Kokkos::TeamThreadRange(m, s.R), [&](int r) {
+            v.sent_rows(r) = r == s.me ? 0 : cnt(s.E + r);
+            v.ret_rows(r) = 0;  // the receive kernel counts the returns
+          });
+          Kokkos::parallel_for(Kokkos::TeamThreadRange(m, s.R * CW), [&](int j) {
+            const int r = j / CW, c = j % CW;
+            reinterpret_cast<int*>(d.counts(r))[s.me * CW + c] = c < s.L ? cnt(r * s.L + c) : (c == s.L ? s.T : bad);
+          });
+          Kokkos::single(Kokkos::PerTeam(m), [&]() {
+            v.status(0) = bad;
+            v.status(1) = 0;
+            v.status(3) = 0;
+            // The layout's part of the wire: the codes of every token, the counts vector and their two 16-byte
+            // signals, to each peer.
+            v.traffic(2 * kOpLayout + 1) += static_cast<std::int64_t>(s.R - 1) * ((CW + s.T * s.K) * 4 + 32);
+            // The rows: one per (token, remote rank reached), and this rank's arrive signal to each peer.
+            std::int64_t rows = 0;
+            for (int r = 0; r < s.R; ++r) rows += r == s.me ? 0 : cnt(s.E + r);
+            v.traffic(2 * kOpDispatch) += rows * static_cast<std::int64_t>(d.row_bytes);
+            v.traffic(2 * kOpDispatch + 1) +=
+                rows * static_cast<std::int64_t>(d.pitch) + 16 * static_cast<std::int64_t>(s.R - 1);
+          });
+          return;
+        }
+        const int t = static_cast<int>(item);
+        const PackScratch<Exec> p(sp, s);
+        // slots(k): the slot's expert (-1 none); slots(K + k): its rank among this rank's slots of that expert, the
+        // tokens before t that chose it (a token chooses an expert at most once).
+        Kokkos::parallel_for(Kokkos::TeamThreadRange(m, s.K), [&](int k) { p.slots(k) = decode_id(idx, s.E, t, k); });
+        m.team_barrier();
+        for (int k = 0; k < s.K; ++k) {
+          const int e = p.slots(k);
+          int before = 0;
+          if (e >= 0)
+            Kokkos::parallel_reduce(
+                Kokkos::TeamThreadRange(m, t),
+                [&](int t2, int& acc) {
+                  bool chose = false;
+                  for (int k2 = 0; k2 < s.K; ++k2) chose = chose || static_cast<long long>(idx(t2, k2)) == e;
+                  acc += chose ? 1 : 0;
+                },
+                before);
+          Kokkos::single(Kokkos::PerTeam(m), [&]() { p.slots(s.K + k) = e >= 0 ? before : -1; });
+        }
+        m.team_barrier();
+        const std::int64_t q0 = static_cast<std::int64_t>(t) * s.K, a = static_cast<std::int64_t>(s.me) * s.B + t;
+        Kokkos::parallel_for(Kokkos::TeamThreadRange(m, s.R * s.K), [&](int j) {
+          const int r = j / s.K, k = j % s.K, e = p.slots(k);
+          const int code = e >= 0 && e / s.L == r ? (e % s.L) * s.B + p.slots(s.K + k) : -1;
+          reinterpret_cast<int*>(d.meta(r))[a * s.K + k] = code;
+          if (e >= 0 && e / s.L == r) v.slot_row(q0 + k) = code;
+          if (r == 0) {
+            v.slot_rank(q0 + k) = e >= 0 ? e / s.L : -1;
+            v.slot_kept(q0 + k) = e >= 0 ? 1 : 0;
+            if (e < 0) v.slot_row(q0 + k) = -1;
+          }
+        });
+        Kokkos::parallel_for(Kokkos::TeamThreadRange(m, s.R), [&](int r) {
+          bool reach = false;
+          for (int k = 0; k < s.K; ++k) reach = reach || (p.slots(k) >= 0 && p.slots(k) / s.L == r);
+          const std::int64_t tr = static_cast<std::int64_t>(t) * s.R + r;
+          v.token_in_rank(tr) = reach ? 1 : 0;
+          v.tok_pos(tr) = reach ? t : -1;
+          p.raddr(r) = reach ? d.fwd(r) + static_cast<std::size_t>(a) * d.pitch : 0;
+        });
+        m.team_barrier();
+        Kokkos::single(Kokkos::PerTeam(m), [&]() {
+          int nr = 0;
+          for (int r = 0; r < s.R; ++r)
+            if (p.raddr(r) != 0) p.ptr(nr++) = p.raddr(r);  // nr <= min(R, K): a rank is reached by a slot
+          p.lrow(s.K + 1) = nr;
+        });
+        m.team_barrier();
+        const int nr = p.lrow(s.K + 1);
+        team_unit_batches(m, units, [&](int b, int nb) {
+          Unit val[kUnitBatch];
+          for (int j = 0; j < kUnitBatch; ++j)
+            if (b + j * nb < units) val[j] = x(t, b + j * nb);
+          for (int i = 0; i < nr; ++i) {
+            Unit* out = reinterpret_cast<Unit*>(p.ptr(i));
+            for (int j = 0; j < kUnitBatch; ++j)
+              if (b + j * nb < units) out[b + j * nb] = val[j];
+          }
+        });
+        p.template weights<Mem>(m, s, t, w, d.trailer_off, Unmanaged1<float, Mem>(), 0, nr);
+      });
+}
+
+/// The receive kernel, after the window's epoch arrived: one team per arrival index a = i * B + t (source i, token
+/// t < T_i), then one per local expert, then one for the maps. An arrival's codes give its receive rows; its row and
+/// weights go there, and the maps the later operations read (fwd_rows, arrive_rank, recv_src, recv_expert, recv_k) get
+/// it as the layout would have written them. This rank's own tokens are local slots: their rows are written here and
+/// their slot_row becomes the receive row. An expert's team marks the rows past its count unowned (they are not
+/// written: the masked slab). The last team derives counts, offsets and bases from the counts vectors.
+template <class Exec, class Unit>
+void decode_receive(const Exec& exec, const EpShape s, const EpLayoutViews<typename Exec::memory_space>& v,
+                    const DecodeWire<typename Exec::memory_space>& d,
+                    const Unmanaged2<Unit, typename Exec::memory_space>& recv_x,
+                    const Unmanaged1<float, typename Exec::memory_space>& recv_w, const char* label) {
+  using Team = typename Kokkos::TeamPolicy<Exec>::member_type;
+  using SInt = Kokkos::View<int*, typename Exec::scratch_memory_space, Kokkos::MemoryUnmanaged>;
+  const int units = static_cast<int>(recv_x.extent(1));
+  const bool with_w = recv_w.extent(0) > 0;
+  const int CW = decode_count_words(s.L);
+  const std::int64_t RB = static_cast<std::int64_t>(s.R) * s.B;
+  const std::size_t shmem = SInt::shmem_size(2 * s.K + 1);
+  team_items(
+      exec, s, label, RB + s.L + 1, shmem,
+      KOKKOS_LAMBDA(const Team& m, std::int64_t item, const TeamScratch<Exec>& sp) {
+        const int* cnt = d.in_counts;  // [R][CW]
+        if (item >= RB + s.L) {
+          Kokkos::parallel_for(Kokkos::TeamThreadRange(m, s.R * (s.E + 1)), [&](int j) {
+            const int i = j / (s.E + 1), e = j % (s.E + 1);
+            v.counts(j) = e == s.E ? cnt[i * CW + s.L + 1] : (e / s.L == s.me ? cnt[i * CW + e % s.L] : 0);
+          });
+          Kokkos::parallel_for(Kokkos::TeamThreadRange(m, s.L + 1),
+                               [&](int l) { v.expert_offsets(l) = static_cast<int>(l * RB); });
+          int demand = 0;
+          Kokkos::parallel_reduce(
+              Kokkos::TeamThreadRange(m, s.L),
+              [&](int l, int& mx) {
+                int n = 0;
+                for (int i = 0; i < s.R; ++i) n += cnt[i * CW + l];
+                v.recv_count(l) = n;
+                v.expert_load(l) += n;
+                mx = n > mx ? n : mx;
+              },
+              Kokkos::Max<int>(demand));
+          Kokkos::parallel_for(Kokkos::TeamThreadRange(m, s.R), [&](int j) {
+            v.arrive_base(j) = j * s.B;
+            v.arrive_count(j) = j == s.me ? 0 : cnt[j * CW + s.L];
+            v.send_base(j) = j * s.B;
+            v.fwd_base(j) = s.me * s.B;
+            v.ret_base(j) = s.me * s.B;
+            v.rank_status(2 * j) = j == s.me ? demand : 0;
+            v.rank_status(2 * j + 1) = 0;  // the slabs hold every slot: nothing drops
+          });
+          Kokkos::single(Kokkos::PerTeam(m), [&]() { v.status(2) = demand; });
+          return;
+        }
+        if (item >= RB) {
+          const int l = static_cast<int>(item - RB);
+          int n = 0;
+          for (int i = 0; i < s.R; ++i) n += cnt[i * CW + l];
+          Kokkos::parallel_for(Kokkos::TeamThreadRange(m, static_cast<int>(RB) - n), [&](int j) {
+            const std::int64_t q = l * RB + n + j;
+            v.recv_expert(q) = -1;
+            v.recv_src(q) = -1;
+          });
+          return;
+        }
+        const std::int64_t a = item;
+        const int i = static_cast<int>(a / s.B), t = static_cast<int>(a % s.B);
+        const bool mine = i == s.me;
+        if (t >= cnt[i * CW + s.L]) {
+          // No token of source i here this step: the index feeds nothing.
+          Kokkos::parallel_for(Kokkos::TeamThreadRange(m, s.K), [&](int k) { v.fwd_rows(a * s.K + k) = -1; });
+          Kokkos::single(Kokkos::PerTeam(m), [&]() { v.arrive_rank(a) = -1; });
+          return;
+        }
+        SInt rows(sp, 2 * s.K + 1);  // per k the receive row (-1 none), then the compacted rows, their count last
+        const char* row = d.in_fwd + static_cast<std::size_t>(a) * d.pitch;
+        const float* trailer = reinterpret_cast<const float*>(row + d.trailer_off);
+        Kokkos::parallel_for(Kokkos::TeamThreadRange(m, s.K), [&](int k) {
+          const int code = d.in_meta[a * s.K + k];
+          int q = -1;
+          if (code >= 0) {
+            const int l = code / s.B;
+            int base = 0;
+            for (int i2 = 0; i2 < i; ++i2) base += cnt[i2 * CW + l];
+            q = static_cast<int>(l * RB) + base + code % s.B;
+            v.recv_expert(q) = l;
+            v.recv_src(q) = mine ? -1 : static_cast<int>(a);
+            v.recv_k(q) = k;
+            if (with_w) recv_w(q) = trailer[k];
+            if (mine) v.slot_row(static_cast<std::int64_t>(t) * s.K + k) = q;
+          }
+          rows(k) = q;
+          v.fwd_rows(a * s.K + k) = mine ? -1 : q;
+        });
+        m.team_barrier();
+        Kokkos::single(Kokkos::PerTeam(m), [&]() {
+          int n = 0;
+          for (int k = 0; k < s.K; ++k)
+            if (rows(k) >= 0) rows(s.K + n++) = rows(k);
+          rows(2 * s.K) = n;
+          v.arrive_rank(a) = !mine && n > 0 ? i : -1;
+          if (!mine && n > 0) Kokkos::atomic_add(&v.ret_rows(i), 1);  // a count, not a position
+        });
+        m.team_barrier();
+        const int n = rows(2 * s.K);
+        const Unit* src = reinterpret_cast<const Unit*>(row);
+        team_unit_batches(m, units, [&](int b, int nb) {
+          Unit val[kUnitBatch];
+          for (int j = 0; j < kUnitBatch; ++j)
+            if (b + j * nb < units) val[j] = src[b + j * nb];
+          for (int dd = 0; dd < n; ++dd)
+            for (int j = 0; j < kUnitBatch; ++j)
+              if (b + j * nb < units) recv_x(rows(s.K + dd), b + j * nb) = val[j];
+        });
+      });
+}
+
+}  // namespace Impl
+}  // namespace KokkosMoE
+
+#endif
