@@ -28,9 +28,6 @@ namespace Impl {
 namespace CudaKernels {
 namespace detail {
 
-constexpr int kFnSigmoid = static_cast<int>(ScoreFunction::Sigmoid);
-constexpr int kFnSoftmax = static_cast<int>(ScoreFunction::Softmax);
-constexpr int kFnSqrtSoftplus = static_cast<int>(ScoreFunction::SqrtSoftplus);
 constexpr int kOutBytemap = static_cast<int>(RoutingOutput::Bytemap);
 constexpr int kOutBitmap = static_cast<int>(RoutingOutput::BitmapU8);
 constexpr int kOutIndices = static_cast<int>(RoutingOutput::Indices);
@@ -42,7 +39,7 @@ constexpr int kCandLimit = 64;
 struct FwdParams {
   long long T = 0;
   int E = 0, k = 1;
-  int fn = 0;                         // ScoreFunction
+  int fn = 0;                         // ScoreFunction (kFn* of impl/KokkosMoE_RouterMath.hpp)
   int pre = 0;                        // Softmax pre
   int aux = 0;                        // aux_scores mode (scores out, map out; no probs)
   int G = 0, gk = 0, gs = 0, kg = 0;  // grouping (gk == 0: off)
@@ -156,13 +153,13 @@ __device__ __forceinline__ void token_front(const FwdParams& P, const float (&x)
       for (int c = 0; c < NC; ++c)
 #pragma unroll
         for (int w = 0; w < W; ++w)
-          if (cvalid[c]) m = fmaxf(m, x[c * W + w]);
+          if (cvalid[c]) m = math_fmax(m, x[c * W + w]);
       float s = 0.0f;
 #pragma unroll
       for (int c = 0; c < NC; ++c)
 #pragma unroll
         for (int w = 0; w < W; ++w)
-          if (cvalid[c] && x[c * W + w] != -INFINITY) s += expf(x[c * W + w] - m);
+          if (cvalid[c] && x[c * W + w] != -INFINITY) s += softmax_exp(x[c * W + w], m);
 #pragma unroll
       for (int o = TPT / 2; o > 0; o >>= 1) {
         const float mo = __shfl_xor_sync(kFull, m, o);
@@ -171,7 +168,7 @@ __device__ __forceinline__ void token_front(const FwdParams& P, const float (&x)
       }
       const float inv = 1.0f / s;
 #pragma unroll
-      for (int p = 0; p < V; ++p) y[p] = expf(x[p] - m) * inv;
+      for (int p = 0; p < V; ++p) y[p] = softmax_exp(x[p], m) * inv;
     } else {
 #pragma unroll
       for (int p = 0; p < V; ++p) y[p] = x[p];
@@ -191,7 +188,7 @@ __device__ __forceinline__ void token_front(const FwdParams& P, const float (&x)
 #pragma unroll
       for (int w = 0; w < W; ++w)
         if (cvalid[c]) rs += y[c * W + w];
-    rs = seg_add_f32<TPT>(rs) + kEps;
+    rs = normalization_denominator(seg_add_f32<TPT>(rs));
     float sc[V];
 #pragma unroll
     for (int p = 0; p < V; ++p) sc[p] = y[p] / rs;
@@ -483,7 +480,7 @@ __global__ void __launch_bounds__(128) topk_fwd_reg(const FwdParams P) {
       float x0 = 0.0f, inv = 0.0f, D = 0.0f;
       if (softmax_post) {
         x0 = slot_y[0];
-        for (int r = ls; r < k; r += TPT) slot_e[r] = expf(slot_y[r] - x0);
+        for (int r = ls; r < k; r += TPT) slot_e[r] = softmax_exp(slot_y[r], x0);
         __syncwarp();
         float sum = 0.0f;
         for (int r = 0; r < k; ++r) {
@@ -494,7 +491,7 @@ __global__ void __launch_bounds__(128) topk_fwd_reg(const FwdParams P) {
       } else if (fn != kFnSoftmax && k > 1) {
         float sum = 0.0f;
         for (int r = 0; r < k; ++r) sum += slot_y[r];
-        D = sum + kEps;
+        D = normalization_denominator(sum);
       }
       for (int r = ls; r < k; r += TPT) {
         const int idx = slot_idx[r];
@@ -589,7 +586,7 @@ __device__ __forceinline__ void topq_insert(unsigned (&Lk)[Q], int (&Lp)[Q], uns
 __device__ __forceinline__ float slot_weight(const FwdParams& P, int k, bool softmax_post, float yr, int sbase) {
   if (softmax_post) {
     const float x0 = __shfl_sync(kFull, yr, sbase);
-    const float er = expf(yr - x0);
+    const float er = softmax_exp(yr, x0);
     const float ez = softmax_term(yr, x0);
     float sum = 0.0f;
 #pragma unroll
@@ -600,7 +597,7 @@ __device__ __forceinline__ float slot_weight(const FwdParams& P, int k, bool sof
   float sum = 0.0f;
 #pragma unroll
   for (int r = 0; r < k; ++r) sum += __shfl_sync(kFull, yr, sbase + r);
-  return yr / (sum + kEps);
+  return normalize(yr, sum);
 }
 
 /// Writes slot `slot` of token t (expert idx, weight v before scaling) to the compact ids/weights or dense indices.
