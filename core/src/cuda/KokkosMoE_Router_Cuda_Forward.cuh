@@ -19,7 +19,9 @@
 //   per-token shared row so that every output row is written once with coalesced vector stores.
 // topk_fwd_rounds<DT, TPT, NC, W>: the same mapping for k <= TPT, selecting by k rounds of a segment arg-max.
 // topk_fwd_lane (KokkosMoE_Router_Cuda_ForwardLane.cuh) is preferred where it applies. Shapes none of them handles
-// (E > 1024, groupings no lane layout fits) run the portable path (CudaKernels::handles).
+// (E > 1024, groupings no lane layout fits) run the portable path (CudaKernels::plan_forward).
+
+#include <cuda/KokkosMoE_Router_Cuda_Params.hpp>
 
 #include <cuda/KokkosMoE_Router_Cuda_Common.cuh>
 
@@ -35,35 +37,6 @@ constexpr int kOutCompact = static_cast<int>(RoutingOutput::Compact);
 
 /// Candidate-list limit of the fast selection (above it, or with ties piling up, the exact search runs).
 constexpr int kCandLimit = 64;
-
-struct FwdParams {
-  long long T = 0;
-  int E = 0, k = 1;
-  int fn = 0;                         // ScoreFunction (kFn* of impl/KokkosMoE_RouterMath.hpp)
-  int pre = 0;                        // Softmax pre
-  int aux = 0;                        // aux_scores mode (scores out, map out; no probs)
-  int G = 0, gk = 0, gs = 0, kg = 0;  // grouping (gk == 0: off)
-  float scale = 1.0f;
-  int out = 0;       // RoutingOutput
-  int idx_type = 0;  // DType of dense indices
-  int bias_type = 0;
-  const void* logits = nullptr;
-  const void* bias = nullptr;
-  void* probs = nullptr;
-  unsigned char* map = nullptr;
-  void* indices = nullptr;
-  float* inter = nullptr;
-  int* ids = nullptr;
-  float* weights = nullptr;
-  float* scores = nullptr;
-  // fast path: per-token shared-memory region
-  int cap = 0;        // candidate entries
-  int tok_smem = 0;   // bytes per token
-  int off_slots = 0;  // byte offsets inside the token region
-  int off_ybuf = 0;
-  int off_fbuf = 0;
-  int fbuf_bytes = 0;
-};
 
 __device__ __forceinline__ void store_index(void* p, int dt, long long i, int v) {
   if (dt == static_cast<int>(DType::I16))
@@ -811,15 +784,18 @@ __global__ void __launch_bounds__(128) topk_fwd_rounds(const FwdParams P) {
 /// harness perf_test/core/selfcheck times single kernels on this lowering, so that it measures the library's.
 FwdParams lower_forward(const TopkForwardArgs& a);
 
-// per-dtype launch entry points (defined in KokkosMoE_Router_Forward_<dtype>.cu): fwd_launch<DT> of
-// KokkosMoE_Router_Cuda_ForwardLaunch.cuh (q == nullptr: only whether a native kernel applies)
-bool fwd_launch_f32(FwdParams& P, const Queue* q, cudaError_t* err);
-bool fwd_launch_f16(FwdParams& P, const Queue* q, cudaError_t* err);
-bool fwd_launch_bf16(FwdParams& P, const Queue* q, cudaError_t* err);
+// per-dtype kernel choice (defined in KokkosMoE_Router_Forward_<dtype>.cu): choose_forward<DT> of
+// KokkosMoE_Router_Cuda_ForwardLaunch.cuh
+FwdKernel choose_forward_f32(FwdParams& P);
+FwdKernel choose_forward_f16(FwdParams& P);
+FwdKernel choose_forward_bf16(FwdParams& P);
 
-/// Shared launch logic, instantiated once per dtype.
+/// Kernel choice, instantiated once per dtype.
 template <int DT>
-bool fwd_launch(FwdParams& P, const Queue* q, cudaError_t* err);
+FwdKernel choose_forward(FwdParams& P);
+
+/// Launches a chosen kernel with P on q, whose device must be current (defined in KokkosMoE_Router_Forward.cu).
+cudaError_t launch_forward_kernel(const FwdKernel& K, const FwdParams& P, const Queue& q);
 
 }  // namespace detail
 }  // namespace CudaKernels
