@@ -28,10 +28,6 @@ namespace detail {
 
 namespace {
 
-constexpr int kSig = static_cast<int>(ScoreFunction::Sigmoid);
-constexpr int kSmx = static_cast<int>(ScoreFunction::Softmax);
-constexpr int kSsp = static_cast<int>(ScoreFunction::SqrtSoftplus);
-
 struct BwdParams {
   long long T = 0;
   int E = 0, k = 1;
@@ -63,7 +59,7 @@ struct BwdCoef {
   bool norm;              // Sigmoid/SqrtSoftplus normalization active (k > 1 or aux)
   /// The normalization terms from the reduced sums S (weights) and Q (weight times gradient).
   __device__ __forceinline__ void set_sums(float S, float Q) {
-    D = S + kEps;
+    D = normalization_denominator(S);
     qdd = Q / (D * D);
     invD = 1.0f / D;
   }
@@ -71,7 +67,7 @@ struct BwdCoef {
 __device__ __forceinline__ float dx_sig_ssp(int fn, const BwdCoef& c, bool r, float a, float v, float g) {
   if (!r) return 0.0f;
   const float h = c.norm ? g * c.invD - c.qdd : g;
-  if (fn == kSig) return sigmoid_grad(h, a);
+  if (fn == kFnSigmoid) return sigmoid_grad(h, a);
   return sqrt_softplus_grad(h, a, v);
 }
 
@@ -79,7 +75,7 @@ __device__ __forceinline__ float dx_sig_ssp(int fn, const BwdCoef& c, bool r, fl
 template <int TPT>
 __device__ __forceinline__ BwdCoef reduce_coef(int fn, bool norm, float S, float Q, float Ps) {
   BwdCoef cf{0.0f, 0.0f, 0.0f, 0.0f, false};
-  if (fn == kSmx) {
+  if (fn == kFnSoftmax) {
     cf.P = seg_add_f32<TPT>(Ps);
   } else {
     cf.norm = norm;
@@ -143,7 +139,7 @@ __global__ void __launch_bounds__(128, NC == 1 ? 6 : 1) bwd_dense(const BwdParam
   const int seg = lane / TPT, ls = lane % TPT;
   const int E = P.E, fn = P.fn;
   const bool aux = P.aux != 0;
-  const bool all_a = fn == kSmx && (P.pre || aux);  // every expert's a is needed
+  const bool all_a = fn == kFnSoftmax && (P.pre || aux);  // every expert's a is needed
   const bool single = E <= ECAP;
   const int nb = (E + 7) >> 3;
   const long long nwarps = static_cast<long long>(gridDim.x) * (blockDim.x >> 5);
@@ -224,9 +220,9 @@ __global__ void __launch_bounds__(128, NC == 1 ? 6 : 1) bwd_dense(const BwdParam
 #pragma unroll
         for (int p = 0; p < V; ++p) {
           v[p] = a[p];
-          if (fn == kSsp && (rm & (1u << p))) v[p] = sqrt_softplus(a[p]);
+          if (fn == kFnSqrtSoftplus && (rm & (1u << p))) v[p] = sqrt_softplus(a[p]);
           if (rm & (1u << p)) {
-            if (fn == kSmx) {
+            if (fn == kFnSoftmax) {
               Ps += g[p] * a[p];
             } else {
               S += v[p];
@@ -239,7 +235,7 @@ __global__ void __launch_bounds__(128, NC == 1 ? 6 : 1) bwd_dense(const BwdParam
 #pragma unroll
         for (int p = 0; p < V; ++p) {
           const bool r = (rm & (1u << p)) != 0;
-          if (fn == kSmx)
+          if (fn == kFnSoftmax)
             dx[p] = all_a ? softmax_grad(r ? g[p] : 0.0f, a[p], cf.P) : (r ? softmax_grad(g[p], a[p], cf.P) : 0.0f);
           else
             dx[p] = dx_sig_ssp(fn, cf, r, a[p], v[p], g[p]);
@@ -298,14 +294,14 @@ __global__ void __launch_bounds__(128, NC == 1 ? 6 : 1) bwd_dense(const BwdParam
 #pragma unroll
           for (int p = 0; p < V; ++p) {
             v[p] = a[p];
-            if (fn == kSsp && (rm & (1u << p))) v[p] = sqrt_softplus(a[p]);
+            if (fn == kFnSqrtSoftplus && (rm & (1u << p))) v[p] = sqrt_softplus(a[p]);
           }
         }
         if (pass == 0) {
 #pragma unroll
           for (int p = 0; p < V; ++p) {
             if (rm & (1u << p)) {
-              if (fn == kSmx) {
+              if (fn == kFnSoftmax) {
                 Ps += g[p] * a[p];
               } else {
                 S += v[p];
@@ -318,7 +314,7 @@ __global__ void __launch_bounds__(128, NC == 1 ? 6 : 1) bwd_dense(const BwdParam
 #pragma unroll
           for (int p = 0; p < V; ++p) {
             const bool r = (rm & (1u << p)) != 0;
-            if (fn == kSmx)
+            if (fn == kFnSoftmax)
               dx[p] = all_a ? softmax_grad(r ? g[p] : 0.0f, a[p], cf.P) : (r ? softmax_grad(g[p], a[p], cf.P) : 0.0f);
             else
               dx[p] = dx_sig_ssp(fn, cf, r, a[p], v[p], g[p]);
@@ -375,10 +371,10 @@ __global__ void __launch_bounds__(128) bwd_map_sparse(const BwdParams P) {
   };
   float S = 0.0f, Q = 0.0f, Ps = 0.0f;
   auto accumulate = [&](float a, float g) {
-    if (fn == kSmx) {
+    if (fn == kFnSoftmax) {
       Ps += g * a;
     } else {
-      const float v = (fn == kSsp) ? sqrt_softplus(a) : a;
+      const float v = (fn == kFnSqrtSoftplus) ? sqrt_softplus(a) : a;
       S += v;
       Q += g * v;
     }
@@ -424,8 +420,8 @@ __global__ void __launch_bounds__(128) bwd_map_sparse(const BwdParams P) {
     const BwdCoef cf = reduce_coef<TPT>(fn, P.k > 1, S, Q, Ps);
     if (!valid) continue;
     auto dx = [&](float av, float gv) {
-      if (fn == kSmx) return softmax_grad(gv, av, cf.P);
-      return dx_sig_ssp(fn, cf, true, av, (fn == kSsp) ? sqrt_softplus(av) : av, gv);
+      if (fn == kFnSoftmax) return softmax_grad(gv, av, cf.P);
+      return dx_sig_ssp(fn, cf, true, av, (fn == kFnSqrtSoftplus) ? sqrt_softplus(av) : av, gv);
     };
     OS* orow = static_cast<OS*>(P.gout) + rowE;
     const float zero[W] = {};
@@ -459,7 +455,7 @@ __device__ __forceinline__ void fill_unrouted(typename Ty<GO>::S* orow, int E, i
     if (pre) {
       if (lrow != nullptr) {
 #pragma unroll
-        for (int w = 0; w < VO; ++w) o[w] = expf(Ty<LD>::to_f(lrow[e0 + w]) - M) * inv;
+        for (int w = 0; w < VO; ++w) o[w] = softmax_exp(Ty<LD>::to_f(lrow[e0 + w]), M) * inv;
       } else if constexpr (VEC) {
         load_chunk<kDtF32, VO>(inter + e0, o);
       } else {
@@ -490,8 +486,8 @@ __global__ void __launch_bounds__(128) bwd_sparse(const BwdParams P) {
   const int seg = lane / TPT, ls = lane % TPT;
   const int E = P.E, k = P.k, fn = P.fn;
   const bool compact = P.compact != 0;
-  const bool pre = fn == kSmx && P.pre;
-  const bool post = fn == kSmx && !P.pre;
+  const bool pre = fn == kFnSoftmax && P.pre;
+  const bool post = fn == kFnSoftmax && !P.pre;
   const bool small = k <= TPT;
   const long long nwarps = static_cast<long long>(gridDim.x) * (blockDim.x >> 5);
   const long long gwarp = static_cast<long long>(blockIdx.x) * (blockDim.x >> 5) + warp;
@@ -545,13 +541,13 @@ __global__ void __launch_bounds__(128) bwd_sparse(const BwdParams P) {
       float a, v, g;
       if (compact) {
         g = w0 * P.scale;
-        if (fn == kSig) {
+        if (fn == kFnSigmoid) {
           a = sigmoid(u0);
-        } else if (fn == kSsp) {
+        } else if (fn == kFnSqrtSoftplus) {
           a = u0;
         } else {  // Softmax post: softmax over the slots, slot order (the forward's bits)
           const float x0 = __shfl_sync(kFull, u0, seg * TPT);
-          const float e = expf(u0 - x0);
+          const float e = softmax_exp(u0, x0);
           const float ez = softmax_term(u0, x0);
           float sum = 0.0f;
           for (int r = 0; r < k; ++r) sum += __shfl_sync(kFull, ez, seg * TPT + r);
@@ -561,12 +557,12 @@ __global__ void __launch_bounds__(128) bwd_sparse(const BwdParams P) {
         a = u0;
         g = h0 * P.scale;
       }
-      v = (fn == kSsp && has) ? sqrt_softplus(a) : a;
+      v = (fn == kFnSqrtSoftplus && has) ? sqrt_softplus(a) : a;
       float S = 0.0f, Q = 0.0f, Ps = 0.0f;
       const float gv = g * v, ga = g * a;
       for (int r = 0; r < k; ++r) {
         const int src = seg * TPT + r;
-        if (fn == kSmx) {
+        if (fn == kFnSoftmax) {
           Ps += __shfl_sync(kFull, ga, src);
         } else {
           S += __shfl_sync(kFull, v, src);
@@ -582,7 +578,7 @@ __global__ void __launch_bounds__(128) bwd_sparse(const BwdParams P) {
                                             compact ? nullptr : P.inter + rowE, nullptr, 0.0f, 0.0f);
       __syncwarp();
       if (has) {
-        const float dx = (fn == kSmx) ? softmax_grad(g, a, cf.P) : dx_sig_ssp(fn, cf, true, a, v, g);
+        const float dx = (fn == kFnSoftmax) ? softmax_grad(g, a, cf.P) : dx_sig_ssp(fn, cf, true, a, v, g);
         static_cast<OS*>(P.gout)[rowE + i0] = TO::from_f(dx);
       }
       __syncwarp();
@@ -608,10 +604,10 @@ __global__ void __launch_bounds__(128) bwd_sparse(const BwdParams P) {
     if (compact && pre) {
       float m = -INFINITY, s = 0.0f;
       if (valid) {
-        for (int e = ls; e < E; e += TPT) m = fmaxf(m, TL::to_f(lrow[e]));
+        for (int e = ls; e < E; e += TPT) m = math_fmax(m, TL::to_f(lrow[e]));
         for (int e = ls; e < E; e += TPT) {
           const float xe = TL::to_f(lrow[e]);
-          if (xe != -INFINITY) s += expf(xe - m);
+          if (xe != -INFINITY) s += softmax_exp(xe, m);
         }
       }
 #pragma unroll
@@ -634,14 +630,14 @@ __global__ void __launch_bounds__(128) bwd_sparse(const BwdParams P) {
         const float x = TL::to_f(lrow[idx]);
         g = load_any(P.gw, P.gw_type, rowK + r) * P.scale;
         e = 0.0f;
-        if (fn == kSig) {
+        if (fn == kFnSigmoid) {
           a = sigmoid(x);
-        } else if (fn == kSsp) {
+        } else if (fn == kFnSqrtSoftplus) {
           a = x;
         } else if (pre) {
-          a = expf(x - M) * inv;
+          a = softmax_exp(x, M) * inv;
         } else {
-          e = expf(x - x0);
+          e = softmax_exp(x, x0);
           a = (x == -INFINITY) ? -INFINITY : e;  // marker for the sum; fixed below
         }
       } else {
@@ -650,7 +646,7 @@ __global__ void __launch_bounds__(128) bwd_sparse(const BwdParams P) {
         g = load_any(P.gin, GO, rowE + idx) * P.scale;
         e = 0.0f;
       }
-      v = (fn == kSsp) ? sqrt_softplus(a) : a;
+      v = (fn == kFnSqrtSoftplus) ? sqrt_softplus(a) : a;
     };
 
     float S = 0.0f, Q = 0.0f, Ps = 0.0f;
@@ -676,7 +672,7 @@ __global__ void __launch_bounds__(128) bwd_sparse(const BwdParams P) {
         const float va = __shfl_sync(kFull, my_a, src);
         const float vv = __shfl_sync(kFull, my_v, src);
         const float vg = __shfl_sync(kFull, my_g, src);
-        if (fn == kSmx) {
+        if (fn == kFnSoftmax) {
           Ps += vg * va;
         } else {
           S += vv;
@@ -704,7 +700,7 @@ __global__ void __launch_bounds__(128) bwd_sparse(const BwdParams P) {
             a = e * sinv;
             v = a;
           }
-          if (fn == kSmx) {
+          if (fn == kFnSoftmax) {
             Ps += g * a;
           } else {
             S += v;
@@ -730,7 +726,7 @@ __global__ void __launch_bounds__(128) bwd_sparse(const BwdParams P) {
       OS* orow = static_cast<OS*>(P.gout) + rowE;
       auto put = [&](int idx, float a, float v, float g) {
         float dx;
-        if (fn == kSmx)
+        if (fn == kFnSoftmax)
           dx = softmax_grad(g, a, cf.P);
         else
           dx = dx_sig_ssp(fn, cf, true, a, v, g);
@@ -788,7 +784,7 @@ cudaError_t by_row_layout(int E, const Launch& launch) {
 /// unless the test seam asks for the streaming one (both give the same bits); the rest streams the rows.
 template <int GI, int GO>
 cudaError_t dense_dispatch(const BwdParams& P, bool vec, const Queue& q) {
-  const bool sparse = !P.aux && !(P.fn == kSmx && P.pre) && P.E <= 1024;
+  const bool sparse = !P.aux && !(P.fn == kFnSoftmax && P.pre) && P.E <= 1024;
   if (vec && sparse && !TestSeam::cuda_backward_kernel.streaming_only)
     return by_row_layout(P.E, [&](auto L) {
       using Lay = decltype(L);

@@ -5,11 +5,12 @@
 #define KOKKOSMOE_ROUTER_CUDA_HPP
 
 // Launchers of the hand-tuned native kernels of this folder on a Kokkos::Cuda instance's stream and device
-// (exec.cuda_stream(), exec.cuda_device()), over the raw-pointer argument structs of impl/KokkosMoE_Router_Args.hpp.
+// (exec.cuda_stream(), exec.cuda_device()), over the raw-pointer argument structs of impl/KokkosMoE_Router_Args.hpp
+// (the forward operations over their plans, CudaKernels::ForwardPlan).
 // No fence, no allocation, CUDA-graph capturable. Each native launch runs inside a Kokkos profiling region named
 // "KokkosMoE::<op>[cuda]", so Kokkos Tools see it. The specs of cuda/KokkosMoE_Router_CudaSpec.hpp lower the typed
-// operands to those structs and call these; forward shapes the native kernels do not handle (CudaKernels::handles)
-// run the portable path there instead, whose regions say "[portable]".
+// operands to those structs and call these; forward shapes the native kernels do not handle (a plan that is not
+// native) run the portable path there instead, whose regions say "[portable]".
 
 #include <Kokkos_Macros.hpp>
 #if defined(KOKKOS_ENABLE_CUDA)
@@ -41,17 +42,17 @@ inline CudaKernels::Queue cuda_queue(const Kokkos::Cuda& exec) {
 }
 
 struct CudaRouter {
-  static void topk_forward(const Kokkos::Cuda& exec, const TopkForwardArgs& a) {
+  static void topk_forward(const Kokkos::Cuda& exec, const CudaKernels::ForwardPlan& plan) {
     ScopedRegion region("KokkosMoE::topk_router[cuda]");
-    throw_on_cuda_error(CudaKernels::topk_forward(a, cuda_queue(exec)), "topk_router");
+    throw_on_cuda_error(CudaKernels::run_forward(plan, cuda_queue(exec)), "topk_router");
   }
   static void topk_backward(const Kokkos::Cuda& exec, const TopkBackwardArgs& a) {
     ScopedRegion region("KokkosMoE::topk_router_backward[cuda]");
     throw_on_cuda_error(CudaKernels::topk_backward(a, cuda_queue(exec)), "topk_router_backward");
   }
-  static void aux_scores_forward(const Kokkos::Cuda& exec, const AuxScoresArgs& a) {
+  static void aux_scores_forward(const Kokkos::Cuda& exec, const CudaKernels::ForwardPlan& plan) {
     ScopedRegion region("KokkosMoE::aux_scores[cuda]");
-    throw_on_cuda_error(CudaKernels::aux_scores_forward(a, cuda_queue(exec)), "aux_scores");
+    throw_on_cuda_error(CudaKernels::run_forward(plan, cuda_queue(exec)), "aux_scores");
   }
   static void aux_scores_backward(const Kokkos::Cuda& exec, const AuxScoresBackwardArgs& a) {
     ScopedRegion region("KokkosMoE::aux_scores_backward[cuda]");

@@ -7,7 +7,7 @@
 // Kokkos::Cuda specializations of the top-k router and aux-loss specs: lower the canonical typed operands to the
 // raw-pointer argument structs of the native kernels (the only place where the router's Views become pointers) and
 // launch them through CudaRouter (cuda/KokkosMoE_Router_Cuda.hpp). Shapes the native forward kernels do not handle
-// (CudaKernels::handles) run the portable path.
+// (a CudaKernels::ForwardPlan that is not native) run the portable path.
 
 #include <Kokkos_Macros.hpp>
 #if defined(KOKKOS_ENABLE_CUDA)
@@ -64,8 +64,9 @@ struct TopkSpec<Kokkos::Cuda> {
     a.intermediate = o.inter.data();
     a.ids = o.ids.data();
     a.weights = o.weights.data();
-    if (!CudaKernels::handles(a)) return PortableTopk<Kokkos::Cuda>::forward(exec, o);
-    CudaRouter::topk_forward(exec, a);
+    const CudaKernels::ForwardPlan plan = CudaKernels::plan_forward(a);
+    if (!plan.native()) return PortableTopk<Kokkos::Cuda>::forward(exec, o);
+    CudaRouter::topk_forward(exec, plan);
   }
 
   template <class Ops>
@@ -112,8 +113,9 @@ struct AuxSpec<Kokkos::Cuda> {
     a.scores = o.scores.data();
     a.routing_map = o.map.data();
     a.intermediate = o.inter.data();
-    if (!CudaKernels::handles(a)) return PortableAux<Kokkos::Cuda>::aux_scores_forward(exec, o);
-    CudaRouter::aux_scores_forward(exec, a);
+    const CudaKernels::ForwardPlan plan = CudaKernels::plan_forward(a);
+    if (!plan.native()) return PortableAux<Kokkos::Cuda>::aux_scores_forward(exec, o);
+    CudaRouter::aux_scores_forward(exec, plan);
   }
 
   template <class Ops>

@@ -34,7 +34,8 @@ constexpr int kDtF16 = static_cast<int>(DType::F16);
 constexpr int kDtBF16 = static_cast<int>(DType::BF16);
 
 // ------------------------------------------------------------------------------------------------------------
-// dtype traits: storage type, 16-byte vector width, widening/narrowing (round to nearest even, once, on store)
+// dtype traits: storage type, 16-byte vector width, widening/narrowing (round to nearest even, once, on store; the
+// conversions are kokkos_ext/KokkosMoE_Float16.hpp's)
 // ------------------------------------------------------------------------------------------------------------
 template <int DT>
 struct Ty;
@@ -49,15 +50,15 @@ template <>
 struct Ty<kDtF16> {
   using S = unsigned short;
   static constexpr int VW = 8;
-  __device__ __forceinline__ static float to_f(S v) { return __half2float(__ushort_as_half(v)); }
-  __device__ __forceinline__ static S from_f(float f) { return __half_as_ushort(__float2half_rn(f)); }
+  __device__ __forceinline__ static float to_f(S v) { return half_bits_to_float_hw(v); }
+  __device__ __forceinline__ static S from_f(float f) { return float_to_half_bits_hw(f); }
 };
 template <>
 struct Ty<kDtBF16> {
   using S = unsigned short;
   static constexpr int VW = 8;
-  __device__ __forceinline__ static float to_f(S v) { return __uint_as_float(static_cast<unsigned>(v) << 16); }
-  __device__ __forceinline__ static S from_f(float f) { return __bfloat16_as_ushort(__float2bfloat16_rn(f)); }
+  __device__ __forceinline__ static float to_f(S v) { return bf16_bits_to_float(v); }
+  __device__ __forceinline__ static S from_f(float f) { return float_to_bf16_bits_hw(f); }
 };
 
 /// Reads element i of a type-erased float/fp16/bf16 array (scalar, cached load).
@@ -177,18 +178,6 @@ __device__ __forceinline__ void store_bytes(unsigned char* p, const unsigned cha
 #pragma unroll
   for (int w = 0; w < W; ++w) s[w] = in[w];
   VV::stcs(p, VV::from_array(s));
-}
-
-/// Merge of two softmax partials (max, sum). A partial whose max is -inf contributes its sum unscaled: 0 when it
-/// holds no data or only -inf, NaN when it holds a NaN (fmaxf skips NaN, so the max of such a partial stays -inf
-/// while its sum is NaN, and the NaN must reach the row, §7.4). Symmetric in its arguments, so butterfly reductions
-/// give every lane the same bits.
-__device__ __forceinline__ void softmax_merge(float& m, float& s, float mo, float so) {
-  const float M = fmaxf(m, mo);
-  const float a = (m == -INFINITY) ? s : s * expf(m - M);
-  const float b = (mo == -INFINITY) ? so : so * expf(mo - M);
-  m = M;
-  s = a + b;
 }
 
 // ------------------------------------------------------------------------------------------------------------

@@ -19,7 +19,9 @@
 //   per-token shared row so that every output row is written once with coalesced vector stores.
 // topk_fwd_rounds<DT, TPT, NC, W>: the same mapping for k <= TPT, selecting by k rounds of a segment arg-max.
 // topk_fwd_lane (KokkosMoE_Router_Cuda_ForwardLane.cuh) is preferred where it applies. Shapes none of them handles
-// (E > 1024, groupings no lane layout fits) run the portable path (CudaKernels::handles).
+// (E > 1024, groupings no lane layout fits) run the portable path (CudaKernels::plan_forward).
+
+#include <cuda/KokkosMoE_Router_Cuda_Params.hpp>
 
 #include <cuda/KokkosMoE_Router_Cuda_Common.cuh>
 
@@ -28,9 +30,6 @@ namespace Impl {
 namespace CudaKernels {
 namespace detail {
 
-constexpr int kFnSigmoid = static_cast<int>(ScoreFunction::Sigmoid);
-constexpr int kFnSoftmax = static_cast<int>(ScoreFunction::Softmax);
-constexpr int kFnSqrtSoftplus = static_cast<int>(ScoreFunction::SqrtSoftplus);
 constexpr int kOutBytemap = static_cast<int>(RoutingOutput::Bytemap);
 constexpr int kOutBitmap = static_cast<int>(RoutingOutput::BitmapU8);
 constexpr int kOutIndices = static_cast<int>(RoutingOutput::Indices);
@@ -38,35 +37,6 @@ constexpr int kOutCompact = static_cast<int>(RoutingOutput::Compact);
 
 /// Candidate-list limit of the fast selection (above it, or with ties piling up, the exact search runs).
 constexpr int kCandLimit = 64;
-
-struct FwdParams {
-  long long T = 0;
-  int E = 0, k = 1;
-  int fn = 0;                         // ScoreFunction
-  int pre = 0;                        // Softmax pre
-  int aux = 0;                        // aux_scores mode (scores out, map out; no probs)
-  int G = 0, gk = 0, gs = 0, kg = 0;  // grouping (gk == 0: off)
-  float scale = 1.0f;
-  int out = 0;       // RoutingOutput
-  int idx_type = 0;  // DType of dense indices
-  int bias_type = 0;
-  const void* logits = nullptr;
-  const void* bias = nullptr;
-  void* probs = nullptr;
-  unsigned char* map = nullptr;
-  void* indices = nullptr;
-  float* inter = nullptr;
-  int* ids = nullptr;
-  float* weights = nullptr;
-  float* scores = nullptr;
-  // fast path: per-token shared-memory region
-  int cap = 0;        // candidate entries
-  int tok_smem = 0;   // bytes per token
-  int off_slots = 0;  // byte offsets inside the token region
-  int off_ybuf = 0;
-  int off_fbuf = 0;
-  int fbuf_bytes = 0;
-};
 
 __device__ __forceinline__ void store_index(void* p, int dt, long long i, int v) {
   if (dt == static_cast<int>(DType::I16))
@@ -156,13 +126,13 @@ __device__ __forceinline__ void token_front(const FwdParams& P, const float (&x)
       for (int c = 0; c < NC; ++c)
 #pragma unroll
         for (int w = 0; w < W; ++w)
-          if (cvalid[c]) m = fmaxf(m, x[c * W + w]);
+          if (cvalid[c]) m = math_fmax(m, x[c * W + w]);
       float s = 0.0f;
 #pragma unroll
       for (int c = 0; c < NC; ++c)
 #pragma unroll
         for (int w = 0; w < W; ++w)
-          if (cvalid[c] && x[c * W + w] != -INFINITY) s += expf(x[c * W + w] - m);
+          if (cvalid[c] && x[c * W + w] != -INFINITY) s += softmax_exp(x[c * W + w], m);
 #pragma unroll
       for (int o = TPT / 2; o > 0; o >>= 1) {
         const float mo = __shfl_xor_sync(kFull, m, o);
@@ -171,7 +141,7 @@ __device__ __forceinline__ void token_front(const FwdParams& P, const float (&x)
       }
       const float inv = 1.0f / s;
 #pragma unroll
-      for (int p = 0; p < V; ++p) y[p] = expf(x[p] - m) * inv;
+      for (int p = 0; p < V; ++p) y[p] = softmax_exp(x[p], m) * inv;
     } else {
 #pragma unroll
       for (int p = 0; p < V; ++p) y[p] = x[p];
@@ -191,7 +161,7 @@ __device__ __forceinline__ void token_front(const FwdParams& P, const float (&x)
 #pragma unroll
       for (int w = 0; w < W; ++w)
         if (cvalid[c]) rs += y[c * W + w];
-    rs = seg_add_f32<TPT>(rs) + kEps;
+    rs = normalization_denominator(seg_add_f32<TPT>(rs));
     float sc[V];
 #pragma unroll
     for (int p = 0; p < V; ++p) sc[p] = y[p] / rs;
@@ -483,7 +453,7 @@ __global__ void __launch_bounds__(128) topk_fwd_reg(const FwdParams P) {
       float x0 = 0.0f, inv = 0.0f, D = 0.0f;
       if (softmax_post) {
         x0 = slot_y[0];
-        for (int r = ls; r < k; r += TPT) slot_e[r] = expf(slot_y[r] - x0);
+        for (int r = ls; r < k; r += TPT) slot_e[r] = softmax_exp(slot_y[r], x0);
         __syncwarp();
         float sum = 0.0f;
         for (int r = 0; r < k; ++r) {
@@ -494,7 +464,7 @@ __global__ void __launch_bounds__(128) topk_fwd_reg(const FwdParams P) {
       } else if (fn != kFnSoftmax && k > 1) {
         float sum = 0.0f;
         for (int r = 0; r < k; ++r) sum += slot_y[r];
-        D = sum + kEps;
+        D = normalization_denominator(sum);
       }
       for (int r = ls; r < k; r += TPT) {
         const int idx = slot_idx[r];
@@ -589,7 +559,7 @@ __device__ __forceinline__ void topq_insert(unsigned (&Lk)[Q], int (&Lp)[Q], uns
 __device__ __forceinline__ float slot_weight(const FwdParams& P, int k, bool softmax_post, float yr, int sbase) {
   if (softmax_post) {
     const float x0 = __shfl_sync(kFull, yr, sbase);
-    const float er = expf(yr - x0);
+    const float er = softmax_exp(yr, x0);
     const float ez = softmax_term(yr, x0);
     float sum = 0.0f;
 #pragma unroll
@@ -600,7 +570,7 @@ __device__ __forceinline__ float slot_weight(const FwdParams& P, int k, bool sof
   float sum = 0.0f;
 #pragma unroll
   for (int r = 0; r < k; ++r) sum += __shfl_sync(kFull, yr, sbase + r);
-  return yr / (sum + kEps);
+  return normalize(yr, sum);
 }
 
 /// Writes slot `slot` of token t (expert idx, weight v before scaling) to the compact ids/weights or dense indices.
@@ -814,15 +784,18 @@ __global__ void __launch_bounds__(128) topk_fwd_rounds(const FwdParams P) {
 /// harness perf_test/core/selfcheck times single kernels on this lowering, so that it measures the library's.
 FwdParams lower_forward(const TopkForwardArgs& a);
 
-// per-dtype launch entry points (defined in KokkosMoE_Router_Forward_<dtype>.cu): fwd_launch<DT> of
-// KokkosMoE_Router_Cuda_ForwardLaunch.cuh (q == nullptr: only whether a native kernel applies)
-bool fwd_launch_f32(FwdParams& P, const Queue* q, cudaError_t* err);
-bool fwd_launch_f16(FwdParams& P, const Queue* q, cudaError_t* err);
-bool fwd_launch_bf16(FwdParams& P, const Queue* q, cudaError_t* err);
+// per-dtype kernel choice (defined in KokkosMoE_Router_Forward_<dtype>.cu): choose_forward<DT> of
+// KokkosMoE_Router_Cuda_ForwardLaunch.cuh
+FwdKernel choose_forward_f32(FwdParams& P);
+FwdKernel choose_forward_f16(FwdParams& P);
+FwdKernel choose_forward_bf16(FwdParams& P);
 
-/// Shared launch logic, instantiated once per dtype.
+/// Kernel choice, instantiated once per dtype.
 template <int DT>
-bool fwd_launch(FwdParams& P, const Queue* q, cudaError_t* err);
+FwdKernel choose_forward(FwdParams& P);
+
+/// Launches a chosen kernel with P on q, whose device must be current (defined in KokkosMoE_Router_Forward.cu).
+cudaError_t launch_forward_kernel(const FwdKernel& K, const FwdParams& P, const Queue& q);
 
 }  // namespace detail
 }  // namespace CudaKernels

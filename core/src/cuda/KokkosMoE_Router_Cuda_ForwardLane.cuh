@@ -41,37 +41,6 @@ namespace Impl {
 namespace CudaKernels {
 namespace detail {
 
-/// IEEE reciprocal of d in [1, 2^126): the fast path that nvcc emits for 1.0f / d in that range (approximate
-/// reciprocal, one correction with a flush-to-zero negation), so the result is bit-identical to 1.0f / d.
-__device__ __forceinline__ float rcp_rn_1_2p126(float d) {
-  float r, e;
-  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(d));
-  e = fmaf(d, r, -1.0f);
-  asm("neg.ftz.f32 %0, %0;" : "+f"(e));
-  return fmaf(r, e, r);
-}
-
-/// y[w] = Impl::sigmoid(x[w]) for a lane's W values, bit-identical to it. 1 + expf(-x) is >= 1 (or
-/// NaN); when every denominator of the lane is below 2^126 (logits above about -87.3) one range check covers all W
-/// reciprocals instead of a check and branch each.
-template <int W>
-__device__ __forceinline__ void sigmoid_lane(const float (&x)[W], float (&y)[W]) {
-  float d[W];
-  float dmax = 1.0f;
-#pragma unroll
-  for (int w = 0; w < W; ++w) {
-    d[w] = 1.0f + expf(-x[w]);
-    dmax = fmaxf(dmax, d[w]);  // (fmaxf skips NaN: a NaN denominator gives NaN on either path)
-  }
-  if (dmax < 0x1p126f) {
-#pragma unroll
-    for (int w = 0; w < W; ++w) y[w] = rcp_rn_1_2p126(d[w]);
-  } else {
-#pragma unroll
-    for (int w = 0; w < W; ++w) y[w] = 1.0f / d[w];
-  }
-}
-
 /// The D largest of v[0..W) among the values below `lim` (0 = none), in descending order; the values are distinct
 /// or 0.
 template <int W, int D>
@@ -275,14 +244,14 @@ __global__ void __launch_bounds__(128, NC == 1 ? 8 : (NC == 4 && DT != kDtF32 ? 
         float x[W];
         widen(c, x);
 #pragma unroll
-        for (int w = 0; w < W; ++w) m = cvalid[c] ? fmaxf(m, x[w]) : m;
+        for (int w = 0; w < W; ++w) m = cvalid[c] ? math_fmax(m, x[w]) : m;
       }
 #pragma unroll
       for (int c = 0; c < NC; ++c) {
         float x[W];
         widen(c, x);
 #pragma unroll
-        for (int w = 0; w < W; ++w) s += (cvalid[c] && x[w] != -INFINITY) ? expf(x[w] - m) : 0.0f;
+        for (int w = 0; w < W; ++w) s += (cvalid[c] && x[w] != -INFINITY) ? softmax_exp(x[w], m) : 0.0f;
       }
 #pragma unroll
       for (int o = TPT / 2; o > 0; o >>= 1) {
@@ -300,13 +269,13 @@ __global__ void __launch_bounds__(128, NC == 1 ? 8 : (NC == 4 && DT != kDtF32 ? 
       float x[W], y[W];
       widen(c, x);
       if (fn == kFnSigmoid) {
-        sigmoid_lane<W>(x, y);
+        sigmoid_n<W>(x, y);
       } else if (fn == kFnSqrtSoftplus) {
 #pragma unroll
         for (int w = 0; w < W; ++w) y[w] = sqrt_softplus(x[w]);
       } else if (softmax_pre) {
 #pragma unroll
-        for (int w = 0; w < W; ++w) y[w] = expf(x[w] - m) * inv;
+        for (int w = 0; w < W; ++w) y[w] = softmax_exp(x[w], m) * inv;
       } else {
 #pragma unroll
         for (int w = 0; w < W; ++w) y[w] = x[w];

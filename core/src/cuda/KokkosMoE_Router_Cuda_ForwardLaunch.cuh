@@ -5,9 +5,10 @@
 #define KOKKOSMOE_ROUTER_CUDA_FORWARDLAUNCH_CUH
 
 // Launch geometry and kernel choice of the forward kernels; included by one .cu per logits dtype so that the
-// instantiations compile in parallel. Every launcher takes the queue by pointer: a null queue asks only whether a
-// native kernel applies (the same decisions, nothing launched, no attribute call), which is what handles() uses,
-// so the predicate and the dispatch cannot disagree.
+// instantiations compile in parallel. The choice is made once per call, on the host and without CUDA calls: it
+// returns the kernel with its geometry (FwdKernel), or none when no native kernel applies. The forward plan
+// (CudaKernels::plan_forward) holds that answer, so whether the native path runs and what it launches cannot
+// disagree.
 
 #include <impl/KokkosMoE_TestSeam.hpp>
 
@@ -21,11 +22,6 @@ namespace CudaKernels {
 namespace detail {
 
 inline int round16(int b) { return (b + 15) & ~15; }
-/// Records a launcher's status for fwd_launch's "a native kernel handled it" answer.
-inline bool launched(cudaError_t* err, cudaError_t status) {
-  *err = status;
-  return true;
-}
 inline bool is_pow2(int v) { return v > 0 && (v & (v - 1)) == 0; }
 
 /// Grouping is supported by the register kernel when every chunk of W experts lies in one group and a group
@@ -37,21 +33,19 @@ inline bool reg_group_ok(const FwdParams& P, int W, int TPT) {
   return is_pow2(sg) && sg <= TPT;
 }
 
-/// Launches a persistent token kernel: `warps` warps per block, `tpw` tokens per warp, `smem` dynamic bytes.
-template <class Kern>
-cudaError_t launch_persistent(Kern kern, const FwdParams& P, int warps, int tpw, size_t smem, const Queue* q) {
-  if (q == nullptr) return cudaSuccess;
-  cudaError_t err = ensure_smem(reinterpret_cast<const void*>(kern), smem);
-  if (err != cudaSuccess) return err;
-  const long long tok_per_block = static_cast<long long>(warps) * tpw;
-  const long long work = (P.T + tok_per_block - 1) / tok_per_block;
-  const int grid = persistent_grid(q->device, reinterpret_cast<const void*>(kern), warps * 32, smem, work);
-  kern<<<grid, warps * 32, smem, q->stream>>>(P);
-  return cudaGetLastError();
+/// A persistent token kernel: `warps` warps per block, `tpw` tokens per warp, `smem` dynamic bytes.
+inline FwdKernel persistent(void (*kernel)(FwdParams), int warps, int tpw, size_t smem, bool max_shared = false) {
+  FwdKernel K;
+  K.kernel = kernel;
+  K.warps = warps;
+  K.tpw = tpw;
+  K.smem = smem;
+  K.max_shared = max_shared;
+  return K;
 }
 
 template <int DT, int TPT, int NC, int W>
-cudaError_t launch_reg(FwdParams& P, const Queue* q) {
+FwdKernel choose_reg(FwdParams& P) {
   constexpr int ECAP = TPT * NC * W;
   constexpr int TPW = 32 / TPT;
   P.cap = std::max(P.k, std::min(kCandLimit, ECAP));
@@ -63,11 +57,11 @@ cudaError_t launch_reg(FwdParams& P, const Queue* q) {
   const size_t per_warp = static_cast<size_t>(TPW) * P.tok_smem;
   int warps = static_cast<int>(std::max<size_t>(1, std::min<size_t>(4, (48 * 1024) / per_warp)));
   const size_t smem = per_warp * warps;
-  return launch_persistent(topk_fwd_reg<DT, TPT, NC, W>, P, warps, TPW, smem, q);
+  return persistent(topk_fwd_reg<DT, TPT, NC, W>, warps, TPW, smem);
 }
 
 template <int DT, int TPT, int NC, int W>
-cudaError_t launch_rounds(FwdParams& P, const Queue* q) {
+FwdKernel choose_rounds(FwdParams& P) {
   constexpr int ECAP = TPT * NC * W;
   constexpr int TPW = 32 / TPT;
   P.off_fbuf = round16(ECAP * 4);
@@ -75,67 +69,54 @@ cudaError_t launch_rounds(FwdParams& P, const Queue* q) {
   P.tok_smem = P.off_fbuf + P.fbuf_bytes;
   const int warps = 4;
   const size_t smem = static_cast<size_t>(TPW) * P.tok_smem * warps;
-  return launch_persistent(topk_fwd_rounds<DT, TPT, NC, W>, P, warps, TPW, smem, q);
+  return persistent(topk_fwd_rounds<DT, TPT, NC, W>, warps, TPW, smem);
 }
 
 /// Kernel choice between the two register kernels, which give bit-identical outputs: the rounds kernel needs
 /// k <= TPT and pays off when a lane owns >= 16 experts (k rounds of one redux each are cheaper than the candidate
 /// kernel's threshold search over that many keys per lane); with 8 experts per lane the candidate/threshold kernel
 /// is at least as fast, so it runs there and whenever k > TPT (measured on the H200 with perf_test/core/selfcheck;
-/// the results are in commit a331d46). The small-E 4-wide path in fwd_launch always uses the rounds
+/// the results are in commit a331d46). The small-E 4-wide path in choose_forward always uses the rounds
 /// kernel. TestSeam::cuda_forward_kernel.threshold_kernel_only makes tests run the candidate kernel instead.
 template <int DT, int TPT, int NC, int W>
-cudaError_t launch_best(FwdParams& P, const Queue* q) {
+FwdKernel choose_best(FwdParams& P) {
   if (P.k <= TPT && NC * W >= 16 && !TestSeam::cuda_forward_kernel.threshold_kernel_only)
-    return launch_rounds<DT, TPT, NC, W>(P, q);
-  return launch_reg<DT, TPT, NC, W>(P, q);
+    return choose_rounds<DT, TPT, NC, W>(P);
+  return choose_reg<DT, TPT, NC, W>(P);
 }
 
+/// topk_fwd_lane; with several chunks per lane (16-32 KB per block) it asks for the largest carveout.
 template <int DT, int TPT, int NC, int W, int K = 0>
-cudaError_t launch_lane(FwdParams& P, const Queue* q) {
+FwdKernel choose_lane() {
   constexpr int TPW = 32 / TPT;
   const int warps = 4;
   // per token: the activation row and the key row
   const size_t smem = static_cast<size_t>(warps) * TPW * 2 * TPT * NC * W * sizeof(float);
-  if constexpr (NC > 1) {  // 16-32 KB per block
-    if (q == nullptr) return cudaSuccess;
-    const cudaError_t err =
-        prefer_max_shared(q->device, reinterpret_cast<const void*>(topk_fwd_lane<DT, TPT, NC, W, K>));
-    if (err != cudaSuccess) return err;
-  }
-  return launch_persistent(topk_fwd_lane<DT, TPT, NC, W, K>, P, warps, TPW, smem, q);
+  return persistent(topk_fwd_lane<DT, TPT, NC, W, K>, warps, TPW, smem, NC > 1);
 }
 
-/// Launches topk_fwd_lane with one chunk of W experts per lane for a run-time lanes-per-token count (2..32); k == 8
-/// gets the compile-time-k variant when KEIGHT (16 and 32 lanes, the common MoE shapes).
+/// topk_fwd_lane with one chunk of W experts per lane for a run-time lanes-per-token count (2..32); k == 8 gets the
+/// compile-time-k variant when KEIGHT (16 and 32 lanes, the common MoE shapes). None for another count.
 template <int DT, int W, bool KEIGHT>
-bool launch_lane_tpt(FwdParams& P, int tpt, const Queue* q, cudaError_t* err) {
+FwdKernel choose_lane_tpt(const FwdParams& P, int tpt) {
   if constexpr (KEIGHT) {
-    if (P.k == 8 && (tpt == 16 || tpt == 32)) {
-      *err = tpt == 16 ? launch_lane<DT, 16, 1, W, 8>(P, q) : launch_lane<DT, 32, 1, W, 8>(P, q);
-      return true;
-    }
+    if (P.k == 8 && (tpt == 16 || tpt == 32))
+      return tpt == 16 ? choose_lane<DT, 16, 1, W, 8>() : choose_lane<DT, 32, 1, W, 8>();
   }
   switch (tpt) {
     case 2:
-      *err = launch_lane<DT, 2, 1, W>(P, q);
-      break;
+      return choose_lane<DT, 2, 1, W>();
     case 4:
-      *err = launch_lane<DT, 4, 1, W>(P, q);
-      break;
+      return choose_lane<DT, 4, 1, W>();
     case 8:
-      *err = launch_lane<DT, 8, 1, W>(P, q);
-      break;
+      return choose_lane<DT, 8, 1, W>();
     case 16:
-      *err = launch_lane<DT, 16, 1, W>(P, q);
-      break;
+      return choose_lane<DT, 16, 1, W>();
     case 32:
-      *err = launch_lane<DT, 32, 1, W>(P, q);
-      break;
+      return choose_lane<DT, 32, 1, W>();
     default:
-      return false;
+      return FwdKernel{};
   }
-  return true;
 }
 
 /// Lanes per token and chunks per lane of topk_fwd_lane for W experts per lane: the fewest lanes (a power of two,
@@ -160,9 +141,9 @@ inline bool lane_shape(const FwdParams& P, int W, int& tpt, int& nc) {
 /// every cross-lane step) is not instantiated: it needs about 117 registers, which halves the resident warps and
 /// costs more than the shared steps save (docs/design.md).
 template <int DT>
-bool try_launch_lane(FwdParams& P, const Queue* q, cudaError_t* err) {
+FwdKernel choose_lane_kernel(const FwdParams& P) {
   const TestSeam::CudaForwardKernel& seam = TestSeam::cuda_forward_kernel;
-  if (P.aux || seam.threshold_kernel_only) return false;
+  if (P.aux || seam.threshold_kernel_only) return FwdKernel{};
   for (int pass = 0; pass < 2; ++pass) {
     for (const int W : {8, 4}) {
       if (seam.lane_width != 0 && W != seam.lane_width) continue;
@@ -170,72 +151,82 @@ bool try_launch_lane(FwdParams& P, const Queue* q, cudaError_t* err) {
       if (!lane_shape(P, W, tpt, nc)) continue;
       if (pass == 0 && tpt * nc * W >= 2 * P.E) continue;
       if (nc == 1) {
-        if (W == 8 && launch_lane_tpt<DT, 8, true>(P, tpt, q, err)) return true;
-        if (W == 4 && launch_lane_tpt<DT, 4, false>(P, tpt, q, err)) return true;
+        const FwdKernel K = W == 8 ? choose_lane_tpt<DT, 8, true>(P, tpt) : choose_lane_tpt<DT, 4, false>(P, tpt);
+        if (K.kernel != nullptr) return K;
       } else if (W == 8 && nc == 2) {
-        *err = launch_lane<DT, 32, 2, 8>(P, q);
-        return true;
+        return choose_lane<DT, 32, 2, 8>();
       } else if (W == 8 && nc == 4) {  // (k = 32 at compile time for the E = 1024, k = 32 shape)
-        *err = P.k == 32 ? launch_lane<DT, 32, 4, 8, 32>(P, q) : launch_lane<DT, 32, 4, 8>(P, q);
-        return true;
+        return P.k == 32 ? choose_lane<DT, 32, 4, 8, 32>() : choose_lane<DT, 32, 4, 8>();
       }
     }
   }
-  return false;
+  return FwdKernel{};
 }
 
-/// Picks the native forward kernel for P and launches it on *q (q == nullptr: picks only). False when no native
-/// kernel handles the shape (E > 1024, or a grouping no register kernel's lane layout fits): the caller then runs
-/// the portable path, and nothing was launched.
+/// The lane kernel for P (choose_lane_kernel), launched on *q unless q is null; false when it does not apply.
 template <int DT>
-bool fwd_launch(FwdParams& P, const Queue* q, cudaError_t* err) {
+bool try_launch_lane(FwdParams& P, const Queue* q, cudaError_t* err) {
+  const FwdKernel K = choose_lane_kernel<DT>(P);
+  if (K.kernel == nullptr) return false;
+  *err = q != nullptr ? launch_forward_kernel(K, P, *q) : cudaSuccess;
+  return true;
+}
+
+/// The native forward kernel for P, with P's shared-memory layout filled in for it. None when no native kernel
+/// handles the shape (E > 1024, or a grouping no register kernel's lane layout fits): the caller then runs the
+/// portable path.
+template <int DT>
+FwdKernel choose_forward(FwdParams& P) {
   constexpr int VW = Ty<DT>::VW;
   const int E = P.E;
   const bool vec = (E % VW == 0) && aligned16(P.logits) && aligned16(P.probs) && aligned16(P.inter) &&
                    aligned16(P.scores) && aligned16(P.map);
   if (E <= 1024) {
-    if (vec && try_launch_lane<DT>(P, q, err)) return true;
+    if (vec) {
+      const FwdKernel K = choose_lane_kernel<DT>(P);
+      if (K.kernel != nullptr) return K;
+    }
     // small E with k above the default lanes per token: 4-wide chunks, more lanes, so the rounds kernel applies
     if (vec && E % 4 == 0 && E <= 32 && !TestSeam::cuda_forward_kernel.threshold_kernel_only) {
       const int tpt_default = E <= 8 ? 1 : (E <= 16 ? 2 : 4);
       if (P.k > tpt_default) {
-        if (E <= 8 && P.k <= 2 && reg_group_ok(P, 4, 2)) return launched(err, launch_rounds<DT, 2, 1, 4>(P, q));
-        if (E <= 16 && P.k <= 4 && reg_group_ok(P, 4, 4)) return launched(err, launch_rounds<DT, 4, 1, 4>(P, q));
-        if (P.k <= 8 && reg_group_ok(P, 4, 8)) return launched(err, launch_rounds<DT, 8, 1, 4>(P, q));
+        if (E <= 8 && P.k <= 2 && reg_group_ok(P, 4, 2)) return choose_rounds<DT, 2, 1, 4>(P);
+        if (E <= 16 && P.k <= 4 && reg_group_ok(P, 4, 4)) return choose_rounds<DT, 4, 1, 4>(P);
+        if (P.k <= 8 && reg_group_ok(P, 4, 8)) return choose_rounds<DT, 8, 1, 4>(P);
       }
     }
     if (vec) {
       if constexpr (VW == 8) {
-        if (E <= 8 && reg_group_ok(P, 8, 1)) return launched(err, launch_best<DT, 1, 1, 8>(P, q));
-        if (E <= 16 && reg_group_ok(P, 8, 2)) return launched(err, launch_best<DT, 2, 1, 8>(P, q));
-        if (E <= 32 && reg_group_ok(P, 8, 4)) return launched(err, launch_best<DT, 4, 1, 8>(P, q));
-        if (E <= 64 && reg_group_ok(P, 8, 8)) return launched(err, launch_best<DT, 8, 1, 8>(P, q));
-        if (E <= 128 && reg_group_ok(P, 8, 16)) return launched(err, launch_best<DT, 16, 1, 8>(P, q));
-        if (E <= 256 && reg_group_ok(P, 8, 32)) return launched(err, launch_best<DT, 32, 1, 8>(P, q));
-        if (E <= 512 && E > 256 && reg_group_ok(P, 8, 32)) return launched(err, launch_best<DT, 32, 2, 8>(P, q));
-        if (E > 512 && reg_group_ok(P, 8, 32)) return launched(err, launch_best<DT, 32, 4, 8>(P, q));
+        if (E <= 8 && reg_group_ok(P, 8, 1)) return choose_best<DT, 1, 1, 8>(P);
+        if (E <= 16 && reg_group_ok(P, 8, 2)) return choose_best<DT, 2, 1, 8>(P);
+        if (E <= 32 && reg_group_ok(P, 8, 4)) return choose_best<DT, 4, 1, 8>(P);
+        if (E <= 64 && reg_group_ok(P, 8, 8)) return choose_best<DT, 8, 1, 8>(P);
+        if (E <= 128 && reg_group_ok(P, 8, 16)) return choose_best<DT, 16, 1, 8>(P);
+        if (E <= 256 && reg_group_ok(P, 8, 32)) return choose_best<DT, 32, 1, 8>(P);
+        if (E <= 512 && E > 256 && reg_group_ok(P, 8, 32)) return choose_best<DT, 32, 2, 8>(P);
+        if (E > 512 && reg_group_ok(P, 8, 32)) return choose_best<DT, 32, 4, 8>(P);
       } else {
-        if (E <= 4 && reg_group_ok(P, 4, 1)) return launched(err, launch_best<DT, 1, 1, 4>(P, q));
-        if (E <= 8 && reg_group_ok(P, 4, 1)) return launched(err, launch_best<DT, 1, 2, 4>(P, q));
-        if (E <= 16 && reg_group_ok(P, 4, 2)) return launched(err, launch_best<DT, 2, 2, 4>(P, q));
-        if (E <= 32 && reg_group_ok(P, 4, 4)) return launched(err, launch_best<DT, 4, 2, 4>(P, q));
-        if (E <= 64 && reg_group_ok(P, 4, 8)) return launched(err, launch_best<DT, 8, 2, 4>(P, q));
-        if (E <= 128 && reg_group_ok(P, 4, 16)) return launched(err, launch_best<DT, 16, 2, 4>(P, q));
-        if (E <= 256 && reg_group_ok(P, 4, 32)) return launched(err, launch_best<DT, 32, 2, 4>(P, q));
-        if (E <= 512 && E > 256 && reg_group_ok(P, 4, 32)) return launched(err, launch_best<DT, 32, 4, 4>(P, q));
-        if (E > 512 && reg_group_ok(P, 4, 32)) return launched(err, launch_best<DT, 32, 8, 4>(P, q));
+        if (E <= 4 && reg_group_ok(P, 4, 1)) return choose_best<DT, 1, 1, 4>(P);
+        if (E <= 8 && reg_group_ok(P, 4, 1)) return choose_best<DT, 1, 2, 4>(P);
+        if (E <= 16 && reg_group_ok(P, 4, 2)) return choose_best<DT, 2, 2, 4>(P);
+        if (E <= 32 && reg_group_ok(P, 4, 4)) return choose_best<DT, 4, 2, 4>(P);
+        if (E <= 64 && reg_group_ok(P, 4, 8)) return choose_best<DT, 8, 2, 4>(P);
+        if (E <= 128 && reg_group_ok(P, 4, 16)) return choose_best<DT, 16, 2, 4>(P);
+        if (E <= 256 && reg_group_ok(P, 4, 32)) return choose_best<DT, 32, 2, 4>(P);
+        if (E <= 512 && E > 256 && reg_group_ok(P, 4, 32)) return choose_best<DT, 32, 4, 4>(P);
+        if (E > 512 && reg_group_ok(P, 4, 32)) return choose_best<DT, 32, 8, 4>(P);
       }
     }
     // scalar (coalesced 2/4-byte accesses): any E <= 1024, any alignment
     if (reg_group_ok(P, 1, 32)) {
-      if (E <= 32) return launched(err, launch_best<DT, 32, 1, 1>(P, q));
-      if (E <= 128) return launched(err, launch_best<DT, 32, 4, 1>(P, q));
-      if (E <= 256) return launched(err, launch_best<DT, 32, 8, 1>(P, q));
-      if (E <= 512) return launched(err, launch_best<DT, 32, 16, 1>(P, q));
-      return launched(err, launch_best<DT, 32, 32, 1>(P, q));
+      if (E <= 32) return choose_best<DT, 32, 1, 1>(P);
+      if (E <= 128) return choose_best<DT, 32, 4, 1>(P);
+      if (E <= 256) return choose_best<DT, 32, 8, 1>(P);
+      if (E <= 512) return choose_best<DT, 32, 16, 1>(P);
+      return choose_best<DT, 32, 32, 1>(P);
     }
   }
-  return false;
+  return FwdKernel{};
 }
 
 }  // namespace detail

@@ -1,7 +1,8 @@
 /*
  * KokkosMoE: Mixture-of-Experts routing for Kokkos. SPDX-License-Identifier: Apache-2.0
  */
-// topk_forward and aux_scores_forward: lower the Args to the kernel parameters and dispatch on the logits dtype.
+// topk_forward and aux_scores_forward: lower the Args to the kernel parameters, choose the kernel for the logits
+// dtype (the plan), launch it.
 
 #include <cuda/KokkosMoE_Router_Kernels.hpp>
 
@@ -12,17 +13,17 @@ namespace Impl {
 namespace CudaKernels {
 
 namespace {
-/// fwd_launch for the logits dtype; q == nullptr only asks whether a native kernel applies.
-bool dispatch(detail::FwdParams& P, DType dt, const Queue* q, cudaError_t* err) {
+/// choose_forward for the logits dtype.
+detail::FwdKernel choose(detail::FwdParams& P, DType dt) {
   switch (dt) {
     case DType::F32:
-      return detail::fwd_launch_f32(P, q, err);
+      return detail::choose_forward_f32(P);
     case DType::F16:
-      return detail::fwd_launch_f16(P, q, err);
+      return detail::choose_forward_f16(P);
     case DType::BF16:
-      return detail::fwd_launch_bf16(P, q, err);
+      return detail::choose_forward_bf16(P);
     default:
-      return false;
+      return detail::FwdKernel{};
   }
 }
 
@@ -40,15 +41,6 @@ detail::FwdParams lower_aux(const AuxScoresArgs& a) {
   P.map = a.routing_map;
   P.inter = a.intermediate;
   return P;
-}
-
-/// Launches P on q; a shape without a native kernel is a caller error (handles() said so first).
-cudaError_t launch(detail::FwdParams& P, DType dt, const Queue& q) {
-  const detail::DeviceGuard device(q);
-  if (device.status() != cudaSuccess) return device.status();
-  cudaError_t err = cudaSuccess;
-  if (!dispatch(P, dt, &q, &err)) return cudaErrorInvalidValue;
-  return err;
 }
 }  // namespace
 
@@ -86,31 +78,53 @@ FwdParams lower_forward(const TopkForwardArgs& a) {
   }
   return P;
 }
+
+cudaError_t launch_forward_kernel(const FwdKernel& K, const FwdParams& P, const Queue& q) {
+  const void* kernel = reinterpret_cast<const void*>(K.kernel);
+  cudaError_t err = cudaSuccess;
+  if (K.max_shared) {
+    err = prefer_max_shared(q.device, kernel);
+    if (err != cudaSuccess) return err;
+  }
+  err = ensure_smem(kernel, K.smem);
+  if (err != cudaSuccess) return err;
+  const long long tok_per_block = static_cast<long long>(K.warps) * K.tpw;
+  const long long work = (P.T + tok_per_block - 1) / tok_per_block;
+  const int grid = persistent_grid(q.device, kernel, K.warps * 32, K.smem, work);
+  K.kernel<<<grid, K.warps * 32, K.smem, q.stream>>>(P);
+  return cudaGetLastError();
+}
 }  // namespace detail
 
-bool handles(const TopkForwardArgs& a) {
-  detail::FwdParams P = detail::lower_forward(a);
-  cudaError_t unused = cudaSuccess;
-  return dispatch(P, a.logits_type, nullptr, &unused);
+ForwardPlan plan_forward(const TopkForwardArgs& a) {
+  ForwardPlan plan;
+  plan.params = detail::lower_forward(a);
+  plan.kernel = choose(plan.params, a.logits_type);
+  return plan;
 }
 
-bool handles(const AuxScoresArgs& a) {
-  detail::FwdParams P = lower_aux(a);
-  cudaError_t unused = cudaSuccess;
-  return dispatch(P, a.logits_type, nullptr, &unused);
+ForwardPlan plan_forward(const AuxScoresArgs& a) {
+  ForwardPlan plan;
+  plan.params = lower_aux(a);
+  plan.kernel = choose(plan.params, a.logits_type);
+  return plan;
 }
 
-cudaError_t topk_forward(const TopkForwardArgs& a, const Queue& q) {
-  if (a.num_tokens <= 0) return cudaSuccess;  // nothing per-token is launched (docs/router.md §4.3)
-  detail::FwdParams P = detail::lower_forward(a);
-  return launch(P, a.logits_type, q);
+cudaError_t run_forward(const ForwardPlan& plan, const Queue& q) {
+  if (plan.params.T <= 0) return cudaSuccess;  // nothing per-token is launched (docs/router.md §4.3)
+  if (!plan.native()) return cudaErrorInvalidValue;
+  const detail::DeviceGuard device(q);
+  if (device.status() != cudaSuccess) return device.status();
+  return detail::launch_forward_kernel(plan.kernel, plan.params, q);
 }
 
-cudaError_t aux_scores_forward(const AuxScoresArgs& a, const Queue& q) {
-  if (a.num_tokens <= 0) return cudaSuccess;
-  detail::FwdParams P = lower_aux(a);
-  return launch(P, a.logits_type, q);
-}
+bool handles(const TopkForwardArgs& a) { return plan_forward(a).native(); }
+
+bool handles(const AuxScoresArgs& a) { return plan_forward(a).native(); }
+
+cudaError_t topk_forward(const TopkForwardArgs& a, const Queue& q) { return run_forward(plan_forward(a), q); }
+
+cudaError_t aux_scores_forward(const AuxScoresArgs& a, const Queue& q) { return run_forward(plan_forward(a), q); }
 
 }  // namespace CudaKernels
 }  // namespace Impl

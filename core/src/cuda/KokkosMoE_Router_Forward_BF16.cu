@@ -10,7 +10,7 @@ namespace Impl {
 namespace CudaKernels {
 namespace detail {
 
-bool fwd_launch_bf16(FwdParams& P, const Queue* q, cudaError_t* err) { return fwd_launch<kDtBF16>(P, q, err); }
+FwdKernel choose_forward_bf16(FwdParams& P) { return choose_forward<kDtBF16>(P); }
 
 }  // namespace detail
 }  // namespace CudaKernels

@@ -10,7 +10,7 @@ namespace Impl {
 namespace CudaKernels {
 namespace detail {
 
-bool fwd_launch_f16(FwdParams& P, const Queue* q, cudaError_t* err) { return fwd_launch<kDtF16>(P, q, err); }
+FwdKernel choose_forward_f16(FwdParams& P) { return choose_forward<kDtF16>(P); }
 
 }  // namespace detail
 }  // namespace CudaKernels

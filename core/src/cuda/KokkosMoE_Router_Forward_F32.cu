@@ -10,7 +10,7 @@ namespace Impl {
 namespace CudaKernels {
 namespace detail {
 
-bool fwd_launch_f32(FwdParams& P, const Queue* q, cudaError_t* err) { return fwd_launch<kDtF32>(P, q, err); }
+FwdKernel choose_forward_f32(FwdParams& P) { return choose_forward<kDtF32>(P); }
 
 }  // namespace detail
 }  // namespace CudaKernels

@@ -9,6 +9,7 @@
 // synchronization, no allocation (aux_loss uses the caller's workspace), so all of them are capturable in a
 // CUDA graph. Arguments are validated by the public entry points before they get here.
 
+#include <cuda/KokkosMoE_Router_Cuda_Params.hpp>
 #include <cuda_runtime_api.h>
 #include <impl/KokkosMoE_Router_Args.hpp>
 
@@ -25,15 +26,25 @@ struct Queue {
   int device = 0;
 };
 
-/// Whether the native forward kernels handle this topk_router forward; when not, the caller runs the portable
-/// path (PortableTopk / PortableAux<Kokkos::Cuda>) instead. A host-only decision on the shape, the dtype and the
-/// alignment.
+/// A forward call (topk_router or aux_scores) lowered to the kernel parameters, with the native kernel chosen for
+/// it. The choice is a host-only decision on the shape, the dtype and the alignment, made once by plan_forward;
+/// when no native kernel handles the call (native() is false) the caller runs the portable path (PortableTopk /
+/// PortableAux<Kokkos::Cuda>) instead.
+struct ForwardPlan {
+  detail::FwdParams params;
+  detail::FwdKernel kernel;
+  bool native() const { return kernel.kernel != nullptr; }
+};
+ForwardPlan plan_forward(const TopkForwardArgs& args);
+ForwardPlan plan_forward(const AuxScoresArgs& args);
+/// Enqueues the planned kernel. Precondition: plan.native() (otherwise cudaErrorInvalidValue, nothing enqueued).
+cudaError_t run_forward(const ForwardPlan& plan, const Queue& queue);
+
+/// plan_forward(args).native().
 bool handles(const TopkForwardArgs& args);
-/// Whether the native forward kernels handle this aux_scores forward (as above).
 bool handles(const AuxScoresArgs& args);
 
-/// Precondition of topk_forward and aux_scores_forward: handles(args) (otherwise cudaErrorInvalidValue, nothing
-/// enqueued). The other operations have native kernels for every shape.
+/// run_forward(plan_forward(args), queue). The other operations have native kernels for every shape.
 cudaError_t topk_forward(const TopkForwardArgs& args, const Queue& queue);
 cudaError_t topk_backward(const TopkBackwardArgs& args, const Queue& queue);
 cudaError_t aux_scores_forward(const AuxScoresArgs& args, const Queue& queue);

@@ -5,17 +5,27 @@
 #define KOKKOSMOE_ROUTERMATH_HPP
 
 // The router's math, once, for every implementation (docs/router.md §1, §5.1, §5.3, §6, §7, §9): the constants, the
-// score functions and their derivatives, the softmax term, the order-preserving selection key with its order for
-// NaN, ±0 and ±inf, and the group-score rule. The portable Kokkos kernels, the per-token device functions of
+// score-function codes, the score functions and their derivatives, the normalization, the softmax terms and the
+// merge of softmax partials, the order-preserving selection key with its order for NaN, ±0 and ±inf, and the
+// group-score rule. The portable Kokkos kernels, the per-token device functions of
 // KokkosMoE_RouterToken.hpp and the native CUDA kernels all call these functions; none of them re-derives a formula
 // or a constant. The header needs neither Kokkos nor CUDA (the native kernels include it without Kokkos), only a
 // host/device decoration. Expression order is part of the contract: results are bit-identical wherever the same
 // functions run on the same inputs.
 
-#include <kokkos_ext/KokkosMoE_Float16.hpp>  // KOKKOSMOE_HD_INLINE, float_bits, bits_float
+#include <KokkosMoE_RouterConfig.hpp>  // ScoreFunction
+
+#include <kokkos_ext/KokkosMoE_Float16.hpp>  // KOKKOSMOE_HD_INLINE, KOKKOSMOE_HD_FORCEINLINE, float_bits, bits_float
 
 #include <cmath>
 #include <cstdint>
+
+/// Full unrolling of a loop with a compile-time trip count, for the device compilers.
+#if defined(__CUDACC__) || defined(__HIPCC__)
+#define KOKKOSMOE_PRAGMA_UNROLL _Pragma("unroll")
+#else
+#define KOKKOSMOE_PRAGMA_UNROLL
+#endif
 
 namespace KokkosMoE {
 namespace Impl {
@@ -25,6 +35,11 @@ namespace Impl {
 // ---------------------------------------------------------------------------------------------------------------
 constexpr float kEps = 1e-20f;                ///< added to the Sigmoid/SqrtSoftplus normalization denominator
 constexpr float kSqrtSoftplusCutoff = 20.0f;  ///< softplus(x) is taken as x above this (log1p(exp(x)) == x in FP32)
+
+/// The score function as the integer code that the native kernels' parameter blocks carry.
+constexpr int kFnSigmoid = static_cast<int>(ScoreFunction::Sigmoid);
+constexpr int kFnSoftmax = static_cast<int>(ScoreFunction::Softmax);
+constexpr int kFnSqrtSoftplus = static_cast<int>(ScoreFunction::SqrtSoftplus);
 
 // ---------------------------------------------------------------------------------------------------------------
 // Elementary functions: the accurate single-precision library functions on every backend (no fast-math), so that a
@@ -52,17 +67,87 @@ KOKKOSMOE_HD_INLINE float math_sqrt(float x) {
 #endif
 }
 
+/// fmaxf: the larger of a and b; a NaN argument is skipped (the other one is returned).
+KOKKOSMOE_HD_INLINE float math_fmax(float a, float b) {
+#if defined(__CUDA_ARCH__) || defined(__HIP_DEVICE_COMPILE__)
+  return ::fmaxf(a, b);
+#else
+  return std::fmax(a, b);
+#endif
+}
+
 KOKKOSMOE_HD_INLINE float neg_inf() { return bits_float(0xff800000u); }
 
 // ---------------------------------------------------------------------------------------------------------------
 // Score functions (docs/router.md §5.1) and their derivatives (§9)
 // ---------------------------------------------------------------------------------------------------------------
-KOKKOSMOE_HD_INLINE float sigmoid(float x) { return 1.0f / (1.0f + math_exp(-x)); }
+/// The denominator of the sigmoid, 1 + exp(-x): >= 1, or NaN.
+KOKKOSMOE_HD_INLINE float sigmoid_denominator(float x) { return 1.0f + math_exp(-x); }
+KOKKOSMOE_HD_INLINE float sigmoid(float x) { return 1.0f / sigmoid_denominator(x); }
+
+/// 1.0f / d for d in [1, 2^126), bit-identical to that division. On a CUDA device it is the fast path that nvcc
+/// emits for 1.0f / d in that range (approximate reciprocal, one correction with a flush-to-zero negation), without
+/// the range check and branch of the full division.
+KOKKOSMOE_HD_FORCEINLINE float reciprocal_1_2p126(float d) {
+#if defined(__CUDA_ARCH__)
+  float r, e;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(d));
+  e = fmaf(d, r, -1.0f);
+  asm("neg.ftz.f32 %0, %0;" : "+f"(e));
+  return fmaf(r, e, r);
+#else
+  return 1.0f / d;
+#endif
+}
+
+/// y[w] = sigmoid(x[w]) for W values, bit-identical to it. Every denominator is >= 1 (or NaN); when all W are below
+/// 2^126 (logits above about -87.3) one range check covers the W reciprocals instead of a check and branch each.
+template <int W>
+KOKKOSMOE_HD_FORCEINLINE void sigmoid_n(const float (&x)[W], float (&y)[W]) {
+  float d[W];
+  float dmax = 1.0f;
+  KOKKOSMOE_PRAGMA_UNROLL
+  for (int w = 0; w < W; ++w) {
+    d[w] = sigmoid_denominator(x[w]);
+    dmax = math_fmax(dmax, d[w]);  // (fmax skips NaN: a NaN denominator gives NaN on either path)
+  }
+  if (dmax < 0x1p126f) {
+    KOKKOSMOE_PRAGMA_UNROLL
+    for (int w = 0; w < W; ++w) y[w] = reciprocal_1_2p126(d[w]);
+  } else {
+    KOKKOSMOE_PRAGMA_UNROLL
+    for (int w = 0; w < W; ++w) y[w] = 1.0f / d[w];
+  }
+}
+
 KOKKOSMOE_HD_INLINE float sqrt_softplus(float x) {
   return math_sqrt(x > kSqrtSoftplusCutoff ? x : math_log1p(math_exp(x)));
 }
+
+/// The Sigmoid/SqrtSoftplus normalization (docs/router.md §5.2): its denominator from the sum of the activations,
+/// and one activation y divided by it.
+KOKKOSMOE_HD_INLINE float normalization_denominator(float sum) { return sum + kEps; }
+KOKKOSMOE_HD_INLINE float normalize(float y, float sum) { return y / normalization_denominator(sum); }
+
+// ---------------------------------------------------------------------------------------------------------------
+// Softmax (docs/router.md §5.1, §7.4)
+// ---------------------------------------------------------------------------------------------------------------
+/// exp(x - M) with no test of x: the numerator where x is known not to be -inf, or where the caller tests it.
+KOKKOSMOE_HD_INLINE float softmax_exp(float x, float M) { return math_exp(x - M); }
 /// One softmax numerator: exp(x - M), where an element equal to -inf contributes exactly 0.
-KOKKOSMOE_HD_INLINE float softmax_term(float x, float M) { return x == neg_inf() ? 0.0f : math_exp(x - M); }
+KOKKOSMOE_HD_INLINE float softmax_term(float x, float M) { return x == neg_inf() ? 0.0f : softmax_exp(x, M); }
+
+/// Merge of two softmax partials (max, sum). A partial whose max is -inf contributes its sum unscaled: 0 when it
+/// holds no data or only -inf, NaN when it holds a NaN (fmax skips NaN, so the max of such a partial stays -inf
+/// while its sum is NaN, and the NaN must reach the row, §7.4). Symmetric in its arguments, so butterfly reductions
+/// give every lane the same bits.
+KOKKOSMOE_HD_FORCEINLINE void softmax_merge(float& m, float& s, float mo, float so) {
+  const float M = math_fmax(m, mo);
+  const float a = (m == neg_inf()) ? s : s * softmax_exp(m, M);
+  const float b = (mo == neg_inf()) ? so : so * softmax_exp(mo, M);
+  m = M;
+  s = a + b;
+}
 
 /// d sigmoid / dx times h, from the saved activation a = sigmoid(x).
 KOKKOSMOE_HD_INLINE float sigmoid_grad(float h, float a) { return h * a * (1.0f - a); }

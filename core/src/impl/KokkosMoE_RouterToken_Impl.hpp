@@ -540,7 +540,7 @@ KOKKOS_INLINE_FUNCTION TokenChoice route_token(const Loops& L, const TokenParams
     c.mode = TokenChoice::Normalize;
     float sum = 0.0f;
     for (int i = 0; i < k; ++i) sum += y_of(i);
-    c.norm = sum + kEps;
+    c.norm = normalization_denominator(sum);
   }
   return c;
 }

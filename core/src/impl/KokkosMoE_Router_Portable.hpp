@@ -84,7 +84,7 @@ struct AuxScoresFunctor {
             acc += yv;
           },
           sum);
-      const float D = sum + kEps;
+      const float D = normalization_denominator(sum);
       Kokkos::parallel_for(Kokkos::TeamThreadRange(m, E), [&](const int e) { s(e) = s(e) / D; });
     }
     m.team_barrier();
@@ -136,7 +136,7 @@ struct AuxScoresBackwardFunctor {
         },
         sums);
     const float P = sums.a, Q = sums.b;
-    const float D = sums.a + kEps;
+    const float D = normalization_denominator(sums.a);
     Kokkos::parallel_for(Kokkos::TeamThreadRange(m, E), [&](const int e) {
       const float ae = o.inter(t, e);
       const float ge = o.grad_scores(t, e);

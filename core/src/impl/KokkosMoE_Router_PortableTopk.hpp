@@ -65,7 +65,7 @@ struct GradTerms {
     return g;
   }
   KOKKOS_INLINE_FUNCTION void set_sums(float S, float Q_, float P_) {
-    D = S + kEps;
+    D = normalization_denominator(S);
     Q = Q_;
     P = P_;
   }

@@ -14,8 +14,8 @@ namespace KokkosMoE {
 namespace Impl {
 namespace TestSeam {
 
-/// Kernel choice of the native CUDA topk_router forward (cuda/KokkosMoE_Router_Cuda_ForwardLaunch.cuh). The choice
-/// and CudaKernels::handles() read it alike: a setting under which no native kernel applies to a shape sends that
+/// Kernel choice of the native CUDA topk_router forward (cuda/KokkosMoE_Router_Cuda_ForwardLaunch.cuh), read when a
+/// call is planned (CudaKernels::plan_forward): a setting under which no native kernel applies to a shape sends that
 /// call to the portable path, like any shape the native kernels do not handle. (Implementation::Portable forces the
 /// portable path for any shape; no setting forces a native kernel onto a shape it does not handle.)
 struct CudaForwardKernel {
