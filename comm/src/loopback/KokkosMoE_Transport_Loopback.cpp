@@ -249,11 +249,13 @@ class LoopbackTransport final : public Transport {
       throw;
     }
   }
-  /// The rank's stream has finished the kernels that wrote its buffers (device ranks), bounded by the timeout.
+  /// The rank's stream has finished the kernels that wrote its buffers (device ranks), bounded by the timeout and a
+  /// grace second: a wait kernel on the stream gives up at the same timeout, and when it ends first its error word
+  /// names the silent peer, which a host deadline that fires first could not.
   void drain(const char* op, void* stream) {
 #if defined(KOKKOSMOE_LOOPBACK_CUDA)
     if (m_device < 0) return;
-    const auto until = deadline();
+    const auto until = deadline() + std::chrono::seconds(1);
     for (;;) {
       const cudaError_t e = cudaStreamQuery(static_cast<cudaStream_t>(stream));
       if (e == cudaSuccess) return;
@@ -263,9 +265,9 @@ class LoopbackTransport final : public Transport {
       }
       if (std::chrono::steady_clock::now() >= until) {
         m_aborted = true;
-        fail(
-            op, CommFailure::Timeout,
-            "the rank's stream did not finish within " + std::to_string(m_timeout) + " s; the communicator is aborted");
+        fail(op, CommFailure::Timeout,
+             "the rank's stream did not finish within " + std::to_string(m_timeout) +
+                 " s (+ 1 s of grace); the communicator is aborted");
       }
       std::this_thread::sleep_for(std::chrono::microseconds(20));
     }
