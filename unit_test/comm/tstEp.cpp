@@ -540,11 +540,14 @@ void each_ep_operation(const Exec& exec, Check&& check) {
   using Mem = typename Exec::memory_space;
   const Communicator& comm = ep_comm<Exec>();
   BOOST_TEST_REQUIRE(comm.size() == 1, "the instance test runs on one rank");
-  for (const bool capacity : {false, true}) {
-    BOOST_TEST_CONTEXT(Exec::name() << (capacity ? " capacity mode" : " eager mode")) {
+  // Eager, capacity, and the fixed layout's decode path (docs/ep.md §15) in place of the layout.
+  for (const int mode : {0, 1, 2}) {
+    const bool capacity = mode == 1, decode = mode == 2;
+    BOOST_TEST_CONTEXT(Exec::name() << (decode ? " decode path" : (capacity ? " capacity mode" : " eager mode"))) {
       EpGroupConfig c = default_config(1);
       c.hidden = kFp8BlockChannels;  // one FP8 scale block per row: the FP8 dispatch runs too
       if (capacity) c.max_recv_tokens_per_rank = c.max_tokens_per_rank * c.top_k;
+      if (decode) c.layout = RecvLayout::ExpertMajorFixed;
       const RankInputs in = make_inputs(c, Routing::Uniform, 0, c.max_tokens_per_rank, 5, false);
       const StepViews<Exec, float> sv(exec, c, in);
       EpGroup<Exec> group(exec, comm, c);
@@ -555,9 +558,10 @@ void each_ep_operation(const Exec& exec, Check&& check) {
         check(op, may_fence, events);
       };
       // Eager mode waits once in the layout, for the receive size (KokkosMoE_EP.hpp, docs/ep.md §5).
-      run("ep_layout", !capacity, [&] { ep_layout(exec, handle, sv.idx); });
+      if (!decode) run("ep_layout", !capacity, [&] { ep_layout(exec, handle, sv.idx); });
       // The Views of the step (EpStep.hpp's types), allocated outside the recorded calls.
-      const int T = in.T, H = c.hidden, K = c.top_k, N = handle.num_recv_rows(), nb = H / kFp8BlockChannels;
+      const int T = in.T, H = c.hidden, K = c.top_k, nb = H / kFp8BlockChannels;
+      const int N = decode ? group.capacity_rows() : handle.num_recv_rows();
       using Rows = Kokkos::View<float**, Kokkos::LayoutRight, Mem>;
       Rows rx("recv_x", N, H), ro("out", N, H), rgo("grad_out", N, H), y("y", T, H), grad_y("grad_y", T, H),
           grad_x("grad_x", T, H), grad_wc("grad_wc", T, K), grad_wd("grad_wd", T, K), rs("recv_scales", N, nb);
@@ -566,6 +570,8 @@ void each_ep_operation(const Exec& exec, Check&& check) {
       Kokkos::deep_copy(exec, ro, 0.5f);
       Kokkos::deep_copy(exec, grad_y, 0.25f);
       exec.fence();
+      if (decode)
+        run("ep_decode_dispatch", false, [&] { ep_decode_dispatch(exec, handle, sv.idx, sv.x, sv.w, rx, rw); });
       run("ep_dispatch", false, [&] { ep_dispatch(exec, handle, sv.x, sv.w, rx, rw); });
       run("ep_dispatch (FP8 rows)", false, [&] { ep_dispatch(exec, handle, sv.x, sv.w, fp8_rows(rq, rs), rw8); });
       run("ep_combine", false, [&] { ep_combine(exec, handle, CombineMode::Weighted, ro, sv.w, y); });
