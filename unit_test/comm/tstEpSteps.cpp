@@ -486,18 +486,28 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(wire_bytes_are_exact, DeviceType, KOKKOSMOE_DEVICE
   const std::int64_t pitch = (4 * H + 15) / 16 * 16 + (4 * c.top_k + 15) / 16 * 16;
   const std::int64_t signals = windows ? 16 * (R - 1) : 0;
   std::int64_t eager_wire = 0;
-  for (bool capacity : {false, true}) {
-    BOOST_TEST_CONTEXT((capacity ? "capacity" : "eager") << " mode") {
+  // Eager, capacity, and the decode path on the fixed layout (docs/ep.md §15).
+  for (const int mode : {0, 1, 2}) {
+    const bool capacity = mode > 0, decode = mode == 2;
+    BOOST_TEST_CONTEXT((decode ? "decode" : (capacity ? "capacity" : "eager")) << " mode") {
       auto cc = c;
-      if (capacity) cc.max_recv_tokens_per_rank = c.max_tokens_per_rank * c.top_k * R;
+      if (mode == 1) cc.max_recv_tokens_per_rank = c.max_tokens_per_rank * c.top_k * R;
+      if (decode) cc.layout = RecvLayout::ExpertMajorFixed;
       EpGroup<Exec> group(exec, comm, cc);
       auto handle = group.make_handle();
       const ByteCount before = group.stats().bytes["ep_dispatch"];
-      run_step<Exec, float>(exec, group, handle, in[me], CombineMode::Sum);
+      const ByteCount layout_before = group.stats().bytes["ep_layout"];
+      run_step<Exec, float>(exec, group, handle, in[me], CombineMode::Sum, -1, false, decode);
       const ByteCount after = group.stats().bytes["ep_dispatch"];
       const std::int64_t logical = after.logical - before.logical, wire = after.wire - before.wire;
       BOOST_TEST(logical == rows * 4 * H);
       BOOST_TEST(logical <= slots * 4 * H);  // deduplicated: never more than one row per remote slot
+      if (decode && windows && R > 1) {
+        // The layout's share of the decode path: every token's K codes and the L + 2 counts to each peer, with
+        // their two signals.
+        const std::int64_t layout_wire = group.stats().bytes["ep_layout"].wire - layout_before.wire;
+        BOOST_TEST(layout_wire == static_cast<std::int64_t>(R - 1) * ((L + 2 + in[me].T * c.top_k) * 4 + 32));
+      }
       if (!capacity) {
         BOOST_TEST(wire == (R == 1 ? 0 : rows * pitch + signals));
         eager_wire = wire;
