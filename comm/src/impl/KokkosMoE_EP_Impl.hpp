@@ -741,10 +741,9 @@ void begin_layout(const char* fn, EpHandleState<Exec>& h, const IdxView& idx) {
   h.shape.T = static_cast<int>(idx.extent(0));
 }
 
+/// The layout after begin_layout checked its arguments (ep_decode_dispatch's message-transport form: \p unique_ids).
 template <class Exec, class IdxView>
-void layout(const Exec& exec, EpHandleState<Exec>& h, const IdxView& idx, const char* fn = "ep_layout",
-            bool unique_ids = false) {
-  begin_layout(fn, h, idx);
+void run_layout(const Exec& exec, EpHandleState<Exec>& h, const IdxView& idx, const char* fn, bool unique_ids) {
   ScopedRegion region("KokkosMoE::ep_layout");
   EpGroupState<Exec>& g = *h.group;
   h.shape.unique_ids = unique_ids;
@@ -835,6 +834,13 @@ void layout(const Exec& exec, EpHandleState<Exec>& h, const IdxView& idx, const 
                  g.window ? 32 * static_cast<std::int64_t>(s.R - 1) : 0);  // counts and meta: two regions
   h.laid_out = true;
   h.backward_done = !h.options.training;
+}
+
+template <class Exec, class IdxView>
+void layout(const Exec& exec, EpHandleState<Exec>& h, const IdxView& idx) {
+  constexpr const char* fn = "ep_layout";
+  begin_layout(fn, h, idx);
+  run_layout(exec, h, idx, fn, false);
 }
 
 /// No operation but the hook may run on a handle whose split send waits for its receive.
@@ -992,7 +998,7 @@ void decode_dispatch(const Exec& exec, EpHandleState<Exec>& h, const IdxView& id
   const int N = g.recv_rows_fixed;
   const bool with_w = check_dispatch_rows<Exec>(fn, s, H, N, x, w, recv_x, recv_w);
   if (!g.window) {
-    layout(exec, h, idx, fn, true);
+    run_layout(exec, h, idx, fn, true);
     dispatch(exec, h, x, w, recv_x, recv_w);
     return;
   }

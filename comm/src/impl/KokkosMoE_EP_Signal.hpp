@@ -105,15 +105,21 @@ struct WindowSignals {
 /// A set of regions, one bit each (1u << region): the decode path signals its three regions in one kernel.
 using RegionMask = unsigned;
 
+/// f(region) for each region of \p mask in ascending order while f returns true; whether every call did.
+template <class F>
+KOKKOS_INLINE_FUNCTION bool each_region(RegionMask mask, const F& f) {
+  for (int r = 0; r < kWindowRegions; ++r)
+    if (((mask >> r) & 1u) && !f(r)) return false;
+  return true;
+}
+
 /// Before writing regions: every peer freed the previous epoch's rows of each.
 template <class Exec>
 void window_acquire_regions(const Exec& exec, const WindowSignals<typename Exec::memory_space>& w, RegionMask mask) {
   Kokkos::parallel_for(
       "KokkosMoE::ep::window_acquire", Kokkos::RangePolicy<Exec>(exec, 0, 1), KOKKOS_LAMBDA(int) {
         if (w.err(0) != 0) return;
-        for (int r = 0; r < kWindowRegions; ++r)
-          if ((mask >> r) & 1u)
-            if (!w.wait_all(r, 1, w.epoch(r))) return;
+        each_region(mask, [&](int r) { return w.wait_all(r, 1, w.epoch(r)); });
       });
 }
 
@@ -123,13 +129,15 @@ void window_post_regions(const Exec& exec, const WindowSignals<typename Exec::me
   Kokkos::parallel_for(
       "KokkosMoE::ep::window_post", Kokkos::RangePolicy<Exec>(exec, 0, 1), KOKKOS_LAMBDA(int) {
         if (w.err(0) != 0) return;
-        for (int r = 0; r < kWindowRegions; ++r)
-          if ((mask >> r) & 1u) w.raise_all(r, 0, w.epoch(r) + 1);
-        for (int r = 0; r < kWindowRegions; ++r)
-          if ((mask >> r) & 1u)
-            if (!w.wait_all(r, 0, w.epoch(r) + 1)) return;
-        for (int r = 0; r < kWindowRegions; ++r)
-          if ((mask >> r) & 1u) w.epoch(r) += 1;
+        each_region(mask, [&](int r) {
+          w.raise_all(r, 0, w.epoch(r) + 1);
+          return true;
+        });
+        if (!each_region(mask, [&](int r) { return w.wait_all(r, 0, w.epoch(r) + 1); })) return;
+        each_region(mask, [&](int r) {
+          w.epoch(r) += 1;
+          return true;
+        });
       });
 }
 
@@ -139,8 +147,10 @@ void window_release_regions(const Exec& exec, const WindowSignals<typename Exec:
   Kokkos::parallel_for(
       "KokkosMoE::ep::window_release", Kokkos::RangePolicy<Exec>(exec, 0, 1), KOKKOS_LAMBDA(int) {
         if (w.err(0) != 0) return;
-        for (int r = 0; r < kWindowRegions; ++r)
-          if ((mask >> r) & 1u) w.raise_all(r, 1, w.epoch(r));
+        each_region(mask, [&](int r) {
+          w.raise_all(r, 1, w.epoch(r));
+          return true;
+        });
       });
 }
 

@@ -35,13 +35,7 @@ inline bool reg_group_ok(const FwdParams& P, int W, int TPT) {
 
 /// A persistent token kernel: `warps` warps per block, `tpw` tokens per warp, `smem` dynamic bytes.
 inline FwdKernel persistent(void (*kernel)(FwdParams), int warps, int tpw, size_t smem, bool max_shared = false) {
-  FwdKernel K;
-  K.kernel = kernel;
-  K.warps = warps;
-  K.tpw = tpw;
-  K.smem = smem;
-  K.max_shared = max_shared;
-  return K;
+  return FwdKernel{kernel, warps, tpw, smem, max_shared};
 }
 
 template <int DT, int TPT, int NC, int W>
