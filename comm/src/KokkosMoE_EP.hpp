@@ -41,7 +41,8 @@ namespace KokkosMoE {
 template <class ExecSpace>
 class EpHandle;
 
-/// \brief The EP group: communicator, configuration, the stages of remote rows. Move-only.
+/// \brief The EP group: communicator, configuration, the buffers of remote rows (EpGroupConfig::wire_buffers sets,
+/// shared by the group's handles one operation at a time: docs/ep.md §14). Move-only.
 template <class ExecSpace>
 class EpGroup {
  public:
@@ -69,12 +70,13 @@ class EpGroup {
   /// windows, else its source and destination stages.
   std::size_t buffer_bytes() const { return Impl::buffer_bytes(*m_state); }
   /// Whether token rows go straight into the peers' windows (shm, loopback) rather than through stages and messages.
-  bool direct_writes() const noexcept { return static_cast<bool>(m_state->window); }
+  bool direct_writes() const noexcept { return m_state->windows; }
   /// [R] nanoseconds this rank's operations spent waiting for each peer's signal since creation or the last
   /// ep_reset_statistics (device memory, updated on the device; direct writes only: 0 over messages).
-  Kokkos::View<const std::int64_t*, memory_space> peer_wait_ns() const { return m_state->signals.wait_ns; }
+  Kokkos::View<const std::int64_t*, memory_space> peer_wait_ns() const { return m_state->wait_ns; }
 
-  /// \brief A handle for one layer. Two handles never share memory.
+  /// \brief A handle for one layer. Two handles never share their layouts; they share the group's wire buffers, one
+  /// set per operation (a split send keeps its set until its hook ran; docs/ep.md §14).
   EpHandle<ExecSpace> make_handle(const EpHandleOptions& options = {}) const {
     return EpHandle<ExecSpace>(m_state, options);
   }
@@ -239,7 +241,8 @@ class EpReceiveHook {
 /// \brief ep_dispatch in two halves (docs/ep.md §14): this call packs x's rows and sends them (the local slots'
 /// rows are written into recv_x here), the returned hook receives the peers' rows into recv_x and recv_w. Same
 /// arguments, results and errors as ep_dispatch; until the hook ran, every other operation on \p handle throws
-/// InvalidArgument (Rule::HandleState) naming the handle.
+/// InvalidArgument (Rule::HandleState) naming the handle. The send holds one of the group's wire buffer sets until
+/// the hook ran: another handle's operation that finds no free set throws the same, naming both handles.
 template <class ExecSpace, class XView, class WView, class RecvXView, class RecvWView>
 [[nodiscard]] EpReceiveHook<ExecSpace> ep_dispatch_send(const ExecSpace& exec, const EpHandle<ExecSpace>& handle,
                                                         const XView& x, const WView& topk_w, const RecvXView& recv_x,
@@ -307,7 +310,7 @@ void ep_reset_statistics(const ExecSpace& exec, const EpHandle<ExecSpace>& handl
 /// \brief Zeroes \p group's peer_wait_ns() on \p exec.
 template <class ExecSpace>
 void ep_reset_statistics(const ExecSpace& exec, const EpGroup<ExecSpace>& group) {
-  Impl::zero_on(exec, group.impl_state()->signals.wait_ns);
+  Impl::zero_on(exec, group.impl_state()->wait_ns);
 }
 
 }  // namespace KokkosMoE

@@ -41,6 +41,12 @@ struct EpGroupConfig {
   /// most this many threads. In [1, the execution space's count] (SMs of the device, or concurrency()); -1: no cap.
   /// A per-rank resource setting: the ranks may pass different caps.
   int max_sms = -1;
+  /// Sets of the group's buffers for remote rows (window regions or message stages; docs/ep.md §14), in [1, 8]. Every
+  /// operation of the group's handles that moves rows takes a free set for its duration; a split send holds its set
+  /// until its hook runs. So with n sets, at most n split operations of different handles are pending at once, and an
+  /// operation of another handle that finds every set held throws InvalidArgument (Rule::HandleState) naming both
+  /// handles. Two layers whose sends overlap take 2. Each set costs buffer_bytes() / wire_buffers.
+  int wire_buffers = 1;
 };
 
 /// \brief The groups ep_decode_dispatch serves (docs/ep.md §15), besides layout = ExpertMajorFixed.

@@ -98,6 +98,22 @@ void check_step(const EpGroupConfig& c, Routing routing, CombineMode mode, std::
   }
 }
 
+/// Calls \p f, which must throw InvalidArgument with Rule::HandleState naming \p parameter; returns its message ("" and
+/// a failed assertion when \p f returned).
+template <class F>
+std::string refused_as_handle_state(const char* what, F&& f, const char* parameter) {
+  std::string msg;
+  try {
+    f();
+  } catch (const InvalidArgument& e) {
+    msg = e.what();
+    BOOST_TEST(static_cast<int>(e.rule()) == static_cast<int>(Rule::HandleState), what << ": " << msg);
+    BOOST_TEST(e.parameter() == parameter, what << ": " << msg);
+  }
+  BOOST_TEST(!msg.empty(), what << " was not refused");
+  return msg;
+}
+
 /// After a failure every rank survived: a new group and a Weighted step on \p in match the oracle's y.
 template <class Exec>
 void step_still_matches_oracle(const Exec& exec, const Communicator& comm, const EpGroupConfig& c,

@@ -131,6 +131,46 @@ void other_work(const Exec& exec, const View& busy) {
       KOKKOS_LAMBDA(int i) { busy(i) = static_cast<float>(i) * 0.5f; });
 }
 
+/// The test's expert on the received rows (expert_fn of EpOracle.hpp): out = recv_x * slope(e) + (e % 3) / 16 for
+/// every row of a local expert, 0 for padding and dropped rows. `me` and `L` locate the global expert ids.
+template <class Exec, class ExpertView, class RowsIn, class RowsOut>
+void test_expert(const Exec& exec, int me, int L, const ExpertView& recv_expert, const RowsIn& recv_x,
+                 const RowsOut& out) {
+  using Scalar = typename RowsOut::value_type;
+  const int H = static_cast<int>(out.extent(1));
+  Kokkos::parallel_for(
+      "test_expert", Kokkos::RangePolicy<Exec>(exec, 0, static_cast<std::int64_t>(recv_expert.extent(0)) * H),
+      KOKKOS_LAMBDA(std::int64_t i) {
+        const int r = static_cast<int>(i / H), h = static_cast<int>(i % H);
+        const int l = recv_expert(r);
+        if (l < 0) {
+          out(r, h) = Scalar(0.0f);
+          return;
+        }
+        const int e = me * L + l;
+        float v = static_cast<float>(recv_x(r, h)) * (1.0f + static_cast<float>(e % 5) * 0.125f) +
+                  static_cast<float>(e % 3) * 0.0625f;
+        out(r, h) = Scalar(v);
+      });
+}
+
+/// The backward of test_expert: grad_recv_x = grad_out * slope(e), and recv_w's upstream gradient recv_w_grad.
+template <class Exec, class ExpertView, class WIn, class RowsIn, class RowsOut, class WOut>
+void test_expert_backward(const Exec& exec, int me, int L, const ExpertView& recv_expert, const WIn& recv_w,
+                          const RowsIn& grad_out, const RowsOut& grad_recv_x, const WOut& grad_recv_w) {
+  using Scalar = typename RowsOut::value_type;
+  const int H = static_cast<int>(grad_recv_x.extent(1));
+  Kokkos::parallel_for(
+      "test_expert_backward", Kokkos::RangePolicy<Exec>(exec, 0, static_cast<std::int64_t>(recv_expert.extent(0)) * H),
+      KOKKOS_LAMBDA(std::int64_t i) {
+        const int r = static_cast<int>(i / H), h = static_cast<int>(i % H);
+        const int l = recv_expert(r);
+        const int e = me * L + (l < 0 ? 0 : l);
+        grad_recv_x(r, h) = Scalar(l < 0 ? 0.0f : static_cast<float>(grad_out(r, h)) * (1.0f + (e % 5) * 0.125f));
+        if (h == 0) grad_recv_w(r) = l < 0 ? 0.0f : 0.5f * recv_w(r) + 0.125f * static_cast<float>(l);
+      });
+}
+
 /// The whole step on this rank; `me` and `L` locate the global expert ids of the received rows. \p rows >= 0
 /// allocates the receive Views with that many rows before the layout (the oracle's count; loopback ranks allocate
 /// nothing while their peers' kernels run), -1 after it. \p split: dispatch and combine in their two halves, other
@@ -210,20 +250,7 @@ StepOutputs run_step(const Exec& exec, EpGroup<Exec>& group, EpHandle<Exec>& han
     o.recv_w_fp8_given = to_host_floats(exec, rw8b);
   }
   auto recv_expert = handle.recv_expert();
-  Kokkos::parallel_for(
-      "test_expert", Kokkos::RangePolicy<Exec>(exec, 0, static_cast<std::int64_t>(N) * H),
-      KOKKOS_LAMBDA(std::int64_t i) {
-        const int r = static_cast<int>(i / H), h = static_cast<int>(i % H);
-        const int l = recv_expert(r);
-        if (l < 0) {
-          out(r, h) = Scalar(0.0f);
-          return;
-        }
-        const int e = me * L + l;
-        float v = static_cast<float>(recv_x(r, h)) * (1.0f + static_cast<float>(e % 5) * 0.125f) +
-                  static_cast<float>(e % 3) * 0.0625f;
-        out(r, h) = Scalar(v);
-      });
+  test_expert(exec, me, L, recv_expert, recv_x, out);
   if (split) {
     const auto hook = ep_combine_send(exec, handle, mode, out, sv.w, y);
     other_work(exec, busy);
@@ -233,15 +260,7 @@ StepOutputs run_step(const Exec& exec, EpGroup<Exec>& group, EpHandle<Exec>& han
   }
   Kokkos::deep_copy(exec, grad_y, hg);
   ep_combine_backward(exec, handle, mode, grad_y, sv.w, out, grad_out, grad_wc);
-  Kokkos::parallel_for(
-      "test_expert_backward", Kokkos::RangePolicy<Exec>(exec, 0, static_cast<std::int64_t>(N) * H),
-      KOKKOS_LAMBDA(std::int64_t i) {
-        const int r = static_cast<int>(i / H), h = static_cast<int>(i % H);
-        const int l = recv_expert(r);
-        const int e = me * L + (l < 0 ? 0 : l);
-        grad_recv_x(r, h) = Scalar(l < 0 ? 0.0f : static_cast<float>(grad_out(r, h)) * (1.0f + (e % 5) * 0.125f));
-        if (h == 0) grad_recv_w(r) = l < 0 ? 0.0f : 0.5f * recv_w(r) + 0.125f * static_cast<float>(l);
-      });
+  test_expert_backward(exec, me, L, recv_expert, recv_w, grad_out, grad_recv_x, grad_recv_w);
   ep_dispatch_backward(exec, handle, grad_recv_x, grad_recv_w, grad_x, grad_wd);
   o.status = ep_synchronize(exec, handle);
   o.recv_rows = handle.num_recv_rows();

@@ -8,6 +8,7 @@
 // Serial instances (Kokkos >= 4).
 #include <KokkosMoE_Communicator_Loopback.hpp>
 
+#include <EpInterleave.hpp>
 #include <EpStep.hpp>
 #include <boost/test/unit_test.hpp>
 #include <impl/KokkosMoE_EP_Signal.hpp>
@@ -263,6 +264,41 @@ void steps_match_oracle() {
   }
 }
 
+/// Two layers in flight on each rank (docs/ep.md §14, EpInterleave.hpp): two groups of different shapes, then two
+/// handles of one group with two sets of wire buffers, through every interleaving of split and plain steps; each layer
+/// against the oracle and, bit for bit, against its step run alone. Windows at R = 2, 3 and 8, messages at R = 3.
+template <class Exec>
+void interleaved_layers() {
+  const std::pair<int, PeerWindows> runs[] = {
+      {2, PeerWindows::Auto}, {3, PeerWindows::Auto}, {8, PeerWindows::Auto}, {3, PeerWindows::Off}};
+  const char* only = std::getenv("KOKKOSMOE_TEST_LOOPBACK_R");
+  for (const auto& [R, windows] : runs) {
+    if (only != nullptr && *only != '\0' && std::atoi(only) != R) continue;
+    CommConfig cc;
+    cc.peer_windows = windows;
+    const auto found = on_ranks<Exec>(R, cc, [&](int, const Exec& exec, const Communicator& comm) {
+      std::string f;
+      {
+        const auto shapes = two_shapes(R);
+        EpGroup<Exec> ga(exec, comm, shapes.first), gb(exec, comm, shapes.second);
+        f += interleavings_match<Exec, float, bf16_t>(exec, ga, gb, Routing::Skewed, CombineMode::Weighted,
+                                                      Routing::WithMinusOne, CombineMode::Sum);
+      }
+      auto c = default_config(R);
+      c.hidden = 40;
+      c.max_tokens_per_rank = 5;
+      c.wire_buffers = 2;
+      EpGroup<Exec> g(exec, comm, c);
+      f += interleavings_match<Exec, float, float>(exec, g, g, Routing::Uniform, CombineMode::Weighted,
+                                                   Routing::AllToOneExpert, CombineMode::Sum);
+      return f;
+    });
+    for (int r = 0; r < R; ++r)
+      BOOST_TEST(found[r].empty(),
+                 "R = " << R << " (windows " << to_string(windows) << "), rank " << r << ": " << found[r]);
+  }
+}
+
 /// Keeps \p exec busy for \p seconds (one thread spinning on the clock the wait kernels use).
 template <class Exec>
 void stall(const Exec& exec, double seconds) {
@@ -421,6 +457,7 @@ BOOST_AUTO_TEST_CASE(factory_refuses_what_it_cannot_run) {
 
 #if defined(KOKKOS_ENABLE_CUDA)
 BOOST_AUTO_TEST_CASE(cuda_steps_match_oracle) { steps_match_oracle<Kokkos::Cuda>(); }
+BOOST_AUTO_TEST_CASE(cuda_interleaved_layers) { interleaved_layers<Kokkos::Cuda>(); }
 BOOST_AUTO_TEST_CASE(cuda_peer_that_never_signals) { peer_that_never_signals<Kokkos::Cuda>(Fault::Silent); }
 BOOST_AUTO_TEST_CASE(cuda_peer_whose_device_stalls) { peer_that_never_signals<Kokkos::Cuda>(Fault::DeviceStall); }
 
@@ -504,6 +541,7 @@ BOOST_AUTO_TEST_CASE(cuda_graph_capture_replays_decode) { graph_capture_replays_
 
 #if defined(KOKKOSMOE_HAVE_SERIAL_INSTANCES)
 BOOST_AUTO_TEST_CASE(serial_steps_match_oracle) { steps_match_oracle<Kokkos::Serial>(); }
+BOOST_AUTO_TEST_CASE(serial_interleaved_layers) { interleaved_layers<Kokkos::Serial>(); }
 BOOST_AUTO_TEST_CASE(serial_peer_that_never_signals) { peer_that_never_signals<Kokkos::Serial>(Fault::Silent); }
 BOOST_AUTO_TEST_CASE(serial_peer_whose_device_stalls) { peer_that_never_signals<Kokkos::Serial>(Fault::DeviceStall); }
 #else
@@ -517,6 +555,7 @@ boost::test_tools::assertion_result host_instances(boost::unit_test::test_unit_i
   return r;
 }
 BOOST_AUTO_TEST_CASE(serial_steps_match_oracle, *boost::unit_test::precondition(host_instances)) {}
+BOOST_AUTO_TEST_CASE(serial_interleaved_layers, *boost::unit_test::precondition(host_instances)) {}
 #endif
 
 BOOST_AUTO_TEST_SUITE_END()

@@ -187,6 +187,30 @@ struct EpPeers {
 };
 
 template <class Exec>
+struct EpHandleState;
+
+/// One set of the group's buffers for remote rows (EpGroupConfig::wire_buffers; docs/ep.md §14): an operation that
+/// moves rows takes a free set for its duration, a split send holds its set until its hook runs.
+template <class Exec>
+struct EpWire {
+  using Mem = typename Exec::memory_space;
+  // Message transports: the source stage (forward sends, returned rows) and the destination stage (arrivals, return
+  // sends), each R * B token rows; float rows (combine's weights, the combine backward's dots) and the layout's
+  // meta (K ints per token row) have their own.
+  Kokkos::View<Chunk16*, Mem> src_stage, dst_stage;
+  Kokkos::View<float*, Mem> src_flt, dst_flt;
+  Kokkos::View<int*, Mem> src_meta;
+  EpPeers<Mem> peers;
+  // Direct writes (docs/ep.md §7.2): the window, its signals, and where arrivals and returned rows sit in this rank's
+  // memory (the stages above otherwise).
+  std::shared_ptr<PeerWindow> window;
+  WindowSignals<Mem> signals;
+  const char *in_fwd = nullptr, *in_ret = nullptr, *in_fwd_f = nullptr, *in_ret_f = nullptr, *in_meta = nullptr,
+             *in_counts = nullptr;
+  const EpHandleState<Exec>* holder = nullptr;  // the handle whose split send holds this set until its hook
+};
+
+template <class Exec>
 struct EpGroupState {
   using Mem = typename Exec::memory_space;
   EpGroupConfig config;
@@ -195,20 +219,13 @@ struct EpGroupState {
   int recv_rows_fixed = 0;          // capacity mode: receive rows of every layout
   std::size_t stage_pitch_max = 0;  // an FP32 row padded to 16 bytes plus the K floats' trailer
   std::int64_t stage_rows = 0;      // token rows per stage: R * B (0 at R = 1): at most B per peer
-  // Message transports: the source stage (forward sends, returned rows) and the destination stage (arrivals, return
-  // sends), each R * B token rows; float rows (combine's weights, the combine backward's dots) and the layout's
-  // meta (K ints per token row) have their own.
-  Kokkos::View<Chunk16*, Mem> src_stage, dst_stage;
-  Kokkos::View<float*, Mem> src_flt, dst_flt;
-  Kokkos::View<int*, Mem> src_meta;
-  EpPeers<Mem> peers;
-  // Direct writes (docs/ep.md §7.2): the window (declared after the transport, so released before it), its
-  // signals, and where arrivals and returned rows sit in this rank's memory (the stages above otherwise).
-  std::shared_ptr<PeerWindow> window;
-  WindowSignals<Mem> signals;
-  const char *in_fwd = nullptr, *in_ret = nullptr, *in_fwd_f = nullptr, *in_ret_f = nullptr, *in_meta = nullptr,
-             *in_counts = nullptr;
-  std::size_t window_bytes = 0;
+  // The sets of wire buffers (declared after the transport, so their windows are released before it).
+  std::vector<EpWire<Exec>> wires;
+  bool windows = false;          // direct writes (every set has a window) or messages (stages)
+  std::size_t window_bytes = 0;  // of one set's window
+  // The group's error word (a peer that never signalled, in any set's window) and the per-peer wait times.
+  Kokkos::View<std::int64_t*, Mem> err;
+  Kokkos::View<std::int64_t*, Mem> wait_ns;
   bool capacity_mode() const {
     return config.max_recv_tokens_per_rank > 0 || config.layout == RecvLayout::ExpertMajorFixed;
   }
@@ -229,8 +246,15 @@ struct EpHandleState {
   std::int64_t recv_rows_alloc = 0;
   /// The receive half of a split operation (docs/ep.md §14) until its hook runs: it owns the Views it writes.
   std::function<void(const Exec&)> receive;
+  EpWire<Exec>* held = nullptr;      // the set of wire buffers the pending receive holds
   const char* receive_of = nullptr;  // the send that left it
   std::uint64_t sends = 0;           // split sends so far: a hook runs only the receive of its own send
+
+  EpHandleState(const EpHandleState&) = delete;
+  EpHandleState& operator=(const EpHandleState&) = delete;
+  ~EpHandleState() {
+    if (held) held->holder = nullptr;  // a receive never run gives its set back with the handle
+  }
 
   EpHandleState(std::shared_ptr<EpGroupState<Exec>> g, const EpHandleOptions& o) : group(std::move(g)), options(o) {
     const EpShape& s = group->shape;
@@ -276,7 +300,7 @@ struct EpHandleState {
     recv_rows_alloc = group->capacity_mode() ? group->recv_rows_fixed : BK;
     // With windows a reallocation in eager mode would free device memory (an implicit device synchronization) while
     // peers' kernels may wait for this rank: such groups size the receive maps for the most rows a layout can need.
-    if (group->window && !group->capacity_mode())
+    if (group->windows && !group->capacity_mode())
       recv_rows_alloc = std::min<std::int64_t>(std::numeric_limits<int>::max(),
                                                RB * c.top_k + static_cast<std::int64_t>(s.L) * (s.align - 1));
     alloc_recv_maps();
@@ -316,9 +340,12 @@ std::size_t handle_bytes(const EpGroupState<Exec>& g) {
 
 template <class Exec>
 std::size_t buffer_bytes(const EpGroupState<Exec>& g) {
-  if (g.window) return g.window_bytes;
-  return 2 * static_cast<std::size_t>(g.src_stage.extent(0)) * 16 +
-         sizeof(float) * (g.src_flt.extent(0) + g.dst_flt.extent(0)) + sizeof(int) * g.src_meta.extent(0);
+  if (g.windows) return g.window_bytes * g.wires.size();
+  std::size_t bytes = 0;
+  for (const EpWire<Exec>& w : g.wires)
+    bytes += 2 * static_cast<std::size_t>(w.src_stage.extent(0)) * 16 +
+             sizeof(float) * (w.src_flt.extent(0) + w.dst_flt.extent(0)) + sizeof(int) * w.src_meta.extent(0);
+  return bytes;
 }
 
 template <class Exec>
@@ -339,6 +366,9 @@ CommStats group_stats(const EpGroupState<Exec>& g) {
 }
 
 /// FNV-1a over the configuration fields, in a fixed order.
+/// The most sets of wire buffers a group takes (EpGroupConfig::wire_buffers).
+constexpr int kMaxWireBuffers = 8;
+
 inline std::uint64_t config_digest(const EpGroupConfig& c) {
   const std::int64_t fields[] = {c.ep_size,
                                  c.num_experts,
@@ -348,7 +378,8 @@ inline std::uint64_t config_digest(const EpGroupConfig& c) {
                                  c.max_recv_tokens_per_rank,
                                  c.expert_alignment,
                                  c.drop_on_overflow ? 1 : 0,
-                                 static_cast<std::int64_t>(c.layout)};
+                                 static_cast<std::int64_t>(c.layout),
+                                 c.wire_buffers};
   std::uint64_t h = 1469598103934665603ull;
   for (std::int64_t f : fields) {
     for (int b = 0; b < 8; ++b) {
@@ -383,6 +414,7 @@ inline void check_group_config(const char* fn, const EpGroupConfig& c, int comm_
   range("max_tokens_per_rank", c.max_tokens_per_rank, 1, imax / c.top_k);
   range("max_recv_tokens_per_rank", c.max_recv_tokens_per_rank, 0, imax);
   range("expert_alignment", c.expert_alignment, 1, 1 << 16);
+  range("wire_buffers", c.wire_buffers, 1, kMaxWireBuffers);
   if (c.layout != RecvLayout::ExpertMajor && c.layout != RecvLayout::ExpertMajorFixed)
     ep_fail(fn, "layout", Rule::ConfigValue, "layout is not a RecvLayout enumerator");
   if (c.max_sms != -1 && (c.max_sms < 1 || c.max_sms > processors))
@@ -398,6 +430,63 @@ inline void check_group_config(const char* fn, const EpGroupConfig& c, int comm_
     if (rows > imax)
       ep_fail(fn, "max_tokens_per_rank", Rule::ConfigValue,
               "ExpertMajorFixed needs " + std::to_string(rows) + " receive rows, more than 2^31 - 1");
+  }
+}
+
+/// Fills one set of wire buffers: the addresses of the peers' window parts, or this rank's stages (messages).
+template <class Exec, class Table>
+void make_wire(const Exec&, const EpShape& s, EpGroupState<Exec>& g, EpWire<Exec>& w, const Table& table,
+               std::size_t rows_bytes, std::size_t floats_bytes, std::size_t ctrl_bytes) {
+  using Mem = typename Exec::memory_space;
+  const std::size_t RB = static_cast<std::size_t>(g.stage_rows);
+  if (w.window) {
+    // Every token row goes straight to its place in the peer's window: no stages.
+    const auto& base = w.window->base;
+    const std::size_t o_fwd = ctrl_bytes, o_ret = o_fwd + rows_bytes, o_fwd_f = o_ret + rows_bytes,
+                      o_ret_f = o_fwd_f + floats_bytes, o_meta = o_ret_f + floats_bytes,
+                      o_counts = o_meta + floats_bytes;
+    w.peers.fwd = table("fwd", [&](int r) { return base[r] + o_fwd; });
+    w.peers.ret = table("ret", [&](int r) { return base[r] + o_ret; });
+    w.peers.fwd_f = table("fwd_f", [&](int r) { return base[r] + o_fwd_f; });
+    w.peers.ret_f = table("ret_f", [&](int r) { return base[r] + o_ret_f; });
+    w.peers.meta = table("meta", [&](int r) { return base[r] + o_meta; });
+    w.peers.counts = table("counts", [&](int r) { return base[r] + o_counts; });
+    const char* mine = reinterpret_cast<const char*>(base[s.me]);
+    w.in_fwd = mine + o_fwd;
+    w.in_ret = mine + o_ret;
+    w.in_fwd_f = mine + o_fwd_f;
+    w.in_ret_f = mine + o_ret_f;
+    w.in_meta = mine + o_meta;
+    w.in_counts = mine + o_counts;
+    w.signals.ctrl = table("ctrl", [&](int r) { return base[r]; });
+    w.signals.epoch = Kokkos::View<std::uint64_t*, Mem>("KokkosMoE::ep::window_epoch", kWindowRegions);
+    w.signals.err = g.err;
+    w.signals.wait_ns = g.wait_ns;
+    w.signals.R = s.R;
+    w.signals.me = s.me;
+    w.signals.timeout_ns = static_cast<std::uint64_t>(g.transport->timeout_seconds() * 1e9);
+  } else {
+    const auto alloc_rows = [&](const char* name) {
+      return Kokkos::View<Chunk16*, Mem>(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string(name)),
+                                         rows_bytes / 16);
+    };
+    const std::size_t floats = RB * s.K;
+    w.src_stage = alloc_rows("KokkosMoE::ep::src_stage");
+    w.dst_stage = alloc_rows("KokkosMoE::ep::dst_stage");
+    w.src_flt = Kokkos::View<float*, Mem>("KokkosMoE::ep::src_flt", floats);
+    w.dst_flt = Kokkos::View<float*, Mem>("KokkosMoE::ep::dst_flt", floats);
+    w.src_meta = Kokkos::View<int*, Mem>("KokkosMoE::ep::src_meta", floats);
+    // Message transports: every token row is written into this rank's own stage; the transfer moves it.
+    const auto own = [](const void* p) { return [p](int) { return reinterpret_cast<std::uintptr_t>(p); }; };
+    w.peers.fwd = table("fwd", own(w.src_stage.data()));
+    w.peers.ret = table("ret", own(w.dst_stage.data()));
+    w.peers.fwd_f = table("fwd_f", own(w.src_flt.data()));
+    w.peers.ret_f = table("ret_f", own(w.dst_flt.data()));
+    w.peers.meta = table("meta", own(w.src_meta.data()));
+    w.in_fwd = reinterpret_cast<const char*>(w.dst_stage.data());
+    w.in_ret = reinterpret_cast<const char*>(w.src_stage.data());
+    w.in_fwd_f = reinterpret_cast<const char*>(w.dst_flt.data());
+    w.in_ret_f = reinterpret_cast<const char*>(w.src_flt.data());
   }
 }
 
@@ -487,62 +576,23 @@ std::shared_ptr<EpGroupState<Exec>> make_group_state(const Exec& exec, const Com
     from_host(exec, tv, hv);
     return tv;
   };
-  if (s.R > 1 && t->peer_windows() != PeerWindows::Off) {
+  // One error word and one set of wait times for the whole group: a peer silent in any set stops every later wait.
+  g->err = Kokkos::View<std::int64_t*, Mem>("KokkosMoE::ep::window_error", kErrWords);
+  g->wait_ns = Kokkos::View<std::int64_t*, Mem>("KokkosMoE::ep::peer_wait_ns", s.R);
+  if (s.R > 1 && t->peer_windows() != PeerWindows::Off)
     g->window_bytes = ctrl_bytes + 2 * rows_bytes + 3 * floats_bytes + counts_bytes;
-    g->window = t->make_window(fn, g->window_bytes);
+  g->wires.resize(static_cast<std::size_t>(config.wire_buffers));
+  for (std::size_t i = 0; i < g->wires.size(); ++i) {
+    EpWire<Exec>& w = g->wires[i];
+    // make_window is collective and answers alike on every rank: every set has a window, or none has.
+    if (g->window_bytes > 0) w.window = t->make_window(fn, g->window_bytes);
+    if (i == 0) g->windows = static_cast<bool>(w.window);
+    if (g->windows != static_cast<bool>(w.window))
+      throw CommError(fn, s.me, s.R, CommFailure::Library, "the transport made a window for one set only");
+    make_wire(exec, s, *g, w, table, rows_bytes, floats_bytes, ctrl_bytes);
   }
-  if (g->window) {
-    // Every token row goes straight to its place in the peer's window: no stages.
-    s.windows = true;
-    const auto& base = g->window->base;
-    const std::size_t o_fwd = ctrl_bytes, o_ret = o_fwd + rows_bytes, o_fwd_f = o_ret + rows_bytes,
-                      o_ret_f = o_fwd_f + floats_bytes, o_meta = o_ret_f + floats_bytes,
-                      o_counts = o_meta + floats_bytes;
-    g->peers.fwd = table("fwd", [&](int r) { return base[r] + o_fwd; });
-    g->peers.ret = table("ret", [&](int r) { return base[r] + o_ret; });
-    g->peers.fwd_f = table("fwd_f", [&](int r) { return base[r] + o_fwd_f; });
-    g->peers.ret_f = table("ret_f", [&](int r) { return base[r] + o_ret_f; });
-    g->peers.meta = table("meta", [&](int r) { return base[r] + o_meta; });
-    g->peers.counts = table("counts", [&](int r) { return base[r] + o_counts; });
-    const char* mine = reinterpret_cast<const char*>(base[s.me]);
-    g->in_fwd = mine + o_fwd;
-    g->in_ret = mine + o_ret;
-    g->in_fwd_f = mine + o_fwd_f;
-    g->in_ret_f = mine + o_ret_f;
-    g->in_meta = mine + o_meta;
-    g->in_counts = mine + o_counts;
-    g->signals.ctrl = table("ctrl", [&](int r) { return base[r]; });
-    g->signals.epoch = Kokkos::View<std::uint64_t*, Mem>("KokkosMoE::ep::window_epoch", kWindowRegions);
-    g->signals.err = Kokkos::View<std::int64_t*, Mem>("KokkosMoE::ep::window_error", kErrWords);
-    g->signals.R = s.R;
-    g->signals.me = s.me;
-    g->signals.timeout_ns = static_cast<std::uint64_t>(t->timeout_seconds() * 1e9);
-  } else {
-    const auto alloc_rows = [&](const char* name) {
-      return Kokkos::View<Chunk16*, Mem>(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string(name)),
-                                         rows_bytes / 16);
-    };
-    const std::size_t floats = RB * s.K;
-    g->src_stage = alloc_rows("KokkosMoE::ep::src_stage");
-    g->dst_stage = alloc_rows("KokkosMoE::ep::dst_stage");
-    g->src_flt = Kokkos::View<float*, Mem>("KokkosMoE::ep::src_flt", floats);
-    g->dst_flt = Kokkos::View<float*, Mem>("KokkosMoE::ep::dst_flt", floats);
-    g->src_meta = Kokkos::View<int*, Mem>("KokkosMoE::ep::src_meta", floats);
-    // Message transports: every token row is written into this rank's own stage; the transfer moves it.
-    const auto own = [](const void* p) { return [p](int) { return reinterpret_cast<std::uintptr_t>(p); }; };
-    g->peers.fwd = table("fwd", own(g->src_stage.data()));
-    g->peers.ret = table("ret", own(g->dst_stage.data()));
-    g->peers.fwd_f = table("fwd_f", own(g->src_flt.data()));
-    g->peers.ret_f = table("ret_f", own(g->dst_flt.data()));
-    g->peers.meta = table("meta", own(g->src_meta.data()));
-    g->in_fwd = reinterpret_cast<const char*>(g->dst_stage.data());
-    g->in_ret = reinterpret_cast<const char*>(g->src_stage.data());
-    g->in_fwd_f = reinterpret_cast<const char*>(g->dst_flt.data());
-    g->in_ret_f = reinterpret_cast<const char*>(g->src_flt.data());
-  }
+  s.windows = g->windows;
   exec.fence();
-  // Direct writes measure their waits per peer; over messages there is no wait kernel and these stay 0.
-  g->signals.wait_ns = Kokkos::View<std::int64_t*, Mem>("KokkosMoE::ep::peer_wait_ns", s.R);
   return g;
 }
 
@@ -602,7 +652,7 @@ void throw_window_error(const char* fn, EpGroupState<Exec>& g, const std::int64_
 /// The error word read through the instance, after the work that sets it: CommError when a peer never signalled.
 template <class Exec>
 void check_window_word(const Exec& exec, const char* fn, EpGroupState<Exec>& g) {
-  auto err = to_host(exec, g.signals.err);
+  auto err = to_host(exec, g.err);
   if (err(0) != 0) throw_window_error(fn, g, err.data());
 }
 
@@ -610,53 +660,79 @@ template <class Exec>
 void check_window(const Exec& exec, const char* fn, EpGroupState<Exec>& g) {
   if constexpr (Kokkos::SpaceAccessibility<Kokkos::HostSpace, typename Exec::memory_space>::accessible) {
     exec.fence();
-    if (g.signals.err(0) != 0) throw_window_error(fn, g, g.signals.err.data());
+    if (g.err(0) != 0) throw_window_error(fn, g, g.err.data());
   }
 }
 
 /// The start of an operation that waits for peers in the windows (after its arguments are validated).
 template <class Exec>
 void enter_op(const char* fn, EpGroupState<Exec>& g, const EpShape& s) {
-  if (g.window && s.R > 1) g.transport->rendezvous(fn);
+  if (g.windows && s.R > 1) g.transport->rendezvous(fn);
+}
+
+/// "handle 'name'" or "an unnamed handle", for messages that name two handles.
+template <class Exec>
+std::string handle_label(const EpHandleState<Exec>& h) {
+  return h.options.name.empty() ? std::string("an unnamed handle") : "handle '" + h.options.name + "'";
+}
+
+/// The set of wire buffers an operation of \p h uses (docs/ep.md §14): the lowest one no pending receive holds. Every
+/// rank runs the group's operations in the same order, so every rank takes the same set, or throws the same error
+/// here, before anything is communicated.
+template <class Exec>
+EpWire<Exec>& take_wire(const char* fn, const EpHandleState<Exec>& h) {
+  EpGroupState<Exec>& g = *h.group;
+  std::string held;
+  for (EpWire<Exec>& w : g.wires) {
+    if (!w.holder) return w;
+    held += (held.empty() ? "" : ", ") + std::string(w.holder->receive_of) + " of " + handle_label(*w.holder);
+  }
+  const int n = static_cast<int>(g.wires.size());
+  ep_fail(fn, "handle", Rule::HandleState,
+          handle_label(h) + " needs one of its group's wire buffers (EpGroupConfig::wire_buffers = " +
+              std::to_string(n) + "), but the pending receive of " + held + (n == 1 ? " holds it" : " hold them") +
+              ": call that hook first, or make the group with wire_buffers = " + std::to_string(n + 1) +
+              " (docs/ep.md §14)");
 }
 
 /// Before an operation writes \p region: with windows, every peer has consumed the previous rows there.
 template <class Exec>
-void wire_acquire(const Exec& exec, const char* fn, EpGroupState<Exec>& g, int region) {
-  if (!g.window) return;
+void wire_acquire(const Exec& exec, const char* fn, EpGroupState<Exec>& g, EpWire<Exec>& w, int region) {
+  if (!g.windows) return;
   g.transport->require_open(fn);
-  window_acquire(exec, g.signals, region);
+  window_acquire(exec, w.signals, region);
   check_window(exec, fn, g);
 }
 
 /// The rows of \p region are written: windows post and wait for every peer's; the message transports move them
 /// (pitch bytes per token row) from the stage they were written into.
 template <class Exec>
-void wire_move(const Exec& exec, const char* fn, EpHandleState<Exec>& h, int region, std::size_t pitch) {
+void wire_move(const Exec& exec, const char* fn, EpHandleState<Exec>& h, EpWire<Exec>& w, int region,
+               std::size_t pitch) {
   EpGroupState<Exec>& g = *h.group;
   if (h.shape.R == 1) return;
-  if (g.window) {
+  if (g.windows) {
     if constexpr (Kokkos::SpaceAccessibility<Kokkos::HostSpace, typename Exec::memory_space>::accessible)
       exec.fence();  // the rows of every host thread are written before the counter says so
-    window_post(exec, g.signals, region);
+    window_post(exec, w.signals, region);
     check_window(exec, fn, g);
     return;
   }
   switch (region) {
     case kRegionMeta:
-      transfer(exec, fn, h, Direction::Forward, g.src_meta.data(), h.v.fwd_rows.data(), pitch);
+      transfer(exec, fn, h, Direction::Forward, w.src_meta.data(), h.v.fwd_rows.data(), pitch);
       break;
     case kRegionFwd:
-      transfer(exec, fn, h, Direction::Forward, g.src_stage.data(), g.dst_stage.data(), pitch);
+      transfer(exec, fn, h, Direction::Forward, w.src_stage.data(), w.dst_stage.data(), pitch);
       break;
     case kRegionFwdF:
-      transfer(exec, fn, h, Direction::Forward, g.src_flt.data(), g.dst_flt.data(), pitch);
+      transfer(exec, fn, h, Direction::Forward, w.src_flt.data(), w.dst_flt.data(), pitch);
       break;
     case kRegionRet:
-      transfer(exec, fn, h, Direction::Return, g.src_stage.data(), g.dst_stage.data(), pitch);
+      transfer(exec, fn, h, Direction::Return, w.src_stage.data(), w.dst_stage.data(), pitch);
       break;
     default:
-      transfer(exec, fn, h, Direction::Return, g.src_flt.data(), g.dst_flt.data(), pitch);
+      transfer(exec, fn, h, Direction::Return, w.src_flt.data(), w.dst_flt.data(), pitch);
       break;
   }
 }
@@ -664,33 +740,34 @@ void wire_move(const Exec& exec, const char* fn, EpHandleState<Exec>& h, int reg
 /// The send half of wire_move (split operations): windows raise this rank's counters in the peers, the message
 /// transports move the rows at once.
 template <class Exec>
-void wire_send(const Exec& exec, const char* fn, EpHandleState<Exec>& h, int region, std::size_t pitch) {
+void wire_send(const Exec& exec, const char* fn, EpHandleState<Exec>& h, EpWire<Exec>& w, int region,
+               std::size_t pitch) {
   EpGroupState<Exec>& g = *h.group;
   if (h.shape.R == 1) return;
-  if (!g.window) {
-    wire_move(exec, fn, h, region, pitch);
+  if (!g.windows) {
+    wire_move(exec, fn, h, w, region, pitch);
     return;
   }
   if constexpr (Kokkos::SpaceAccessibility<Kokkos::HostSpace, typename Exec::memory_space>::accessible) exec.fence();
-  window_raise(exec, g.signals, region);
+  window_raise(exec, w.signals, region);
   check_window(exec, fn, g);
 }
 
 /// The receive half of wire_move: windows wait for every peer's rows of \p region (the message transports moved
 /// them at the send).
 template <class Exec>
-void wire_wait(const Exec& exec, const char* fn, EpHandleState<Exec>& h, int region) {
+void wire_wait(const Exec& exec, const char* fn, EpHandleState<Exec>& h, EpWire<Exec>& w, int region) {
   EpGroupState<Exec>& g = *h.group;
-  if (h.shape.R == 1 || !g.window) return;
-  window_wait(exec, g.signals, region);
+  if (h.shape.R == 1 || !g.windows) return;
+  window_wait(exec, w.signals, region);
   check_window(exec, fn, g);
 }
 
 /// Runs \p finish now (one call) or leaves it as the handle's receive (split): \p owned are the caller's Views it
 /// writes, kept alive with it.
 template <class Exec, class Finish, class... Owned>
-void finish_or_defer(const Exec& exec, EpHandleState<Exec>& h, const char* fn, bool split, Finish&& finish,
-                     const Owned&... owned) {
+void finish_or_defer(const Exec& exec, EpHandleState<Exec>& h, EpWire<Exec>& wire, const char* fn, bool split,
+                     Finish&& finish, const Owned&... owned) {
   if (!split) {
     finish(exec);
     return;
@@ -698,20 +775,23 @@ void finish_or_defer(const Exec& exec, EpHandleState<Exec>& h, const char* fn, b
   h.receive = [finish = std::forward<Finish>(finish), owned...](const Exec& e) { finish(e); };
   h.receive_of = fn;
   ++h.sends;
+  // The set stays the handle's until the hook ran: no other handle's operation writes or reads it meanwhile.
+  wire.holder = &h;
+  h.held = &wire;
 }
 
 /// After the rows of \p region were consumed here: with windows, the peers may write there again.
 template <class Exec>
-void wire_release(const Exec& exec, EpGroupState<Exec>& g, int region) {
-  if (g.window) window_release(exec, g.signals, region);
+void wire_release(const Exec& exec, const EpGroupState<Exec>& g, EpWire<Exec>& w, int region) {
+  if (g.windows) window_release(exec, w.signals, region);
 }
 
 /// Counts one transfer of \p op (docs/ep.md §9): logical row bytes and what went on the wire.
 template <class Exec>
 void account(const Exec& exec, EpHandleState<Exec>& h, int op, bool forward, std::size_t pitch, std::size_t row_bytes) {
   const EpGroupState<Exec>& g = *h.group;
-  const std::int64_t block = !g.window && h.shape.capacity_mode ? h.shape.B : 0;
-  const std::int64_t signals = g.window ? 16 * static_cast<std::int64_t>(h.shape.R - 1) : 0;
+  const std::int64_t block = !g.windows && h.shape.capacity_mode ? h.shape.B : 0;
+  const std::int64_t signals = g.windows ? 16 * static_cast<std::int64_t>(h.shape.R - 1) : 0;
   account_transfer(exec, h.shape, h.v, op, forward, static_cast<std::int64_t>(pitch),
                    static_cast<std::int64_t>(row_bytes), block, signals);
 }
@@ -752,16 +832,18 @@ void run_layout(const Exec& exec, EpHandleState<Exec>& h, const IdxView& idx, co
   void* stream = ExecTraits<Exec>::stream(exec);
   const int W = s.E + 1 + s.R;
 
+  EpWire<Exec>& wire = take_wire(fn, h);
   enter_op(fn, g, s);
   layout_count(exec, s, idx, h.v);
-  if (g.window) {
+  if (g.windows) {
     // The counts travel through the windows too, so that capacity mode waits on the device only.
-    wire_acquire(exec, fn, g, kRegionCounts);
-    gather_pack(exec, s, h.v, g.peers.counts);
-    wire_move(exec, fn, h, kRegionCounts, 0);
+    wire_acquire(exec, fn, g, wire, kRegionCounts);
+    gather_pack(exec, s, h.v, wire.peers.counts);
+    wire_move(exec, fn, h, wire, kRegionCounts, 0);
     using Unmanaged = Kokkos::View<const int*, typename Exec::memory_space, Kokkos::MemoryUnmanaged>;
-    Kokkos::deep_copy(exec, h.v.gathered, Unmanaged(reinterpret_cast<const int*>(g.in_counts), h.v.gathered.extent(0)));
-    wire_release(exec, g, kRegionCounts);
+    Kokkos::deep_copy(exec, h.v.gathered,
+                      Unmanaged(reinterpret_cast<const int*>(wire.in_counts), h.v.gathered.extent(0)));
+    wire_release(exec, g, wire, kRegionCounts);
   } else {
     // MPI reads what the kernels wrote. One rank's all-gather is a copy on this thread, after the kernels: host
     // execution spaces (Serial, OpenMP) have finished a kernel when its launch returns.
@@ -772,7 +854,7 @@ void run_layout(const Exec& exec, EpHandleState<Exec>& h, const IdxView& idx, co
   if (!s.capacity_mode) {
     // Eager: the one host wait of the step, bounded by the communicator's timeout.
     g.transport->wait(fn, stream);
-    if (g.window) check_window_word(exec, fn, g);
+    if (g.windows) check_window_word(exec, fn, g);
     auto m = to_host(exec, h.v.gathered);
     auto cnt = [&](int i, int e) { return static_cast<std::int64_t>(m(static_cast<std::size_t>(i) * W + e)); };
     auto tok = [&](int i, int r) { return cnt(i, s.E + 1 + r); };
@@ -811,7 +893,7 @@ void run_layout(const Exec& exec, EpHandleState<Exec>& h, const IdxView& idx, co
     h.arrivals = d_o;
     // Ranks that share a device meet again before the meta's wait kernels: no rank's kernel spins while a peer's
     // thread is still in this host section (docs/ep.md §7.3).
-    if (g.window && s.R > 1) g.transport->rendezvous("ep_layout (receive rows known)");
+    if (g.windows && s.R > 1) g.transport->rendezvous("ep_layout (receive rows known)");
   } else {
     h.recv_rows = g.recv_rows_fixed;
     h.arrivals = g.stage_rows;
@@ -821,17 +903,18 @@ void run_layout(const Exec& exec, EpHandleState<Exec>& h, const IdxView& idx, co
   layout_slots(exec, s, idx, h.v, h.recv_rows);
   // The receivers learn which of their rows each arriving token feeds: K ints per token row, one transfer.
   const std::size_t meta_pitch = static_cast<std::size_t>(s.K) * sizeof(int);
-  wire_acquire(exec, fn, g, kRegionMeta);
-  meta_pack(exec, s, h.v, PeerRows<typename Exec::memory_space>{g.peers.meta, h.v.fwd_base, meta_pitch});
-  wire_move(exec, fn, h, kRegionMeta, meta_pitch);
-  if (g.window && s.R > 1) {
+  wire_acquire(exec, fn, g, wire, kRegionMeta);
+  meta_pack(exec, s, h.v, PeerRows<typename Exec::memory_space>{wire.peers.meta, h.v.fwd_base, meta_pitch});
+  wire_move(exec, fn, h, wire, kRegionMeta, meta_pitch);
+  if (g.windows && s.R > 1) {
     using Unmanaged = Kokkos::View<const int*, typename Exec::memory_space, Kokkos::MemoryUnmanaged>;
-    Kokkos::deep_copy(exec, h.v.fwd_rows, Unmanaged(reinterpret_cast<const int*>(g.in_meta), h.v.fwd_rows.extent(0)));
+    Kokkos::deep_copy(exec, h.v.fwd_rows,
+                      Unmanaged(reinterpret_cast<const int*>(wire.in_meta), h.v.fwd_rows.extent(0)));
   }
-  wire_release(exec, g, kRegionMeta);
+  wire_release(exec, g, wire, kRegionMeta);
   meta_scatter(exec, s, h.v);
-  account_layout(exec, s, h.v, !g.window && s.capacity_mode ? s.B : 0,
-                 g.window ? 32 * static_cast<std::int64_t>(s.R - 1) : 0);  // counts and meta: two regions
+  account_layout(exec, s, h.v, !g.windows && s.capacity_mode ? s.B : 0,
+                 g.windows ? 32 * static_cast<std::int64_t>(s.R - 1) : 0);  // counts and meta: two regions
   h.laid_out = true;
   h.backward_done = !h.options.training;
 }
@@ -941,6 +1024,7 @@ void dispatch(const Exec& exec, EpHandleState<Exec>& h, const XView& x, const WV
   const int H = h.group->config.hidden;
   const bool with_w = check_dispatch_rows<Exec>(fn, s, H, h.recv_rows, x, w, recv_x, recv_w);
   EpGroupState<Exec>& g = *h.group;
+  EpWire<Exec>& wire = take_wire(fn, h);
   enter_op(fn, g, s);
   const std::size_t row_bytes = static_cast<std::size_t>(H) * sizeof(Scalar);
   const std::size_t pitch = token_pitch(row_bytes, s.K, true);
@@ -949,21 +1033,22 @@ void dispatch(const Exec& exec, EpHandleState<Exec>& h, const XView& x, const WV
     const auto src_w = with_w ? floats2<Mem>(w) : Unmanaged2<const float, Mem>();
     const auto rw = with_w ? floats1_out<Mem>(recv_w) : Unmanaged1<float, Mem>();
     auto rx = rows_view<Unit, Mem>(recv_x, H);
-    wire_acquire(exec, fn, g, kRegionFwd);
+    wire_acquire(exec, fn, g, wire, kRegionFwd);
     pack_tokens<Exec, Scalar, Unit>(exec, s, rows_view<Unit, Mem>(x, H), src_w, true, false, h.v, rx, rw,
-                                    PeerRows<Mem>{g.peers.fwd, h.v.fwd_base, pitch}, pad16(row_bytes),
+                                    PeerRows<Mem>{wire.peers.fwd, h.v.fwd_base, pitch}, pad16(row_bytes),
                                     "KokkosMoE::ep_dispatch::pack");
-    wire_send(exec, fn, h, kRegionFwd, pitch);
+    wire_send(exec, fn, h, wire, kRegionFwd, pitch);
     EpHandleState<Exec>* hp = &h;
-    const LocalRows in{g.in_fwd, pitch};
+    EpWire<Exec>* wp = &wire;
+    const LocalRows in{wire.in_fwd, pitch};
     const std::size_t trailer = pad16(row_bytes);
     finish_or_defer(
-        exec, h, fn, split,
-        [hp, fn, s, in, trailer, rx, rw](const Exec& e) {
-          wire_wait(e, fn, *hp, kRegionFwd);
+        exec, h, wire, fn, split,
+        [hp, wp, fn, s, in, trailer, rx, rw](const Exec& e) {
+          wire_wait(e, fn, *hp, *wp, kRegionFwd);
           expand_arrivals<Exec, Scalar, Unit>(e, s, hp->arrivals, hp->recv_rows, in, trailer, hp->v, rx, rw,
                                               "KokkosMoE::ep_dispatch::expand");
-          wire_release(e, *hp->group, kRegionFwd);
+          wire_release(e, *hp->group, *wp, kRegionFwd);
         },
         recv_x, recv_w);
   });
@@ -997,7 +1082,7 @@ void decode_dispatch(const Exec& exec, EpHandleState<Exec>& h, const IdxView& id
   const int H = c.hidden;
   const int N = g.recv_rows_fixed;
   const bool with_w = check_dispatch_rows<Exec>(fn, s, H, N, x, w, recv_x, recv_w);
-  if (!g.window) {
+  if (!g.windows) {
     run_layout(exec, h, idx, fn, true);
     dispatch(exec, h, x, w, recv_x, recv_w);
     return;
@@ -1006,33 +1091,34 @@ void decode_dispatch(const Exec& exec, EpHandleState<Exec>& h, const IdxView& id
   h.shape.unique_ids = true;
   h.recv_rows = N;
   h.arrivals = g.stage_rows;
+  EpWire<Exec>& wire = take_wire(fn, h);
   enter_op(fn, g, s);
   const std::size_t row_bytes = static_cast<std::size_t>(H) * sizeof(Scalar);
-  DecodeWire<Mem> d{g.peers.fwd,
-                    g.peers.meta,
-                    g.peers.counts,
-                    g.in_fwd,
-                    reinterpret_cast<const int*>(g.in_meta),
-                    reinterpret_cast<const int*>(g.in_counts),
+  DecodeWire<Mem> d{wire.peers.fwd,
+                    wire.peers.meta,
+                    wire.peers.counts,
+                    wire.in_fwd,
+                    reinterpret_cast<const int*>(wire.in_meta),
+                    reinterpret_cast<const int*>(wire.in_counts),
                     token_pitch(row_bytes, s.K, true),
                     pad16(row_bytes),
                     row_bytes};
   with_unit<Scalar>(H, {x.data(), recv_x.data()}, [&](auto unit) {
     using Unit = decltype(unit);
     g.transport->require_open(fn);
-    window_acquire_regions(exec, g.signals, kDecodeRegions);
+    window_acquire_regions(exec, wire.signals, kDecodeRegions);
     check_window(exec, fn, g);
     decode_send<Exec, Unit>(exec, s, idx, rows_view<Unit, Mem>(x, H),
                             with_w ? floats2<Mem>(w) : Unmanaged2<const float, Mem>(), h.v, d,
                             "KokkosMoE::ep_decode_dispatch::send");
     if constexpr (Kokkos::SpaceAccessibility<Kokkos::HostSpace, Mem>::accessible)
       exec.fence();  // the rows of every host thread are written before the counters say so
-    window_post_regions(exec, g.signals, kDecodeRegions);
+    window_post_regions(exec, wire.signals, kDecodeRegions);
     check_window(exec, fn, g);
     decode_receive<Exec, Unit>(exec, s, h.v, d, rows_view<Unit, Mem>(recv_x, H),
                                with_w ? floats1_out<Mem>(recv_w) : Unmanaged1<float, Mem>(),
                                "KokkosMoE::ep_decode_dispatch::receive");
-    window_release_regions(exec, g.signals, kDecodeRegions);
+    window_release_regions(exec, wire.signals, kDecodeRegions);
   });
   h.laid_out = true;
   h.decoded = true;
@@ -1115,6 +1201,7 @@ void dispatch_fp8(const Exec& exec, EpHandleState<Exec>& h, const XArg& x, const
     ep_fail(fn, "recv_q", Rule::Alignment, "recv_q must be 16-byte aligned (codes move 16 channels at a time)");
   const auto src = fp8_source<Exec>(fn, x, s.T, H, config);
   EpGroupState<Exec>& g = *h.group;
+  EpWire<Exec>& wire = take_wire(fn, h);
   enter_op(fn, g, s);
   const int units = H / 16, blocks = H / kFp8BlockChannels;
   const std::size_t scales_off = static_cast<std::size_t>(H);
@@ -1124,14 +1211,14 @@ void dispatch_fp8(const Exec& exec, EpHandleState<Exec>& h, const XArg& x, const
   const auto rw = with_w ? floats1_out<Mem>(recv_w) : Unmanaged1<float, Mem>();
   const Unmanaged2<Chunk16, Mem> rq(reinterpret_cast<Chunk16*>(recv_q.data()), recv_q.extent(0), units);
   const Unmanaged2<float, Mem> rs(recv_scales.data(), recv_scales.extent(0), blocks);
-  wire_acquire(exec, fn, g, kRegionFwd);
-  pack_fp8_tokens<Exec>(exec, s, src, units, src_w, h.v, rq, rs, rw, PeerRows<Mem>{g.peers.fwd, h.v.fwd_base, pitch},
+  wire_acquire(exec, fn, g, wire, kRegionFwd);
+  pack_fp8_tokens<Exec>(exec, s, src, units, src_w, h.v, rq, rs, rw, PeerRows<Mem>{wire.peers.fwd, h.v.fwd_base, pitch},
                         scales_off, pad16(row_bytes), "KokkosMoE::ep_dispatch::pack_fp8");
-  wire_move(exec, fn, h, kRegionFwd, pitch);
-  expand_arrivals<Exec, fp8_e4m3_t, Chunk16>(exec, s, h.arrivals, h.recv_rows, LocalRows{g.in_fwd, pitch},
+  wire_move(exec, fn, h, wire, kRegionFwd, pitch);
+  expand_arrivals<Exec, fp8_e4m3_t, Chunk16>(exec, s, h.arrivals, h.recv_rows, LocalRows{wire.in_fwd, pitch},
                                              pad16(row_bytes), h.v, rq, rw, "KokkosMoE::ep_dispatch::expand_fp8",
                                              scales_off, rs);
-  wire_release(exec, g, kRegionFwd);
+  wire_release(exec, g, wire, kRegionFwd);
   account(exec, h, kOpDispatch, true, pitch, row_bytes);
 }
 
@@ -1145,6 +1232,9 @@ void run_receive(const Exec& exec, EpHandleState<Exec>& h, std::uint64_t ticket)
   auto finish = std::move(h.receive);
   h.receive = nullptr;
   h.receive_of = nullptr;
+  EpWire<Exec>* held = h.held;  // given back even when the receive throws (its communicator is aborted then)
+  h.held = nullptr;
+  held->holder = nullptr;
   finish(exec);
 }
 
@@ -1175,37 +1265,39 @@ void combine(const Exec& exec, EpHandleState<Exec>& h, CombineMode mode, const O
   if (weighted) ep_check_view(fn, "topk_w", w, s.T, s.K, false);
   ep_check_view(fn, "y", y, s.T, H, false);
   EpGroupState<Exec>& g = *h.group;
+  EpWire<Exec>& wire = take_wire(fn, h);
   enter_op(fn, g, s);
   const std::size_t pitch = token_pitch(static_cast<std::size_t>(H) * sizeof(Scalar), s.K, false);
   const std::size_t fpitch = static_cast<std::size_t>(s.K) * sizeof(float);
   if (weighted) {
     // The expert's rank weighs the slots it reduces: the K weights of each token row go there first.
-    wire_acquire(exec, fn, g, kRegionFwdF);
-    pack_weights(exec, s, floats2<Mem>(w), h.v, PeerRows<Mem>{g.peers.fwd_f, h.v.fwd_base, fpitch});
-    wire_move(exec, fn, h, kRegionFwdF, fpitch);
+    wire_acquire(exec, fn, g, wire, kRegionFwdF);
+    pack_weights(exec, s, floats2<Mem>(w), h.v, PeerRows<Mem>{wire.peers.fwd_f, h.v.fwd_base, fpitch});
+    wire_move(exec, fn, h, wire, kRegionFwdF, fpitch);
     account(exec, h, kOpCombine, true, fpitch, 0);
   }
   with_unit<Scalar>(H, {out.data(), y.data()}, [&](auto unit) {
     using Unit = decltype(unit);
-    wire_acquire(exec, fn, g, kRegionRet);
+    wire_acquire(exec, fn, g, wire, kRegionRet);
     reduce_arrivals<Exec, Scalar, Unit>(
-        exec, s, h.arrivals, rows_view<Unit, Mem>(out, H), weighted ? LocalRows{g.in_fwd_f, fpitch} : LocalRows{},
-        Unmanaged1<const float, Mem>(), h.v, PeerRows<Mem>{g.peers.ret, h.v.ret_base, pitch}, 0,
+        exec, s, h.arrivals, rows_view<Unit, Mem>(out, H), weighted ? LocalRows{wire.in_fwd_f, fpitch} : LocalRows{},
+        Unmanaged1<const float, Mem>(), h.v, PeerRows<Mem>{wire.peers.ret, h.v.ret_base, pitch}, 0,
         "KokkosMoE::ep_combine::reduce_experts");
-    wire_send(exec, fn, h, kRegionRet, pitch);
-    if (weighted) wire_release(exec, g, kRegionFwdF);
+    wire_send(exec, fn, h, wire, kRegionRet, pitch);
+    if (weighted) wire_release(exec, g, wire, kRegionFwdF);
     EpHandleState<Exec>* hp = &h;
+    EpWire<Exec>* wp = &wire;
     const auto o = rows_view<Unit, Mem>(out, H);
     const auto cw = weighted ? floats2<Mem>(w) : Unmanaged2<const float, Mem>();
     const auto yv = rows_view<Unit, Mem>(y, H);
-    const LocalRows ret{g.in_ret, pitch};
+    const LocalRows ret{wire.in_ret, pitch};
     finish_or_defer(
-        exec, h, fn, split,
-        [hp, fn, s, o, cw, yv, ret](const Exec& e) {
-          wire_wait(e, fn, *hp, kRegionRet);
+        exec, h, wire, fn, split,
+        [hp, wp, fn, s, o, cw, yv, ret](const Exec& e) {
+          wire_wait(e, fn, *hp, *wp, kRegionRet);
           reduce_ranks<Exec, Scalar, Unit>(e, s, o, cw, Unmanaged1<const float, Mem>(), ret, 0, hp->v, yv,
                                            Unmanaged2<float, Mem>(), "KokkosMoE::ep_combine::reduce_ranks");
-          wire_release(e, *hp->group, kRegionRet);
+          wire_release(e, *hp->group, *wp, kRegionRet);
         },
         out, w, y);
   });
@@ -1247,6 +1339,7 @@ void combine_backward(const Exec& exec, EpHandleState<Exec>& h, CombineMode mode
     ep_check_view(fn, "grad_w", grad_w, s.T, s.K, false);
   }
   EpGroupState<Exec>& g = *h.group;
+  EpWire<Exec>& wire = take_wire(fn, h);
   enter_op(fn, g, s);
   const std::size_t row_bytes = static_cast<std::size_t>(H) * sizeof(Scalar);
   // Weighted: grad_y travels with the token's weights in its trailer, and the dots come back as K floats per token.
@@ -1256,30 +1349,31 @@ void combine_backward(const Exec& exec, EpHandleState<Exec>& h, CombineMode mode
     using Unit = decltype(unit);
     auto go = rows_view<Unit, Mem>(grad_out, H);
     auto gy = rows_view<Unit, Mem>(grad_y, H);
-    const PeerRows<Mem> dst{g.peers.fwd, h.v.fwd_base, pitch};
+    const PeerRows<Mem> dst{wire.peers.fwd, h.v.fwd_base, pitch};
     if (!weighted) {
-      wire_acquire(exec, fn, g, kRegionFwd);
+      wire_acquire(exec, fn, g, wire, kRegionFwd);
       pack_tokens<Exec, Scalar, Unit>(exec, s, gy, Unmanaged2<const float, Mem>(), true, false, h.v, go,
                                       Unmanaged1<float, Mem>(), dst, 0, "KokkosMoE::ep_combine_backward::pack");
-      wire_move(exec, fn, h, kRegionFwd, pitch);
-      expand_arrivals<Exec, Scalar, Unit>(exec, s, h.arrivals, h.recv_rows, LocalRows{g.in_fwd, pitch}, 0, h.v, go,
+      wire_move(exec, fn, h, wire, kRegionFwd, pitch);
+      expand_arrivals<Exec, Scalar, Unit>(exec, s, h.arrivals, h.recv_rows, LocalRows{wire.in_fwd, pitch}, 0, h.v, go,
                                           Unmanaged1<float, Mem>(), "KokkosMoE::ep_combine_backward::expand");
-      wire_release(exec, g, kRegionFwd);
+      wire_release(exec, g, wire, kRegionFwd);
       return;
     }
     auto o = rows_view<Unit, Mem>(out, H);
     local_dots<Exec, Scalar, Unit>(exec, s, gy, floats2<Mem>(w), o, h.v, go, floats2_out<Mem>(grad_w));
-    wire_acquire(exec, fn, g, kRegionFwd);
+    wire_acquire(exec, fn, g, wire, kRegionFwd);
     pack_tokens<Exec, Scalar, Unit>(exec, s, gy, floats2<Mem>(w), false, false, h.v, go, Unmanaged1<float, Mem>(), dst,
                                     pad16(row_bytes), "KokkosMoE::ep_combine_backward::pack");
-    wire_move(exec, fn, h, kRegionFwd, pitch);
-    wire_acquire(exec, fn, g, kRegionRetF);
-    expand_with_dots<Exec, Scalar, Unit>(exec, s, h.arrivals, h.recv_rows, LocalRows{g.in_fwd, pitch}, pad16(row_bytes),
-                                         o, h.v, PeerRows<Mem>{g.peers.ret_f, h.v.ret_base, fpitch}, go);
-    wire_move(exec, fn, h, kRegionRetF, fpitch);
-    wire_release(exec, g, kRegionFwd);
-    scatter_dots<Exec>(exec, s, LocalRows{g.in_ret_f, fpitch}, h.v, floats2_out<Mem>(grad_w));
-    wire_release(exec, g, kRegionRetF);
+    wire_move(exec, fn, h, wire, kRegionFwd, pitch);
+    wire_acquire(exec, fn, g, wire, kRegionRetF);
+    expand_with_dots<Exec, Scalar, Unit>(exec, s, h.arrivals, h.recv_rows, LocalRows{wire.in_fwd, pitch},
+                                         pad16(row_bytes), o, h.v,
+                                         PeerRows<Mem>{wire.peers.ret_f, h.v.ret_base, fpitch}, go);
+    wire_move(exec, fn, h, wire, kRegionRetF, fpitch);
+    wire_release(exec, g, wire, kRegionFwd);
+    scatter_dots<Exec>(exec, s, LocalRows{wire.in_ret_f, fpitch}, h.v, floats2_out<Mem>(grad_w));
+    wire_release(exec, g, wire, kRegionRetF);
   });
   account(exec, h, kOpCombineBackward, true, pitch, row_bytes);
   if (weighted) account(exec, h, kOpCombineBackward, false, fpitch, 0);
@@ -1316,6 +1410,7 @@ void dispatch_backward(const Exec& exec, EpHandleState<Exec>& h, const GradRecvX
   }
   ep_check_view(fn, "grad_x", grad_x, s.T, H, false);
   EpGroupState<Exec>& g = *h.group;
+  EpWire<Exec>& wire = take_wire(fn, h);
   enter_op(fn, g, s);
   const std::size_t row_bytes = static_cast<std::size_t>(H) * sizeof(Scalar);
   const std::size_t pitch = token_pitch(row_bytes, s.K, true);
@@ -1323,16 +1418,16 @@ void dispatch_backward(const Exec& exec, EpHandleState<Exec>& h, const GradRecvX
     using Unit = decltype(unit);
     const auto grw = with_w ? floats1<Mem>(grad_recv_w) : Unmanaged1<const float, Mem>();
     auto grx = rows_view<Unit, Mem>(grad_recv_x, H);
-    wire_acquire(exec, fn, g, kRegionRet);
+    wire_acquire(exec, fn, g, wire, kRegionRet);
     reduce_arrivals<Exec, Scalar, Unit>(exec, s, h.arrivals, grx, LocalRows{}, grw, h.v,
-                                        PeerRows<Mem>{g.peers.ret, h.v.ret_base, pitch}, pad16(row_bytes),
+                                        PeerRows<Mem>{wire.peers.ret, h.v.ret_base, pitch}, pad16(row_bytes),
                                         "KokkosMoE::ep_dispatch_backward::reduce_experts");
-    wire_move(exec, fn, h, kRegionRet, pitch);
-    reduce_ranks<Exec, Scalar, Unit>(exec, s, grx, Unmanaged2<const float, Mem>(), grw, LocalRows{g.in_ret, pitch},
+    wire_move(exec, fn, h, wire, kRegionRet, pitch);
+    reduce_ranks<Exec, Scalar, Unit>(exec, s, grx, Unmanaged2<const float, Mem>(), grw, LocalRows{wire.in_ret, pitch},
                                      pad16(row_bytes), h.v, rows_view<Unit, Mem>(grad_x, H),
                                      with_w ? floats2_out<Mem>(grad_w) : Unmanaged2<float, Mem>(),
                                      "KokkosMoE::ep_dispatch_backward::reduce_ranks");
-    wire_release(exec, g, kRegionRet);
+    wire_release(exec, g, wire, kRegionRet);
   });
   account(exec, h, kOpDispatchBackward, false, pitch, row_bytes);
   h.backward_done = true;
@@ -1348,7 +1443,7 @@ EpStatus synchronize(const Exec& exec, EpHandleState<Exec>& h) {
   g.transport->wait(fn, ExecTraits<Exec>::stream(exec));
   exec.fence();
   EpStatus st;
-  if (g.window) check_window_word(exec, fn, g);
+  if (g.windows) check_window_word(exec, fn, g);
   if (!h.laid_out) return st;
   const EpShape& s = h.shape;
   {
