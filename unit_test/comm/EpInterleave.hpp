@@ -210,9 +210,9 @@ void run(const Exec& exec, LA& a, LB& b, const std::vector<Step>& steps) {
   }
 }
 
-/// The interleavings of issue-style overlap: both sends before both hooks (in either hook order), a plain operation
-/// of one layer between the other's send and hook (for each operation of the step), and a dispatch pending across
-/// the other layer's whole forward.
+/// The interleavings of overlapping micro-batches: both sends before both hooks (in either hook order), a plain
+/// operation of one layer between the other's send and hook (for each operation of the step), and a dispatch pending
+/// across the other layer's whole forward.
 inline std::vector<std::pair<std::string, std::vector<Step>>> scenarios() {
   using O = Op;
   auto tail = [](char l) { return std::vector<Step>{{l, O::CombineBwd}, {l, O::ExpertBwd}, {l, O::DispatchBwd}}; };

@@ -365,10 +365,10 @@ CommStats group_stats(const EpGroupState<Exec>& g) {
   return stats_of(*g.transport);
 }
 
-/// FNV-1a over the configuration fields, in a fixed order.
 /// The most sets of wire buffers a group takes (EpGroupConfig::wire_buffers).
 constexpr int kMaxWireBuffers = 8;
 
+/// FNV-1a over the configuration fields, in a fixed order.
 inline std::uint64_t config_digest(const EpGroupConfig& c) {
   const std::int64_t fields[] = {c.ep_size,
                                  c.num_experts,
@@ -435,8 +435,8 @@ inline void check_group_config(const char* fn, const EpGroupConfig& c, int comm_
 
 /// Fills one set of wire buffers: the addresses of the peers' window parts, or this rank's stages (messages).
 template <class Exec, class Table>
-void make_wire(const Exec&, const EpShape& s, EpGroupState<Exec>& g, EpWire<Exec>& w, const Table& table,
-               std::size_t rows_bytes, std::size_t floats_bytes, std::size_t ctrl_bytes) {
+void make_wire(const EpShape& s, EpGroupState<Exec>& g, EpWire<Exec>& w, const Table& table, std::size_t rows_bytes,
+               std::size_t floats_bytes, std::size_t ctrl_bytes) {
   using Mem = typename Exec::memory_space;
   const std::size_t RB = static_cast<std::size_t>(g.stage_rows);
   if (w.window) {
@@ -582,14 +582,11 @@ std::shared_ptr<EpGroupState<Exec>> make_group_state(const Exec& exec, const Com
   if (s.R > 1 && t->peer_windows() != PeerWindows::Off)
     g->window_bytes = ctrl_bytes + 2 * rows_bytes + 3 * floats_bytes + counts_bytes;
   g->wires.resize(static_cast<std::size_t>(config.wire_buffers));
-  for (std::size_t i = 0; i < g->wires.size(); ++i) {
-    EpWire<Exec>& w = g->wires[i];
-    // make_window is collective and answers alike on every rank: every set has a window, or none has.
+  for (EpWire<Exec>& w : g->wires) {
+    // make_window is collective and answers alike on every rank and every call: every set has a window, or none.
     if (g->window_bytes > 0) w.window = t->make_window(fn, g->window_bytes);
-    if (i == 0) g->windows = static_cast<bool>(w.window);
-    if (g->windows != static_cast<bool>(w.window))
-      throw CommError(fn, s.me, s.R, CommFailure::Library, "the transport made a window for one set only");
-    make_wire(exec, s, *g, w, table, rows_bytes, floats_bytes, ctrl_bytes);
+    g->windows = static_cast<bool>(w.window);
+    make_wire(s, *g, w, table, rows_bytes, floats_bytes, ctrl_bytes);
   }
   s.windows = g->windows;
   exec.fence();
@@ -682,11 +679,11 @@ std::string handle_label(const EpHandleState<Exec>& h) {
 template <class Exec>
 EpWire<Exec>& take_wire(const char* fn, const EpHandleState<Exec>& h) {
   EpGroupState<Exec>& g = *h.group;
-  std::string held;
-  for (EpWire<Exec>& w : g.wires) {
+  for (EpWire<Exec>& w : g.wires)
     if (!w.holder) return w;
+  std::string held;
+  for (const EpWire<Exec>& w : g.wires)
     held += (held.empty() ? "" : ", ") + std::string(w.holder->receive_of) + " of " + handle_label(*w.holder);
-  }
   const int n = static_cast<int>(g.wires.size());
   ep_fail(fn, "handle", Rule::HandleState,
           handle_label(h) + " needs one of its group's wire buffers (EpGroupConfig::wire_buffers = " +
