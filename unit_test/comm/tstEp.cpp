@@ -3,8 +3,8 @@
  */
 // The EP test matrix of docs/ep.md §12 (cases 1-8 and 10), one source for every transport: host device types run
 // over MPI, Kokkos::Cuda over NCCL. Every rank runs every case; expected values come from the plain-loop oracle.
-// Also ep_tools_instances (at the end; run on one rank): the Kokkos Tools see every EP operation's kernels on the
-// caller's instance and no fence but the documented waits.
+// Also ep_tools_instances (at the end; run at one and two ranks): the Kokkos Tools see every EP operation's kernels
+// on the caller's instance and exactly the documented fences.
 #include <KokkosMoE_EnableDeviceTypes.hpp>
 
 #include <KokkosToolsEvents.hpp>
@@ -26,6 +26,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <numeric>
+#include <optional>
 #include <random>
 #include <set>
 #include <string>
@@ -518,47 +519,90 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(wire_bytes_match_the_planner, DeviceType, KOKKOSMO
 
 BOOST_AUTO_TEST_SUITE_END()
 
-// ----- the caller's instance, no fence (Kokkos Tools) ---------------------------------------------------------------
-// The EP operations stay on the caller's execution space instance and do not fence (docs/ep.md §6, the contract of
-// KokkosMoE_EP.hpp): on one rank, every Kokkos kernel of the layout, both dispatches (rows and FP8 rows), combine,
-// both backwards and the statistics resets carries the Tools device id of an instance of the caller's own, and none
-// of them fences, except the two documented waits: the eager layout (it learns the receive size) and
-// ep_synchronize. Recorded through the callbacks of unit_test/KokkosToolsEvents.hpp, as the router's
-// router_tools_instances suite does. The step's Views have EpStep.hpp's types, so the operations' instantiations are
-// those of run_step.
+// ----- the caller's instance, and the documented fences (Kokkos Tools) -------------------------------------------
+// The EP operations stay on the caller's execution space instance (docs/ep.md §6, the contract of KokkosMoE_EP.hpp):
+// every Kokkos kernel of the layout, the dispatches (rows, FP8 rows, the split send and its hook), the combines (one
+// call and split), both backwards and the statistics resets carries the Tools device id of an instance of the
+// caller's own. Which of them fence is docs/ep.md §7.4's list, which documented_fence() below states and the test
+// checks both ways (each listed call fences, every other one does not), at one rank and at two (where host execution
+// spaces fence for MPI and the peers). Recorded through the callbacks of unit_test/KokkosToolsEvents.hpp, as the
+// router's router_tools_instances suite does. The step's Views have EpStep.hpp's types, so the operations'
+// instantiations are those of run_step.
 using KokkosMoETest::expect_on_instance;
+using KokkosMoETest::is_tools_own_fence;
 using KokkosMoETest::kernel_count;
 using KokkosMoETest::RecordToolsEvents;
 using KokkosMoETest::ToolsEvent;
 
 namespace {
 
-/// One step of every EP operation on \p exec, in eager and in capacity mode: check(operation, may_fence, events)
-/// gets the Kokkos Tools events of each call.
+/// Whether \p op fences, by docs/ep.md §7.4's rule (the same words in the README and KokkosMoE_EP.hpp; the
+/// KokkosMoE_FenceRule test compares them):
+/// fence-rule:
+/// No EP operation fences, except the eager layout and `ep_synchronize`, which wait for the caller's instance. On
+/// host execution spaces in a group of two or more ranks, every operation that moves rows (the layout, every
+/// dispatch and combine, both backwards, the send of a split form) also fences the caller's instance before MPI or
+/// a peer reads what its kernels wrote, and over shared windows so does the hook of a split send.
+/// `ep_reset_statistics` never fences. No operation fences another instance or all of them.
+/// (end of fence-rule)
+template <class Exec>
+bool documented_fence(const std::string& op, bool eager, int ranks, bool windows) {
+  if (op == "ep_synchronize" || (op == "ep_layout" && eager)) return true;
+  if (op.rfind("ep_reset_statistics", 0) == 0) return false;
+  constexpr bool host = Kokkos::SpaceAccessibility<Kokkos::HostSpace, typename Exec::memory_space>::accessible;
+  if (!host || ranks < 2) return false;
+  const bool hook = op.find("hook") != std::string::npos;
+  return !hook || windows;
+}
+
+/// \p expected: the call fenced (some fence other than the Tools' own), every fence of the call being one of the
+/// caller's backend, never a global one; otherwise: it did not fence.
+template <class Exec>
+void expect_fences(const std::string& op, const std::vector<ToolsEvent>& events, const Exec& exec, bool expected) {
+  const std::uint32_t want_type =
+      KokkosMoE::Impl::decode_tools_device_id(Kokkos::Tools::Experimental::device_id(exec)).type;
+  int fences = 0;
+  BOOST_TEST_CONTEXT(op) {
+    for (const ToolsEvent& e : events) {
+      if (e.kind != ToolsEvent::Kind::Fence || is_tools_own_fence(e)) continue;
+      ++fences;
+      BOOST_TEST(KokkosMoE::Impl::decode_tools_device_id(e.device_id).type == want_type,
+                 "fence \"" << e.name << "\" not on the caller's backend");
+      BOOST_TEST(e.name.find("Global") == std::string::npos, "a global fence: \"" << e.name << "\"");
+    }
+    BOOST_TEST((fences > 0) == expected,
+               (expected ? "no fence in a call documented to fence" : "a fence in a call documented not to fence")
+                   << " (" << fences << " fences)");
+  }
+}
+
+/// One step of every EP operation on \p exec, in eager and in capacity mode and on the decode path, at the EP
+/// group's size: check(operation, fence documented, events) gets the Kokkos Tools events of each call.
 template <class Exec, class Check>
 void each_ep_operation(const Exec& exec, Check&& check) {
   using Mem = typename Exec::memory_space;
   const Communicator& comm = ep_comm<Exec>();
-  BOOST_TEST_REQUIRE(comm.size() == 1, "the instance test runs on one rank");
+  const int R = comm.size();
   // Eager, capacity, and the fixed layout's decode path (docs/ep.md §15) in place of the layout.
   for (const int mode : {0, 1, 2}) {
     const bool capacity = mode == 1, decode = mode == 2;
-    BOOST_TEST_CONTEXT(Exec::name() << (decode ? " decode path" : (capacity ? " capacity mode" : " eager mode"))) {
-      EpGroupConfig c = default_config(1);
+    BOOST_TEST_CONTEXT(Exec::name() << " at " << R << " rank(s), "
+                                    << (decode ? "decode path" : (capacity ? "capacity mode" : "eager mode"))) {
+      EpGroupConfig c = default_config(R);
       c.hidden = kFp8BlockChannels;  // one FP8 scale block per row: the FP8 dispatch runs too
-      if (capacity) c.max_recv_tokens_per_rank = c.max_tokens_per_rank * c.top_k;
+      if (capacity) c.max_recv_tokens_per_rank = c.max_tokens_per_rank * c.top_k * R;
       if (decode) c.layout = RecvLayout::ExpertMajorFixed;
-      const RankInputs in = make_inputs(c, Routing::Uniform, 0, c.max_tokens_per_rank, 5, false);
+      const RankInputs in = make_inputs(c, Routing::Uniform, comm.rank(), c.max_tokens_per_rank, 5, false);
       const StepViews<Exec, float> sv(exec, c, in);
       EpGroup<Exec> group(exec, comm, c);
       auto handle = group.make_handle();
+      const bool eager = !capacity && !decode;
       RecordToolsEvents rec;
-      auto run = [&](const char* op, bool may_fence, const auto& call) {
+      auto run = [&](const std::string& op, const auto& call) {
         const std::vector<ToolsEvent> events = rec.during(call);
-        check(op, may_fence, events);
+        check(op, documented_fence<Exec>(op, eager, R, group.direct_writes()), events);
       };
-      // Eager mode waits once in the layout, for the receive size (KokkosMoE_EP.hpp, docs/ep.md §5).
-      if (!decode) run("ep_layout", !capacity, [&] { ep_layout(exec, handle, sv.idx); });
+      if (!decode) run("ep_layout", [&] { ep_layout(exec, handle, sv.idx); });
       // The Views of the step (EpStep.hpp's types), allocated outside the recorded calls.
       const int T = in.T, H = c.hidden, K = c.top_k, nb = H / kFp8BlockChannels;
       const int N = decode ? group.capacity_rows() : handle.num_recv_rows();
@@ -570,17 +614,21 @@ void each_ep_operation(const Exec& exec, Check&& check) {
       Kokkos::deep_copy(exec, ro, 0.5f);
       Kokkos::deep_copy(exec, grad_y, 0.25f);
       exec.fence();
-      if (decode)
-        run("ep_decode_dispatch", false, [&] { ep_decode_dispatch(exec, handle, sv.idx, sv.x, sv.w, rx, rw); });
-      run("ep_dispatch", false, [&] { ep_dispatch(exec, handle, sv.x, sv.w, rx, rw); });
-      run("ep_dispatch (FP8 rows)", false, [&] { ep_dispatch(exec, handle, sv.x, sv.w, fp8_rows(rq, rs), rw8); });
-      run("ep_combine", false, [&] { ep_combine(exec, handle, CombineMode::Weighted, ro, sv.w, y); });
-      run("ep_combine_backward", false,
+      if (decode) run("ep_decode_dispatch", [&] { ep_decode_dispatch(exec, handle, sv.idx, sv.x, sv.w, rx, rw); });
+      run("ep_dispatch", [&] { ep_dispatch(exec, handle, sv.x, sv.w, rx, rw); });
+      run("ep_dispatch (FP8 rows)", [&] { ep_dispatch(exec, handle, sv.x, sv.w, fp8_rows(rq, rs), rw8); });
+      std::optional<EpReceiveHook<Exec>> hook;
+      run("ep_dispatch_send", [&] { hook.emplace(ep_dispatch_send(exec, handle, sv.x, sv.w, rx, rw)); });
+      run("ep_dispatch_send's hook", [&] { (*hook)(exec); });
+      run("ep_combine", [&] { ep_combine(exec, handle, CombineMode::Weighted, ro, sv.w, y); });
+      run("ep_combine_send", [&] { hook.emplace(ep_combine_send(exec, handle, CombineMode::Weighted, ro, sv.w, y)); });
+      run("ep_combine_send's hook", [&] { (*hook)(exec); });
+      run("ep_combine_backward",
           [&] { ep_combine_backward(exec, handle, CombineMode::Weighted, grad_y, sv.w, ro, rgo, grad_wc); });
-      run("ep_dispatch_backward", false, [&] { ep_dispatch_backward(exec, handle, rgo, rw, grad_x, grad_wd); });
-      run("ep_reset_statistics (handle)", false, [&] { ep_reset_statistics(exec, handle); });
-      run("ep_reset_statistics (group)", false, [&] { ep_reset_statistics(exec, group); });
-      run("ep_synchronize", true, [&] { ep_synchronize(exec, handle); });
+      run("ep_dispatch_backward", [&] { ep_dispatch_backward(exec, handle, rgo, rw, grad_x, grad_wd); });
+      run("ep_reset_statistics (handle)", [&] { ep_reset_statistics(exec, handle); });
+      run("ep_reset_statistics (group)", [&] { ep_reset_statistics(exec, group); });
+      run("ep_synchronize", [&] { ep_synchronize(exec, handle); });
     }
   }
 }
@@ -610,13 +658,13 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(kernels_on_the_user_instance, DeviceType, KOKKOSMO
   });
 }
 
-// No fence but in the two documented waits.
+// Exactly the documented fences (docs/ep.md §7.4), on the caller's backend.
 BOOST_TEST_DECORATOR(*boost::unit_test::precondition(KokkosMoETest::fences_are_reported))
-BOOST_AUTO_TEST_CASE_TEMPLATE(no_fence_but_the_documented_waits, DeviceType, KOKKOSMOE_DEVICE_TYPES) {
+BOOST_AUTO_TEST_CASE_TEMPLATE(only_the_documented_fences, DeviceType, KOKKOSMOE_DEVICE_TYPES) {
   using Exec = typename DeviceType::execution_space;
   const Exec exec = Impl::partitioned_instance(Exec());
-  each_ep_operation(exec, [&](const std::string& op, bool may_fence, const std::vector<ToolsEvent>& events) {
-    expect_on_instance(op, events, exec, /*whole_id=*/false, may_fence);
+  each_ep_operation(exec, [&](const std::string& op, bool fence, const std::vector<ToolsEvent>& events) {
+    expect_fences(op, events, exec, fence);
   });
 }
 

@@ -3,11 +3,13 @@
  */
 // Boost.Test main of the multi-process EP suites: MPI (MPI_THREAD_FUNNELED), then Kokkos, by a global fixture; the
 // test communicators are released before either is finalized. Every rank runs every test case; a failure on any
-// rank fails that rank's exit code, and mpirun reports it.
+// rank fails that rank's exit code, and mpirun reports it. A run whose every test case skips exits 77 on every rank
+// with the reasons (SkipReport.hpp): mpirun and mpi_launch.sh pass that on to ctest as skipped.
 #define BOOST_TEST_MODULE KokkosMoE comm
 #include <Kokkos_Core.hpp>
 
 #include <EpTestEnv.hpp>
+#include <SkipReport.hpp>
 #include <boost/test/unit_test.hpp>
 #include <mpi.h>
 
@@ -56,6 +58,7 @@ struct MpiKokkosEnvironment {
     MPI_Finalize();
   }
 };
+KokkosMoETest::SkipReport skip_report;
 }  // namespace
 
 BOOST_TEST_GLOBAL_FIXTURE(MpiKokkosEnvironment);

@@ -244,6 +244,7 @@ struct EpHandleState {
   bool laid_out = false, backward_done = true;
   bool decoded = false;  // the last layout was the decode path's (ids repeated within a token count as invalid)
   std::int64_t recv_rows_alloc = 0;
+  std::vector<Kokkos::View<int*, Mem>> outgrown;  // receive maps the eager layout replaced: freed with the handle
   /// The receive half of a split operation (docs/ep.md §14) until its hook runs: it owns the Views it writes.
   std::function<void(const Exec&)> receive;
   EpWire<Exec>* held = nullptr;      // the set of wire buffers the pending receive holds
@@ -306,6 +307,7 @@ struct EpHandleState {
     alloc_recv_maps();
   }
 
+  /// The receive maps, recv_rows_alloc rows each, zero-filled when they are made (at the handle's creation).
   void alloc_recv_maps() {
     auto a = [](const char* n, std::int64_t len) {
       return Kokkos::View<int*, Mem>(std::string("KokkosMoE::ep::") + n, static_cast<std::size_t>(len));
@@ -315,11 +317,31 @@ struct EpHandleState {
     v.recv_k = a("recv_k", recv_rows_alloc);
   }
 
-  /// Eager mode only: the exact receive rows are known after the layout's one host wait.
-  void ensure_eager_rows(std::int64_t recv) {
+  /// The same inside an operation: zero-filled by \p exec, after which the operation's kernels use them (a View's
+  /// own initialization would run on the default instance, whatever instance view_alloc names, in Kokkos 3.4).
+  void alloc_recv_maps(const Exec& exec) {
+    auto a = [&](const char* n, std::int64_t len) {
+      Kokkos::View<int*, Mem> m(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string("KokkosMoE::ep::") + n),
+                                static_cast<std::size_t>(len));
+      Kokkos::deep_copy(exec, m, 0);
+      return m;
+    };
+    v.recv_expert = a("recv_expert", recv_rows_alloc);
+    v.recv_src = a("recv_src", recv_rows_alloc);
+    v.recv_k = a("recv_k", recv_rows_alloc);
+  }
+
+  /// Eager mode only: the exact receive rows are known after the layout's one host wait. Maps too small for them
+  /// are replaced by maps of at least twice their rows; the outgrown ones stay allocated until the handle goes
+  /// (at most as many ints as the live maps), since freeing memory inside an operation fences every instance (Kokkos
+  /// 4 before it frees; cudaFree waits for the device) and docs/ep.md §7.4 promises no such fence.
+  void ensure_eager_rows(const Exec& exec, std::int64_t recv) {
     if (recv <= recv_rows_alloc) return;
-    recv_rows_alloc = recv + recv / 4;
-    alloc_recv_maps();
+    outgrown.push_back(v.recv_expert);
+    outgrown.push_back(v.recv_src);
+    outgrown.push_back(v.recv_k);
+    recv_rows_alloc = std::min<std::int64_t>(std::numeric_limits<int>::max(), std::max(2 * recv_rows_alloc, recv));
+    alloc_recv_maps(exec);
   }
 };
 
@@ -885,7 +907,7 @@ void run_layout(const Exec& exec, EpHandleState<Exec>& h, const IdxView& idx, co
     if (padded > std::numeric_limits<int>::max())
       throw CommError(fn, s.me, s.R, CommFailure::Library,
                       "the layout needs " + std::to_string(padded) + " receive rows, more than 2^31 - 1");
-    h.ensure_eager_rows(padded);
+    h.ensure_eager_rows(exec, padded);
     h.recv_rows = static_cast<int>(padded);
     h.arrivals = d_o;
     // Ranks that share a device meet again before the meta's wait kernels: no rank's kernel spins while a peer's
