@@ -32,26 +32,32 @@ enum class Rule : int {
   TopkGroupDivisibility = 12,  ///< grouping on: topk % group_topk == 0
   TopkPerGroupRange = 13,      ///< grouping on: topk / group_topk <= E / num_groups
   ScalingFactorFinite = 14,
-  IndexTypeRange = 15,       ///< int16 indices need E <= 32767
-  Aliasing = 16,             ///< outputs must not alias inputs or each other
-  ScoreFunctionValue = 17,   ///< not one of the ScoreFunction enumerators
-  MapFormatValue = 18,       ///< not one of the RoutingMapFormat enumerators
-  TotalTokensPositive = 19,  ///< aux loss: total_num_tokens >= 1 (host-side total)
-  AuxColumnsMultiple = 20,   ///< aux loss: C is a positive multiple of num_experts
-  WorkspaceTooSmall = 21,    ///< a caller-provided workspace is smaller than the size query returns
-  CoeffFinite = 22,          ///< aux loss: coeff must be finite
-  ConfigValue = 23,          ///< another configuration value out of its documented range
-  Alignment = 24,            ///< a View's data is not aligned as the operation requires (FP8 rows: 16 bytes)
-  TopologyMalformed = 100,   ///< sharding: malformed topology input
-  PlanInfeasible = 101,      ///< sharding: a planning request that cannot be satisfied
-  ShardingRule = 102,        ///< sharding: an input sharding the partition rules reject
-  GpuIndexRange = 103,       ///< sharding: a GPU index outside [0, number of GPUs)
-  CommConfigMismatch = 200,  ///< comm: ranks of one group passed different configurations (digest differs)
-  ExpertIdRange = 201,       ///< comm: an expert id >= num_experts or < -1 in topk_idx
-  HandleState = 202,         ///< comm: an EP step called out of order (dispatch before layout, ...)
-  HandleReuse = 203,         ///< comm: one EpHandle used for two layers (a new layout before the backward ran)
-  TransportMismatch = 204,   ///< comm: the communicator's transport cannot serve this execution space
-  CommSize = 205,            ///< comm: ep_size does not match the communicator, or a rank/size out of range
+  IndexTypeRange = 15,         ///< int16 indices need E <= 32767
+  Aliasing = 16,               ///< outputs must not alias inputs or each other
+  ScoreFunctionValue = 17,     ///< not one of the ScoreFunction enumerators
+  MapFormatValue = 18,         ///< not one of the RoutingMapFormat enumerators
+  TotalTokensPositive = 19,    ///< aux loss: total_num_tokens >= 1 (host-side total)
+  AuxColumnsMultiple = 20,     ///< aux loss: C is a positive multiple of num_experts
+  WorkspaceTooSmall = 21,      ///< a caller-provided workspace is smaller than the size query returns
+  CoeffFinite = 22,            ///< aux loss: coeff must be finite
+  ConfigValue = 23,            ///< another configuration value out of its documented range
+  Alignment = 24,              ///< a View's data is not aligned as the operation requires (FP8 rows: 16 bytes)
+  QbRequiresSigmoid = 25,      ///< Quantile Balancing: score_function must be Sigmoid (docs/router.md §19.3)
+  QbRequiresBias = 26,         ///< Quantile Balancing: an expert bias is required
+  QbGroupingUnsupported = 27,  ///< Quantile Balancing: no group-limited routing (group_topk <= 0)
+  QbTopkRange = 28,            ///< Quantile Balancing: 1 <= topk <= num_experts - 1
+  QbBinCountPositive = 29,     ///< Quantile Balancing: the histogram has >= 1 bin per expert
+  QbBinBounds = 30,            ///< Quantile Balancing: both bin bounds finite and lower < upper
+  TopologyMalformed = 100,     ///< sharding: malformed topology input
+  PlanInfeasible = 101,        ///< sharding: a planning request that cannot be satisfied
+  ShardingRule = 102,          ///< sharding: an input sharding the partition rules reject
+  GpuIndexRange = 103,         ///< sharding: a GPU index outside [0, number of GPUs)
+  CommConfigMismatch = 200,    ///< comm: ranks of one group passed different configurations (digest differs)
+  ExpertIdRange = 201,         ///< comm: an expert id >= num_experts or < -1 in topk_idx
+  HandleState = 202,           ///< comm: an EP step called out of order (dispatch before layout, ...)
+  HandleReuse = 203,           ///< comm: one EpHandle used for two layers (a new layout before the backward ran)
+  TransportMismatch = 204,     ///< comm: the communicator's transport cannot serve this execution space
+  CommSize = 205,              ///< comm: ep_size does not match the communicator, or a rank/size out of range
 };
 
 /// \brief The stable, snake_case name of a rule (e.g. "topk_range").
@@ -105,6 +111,18 @@ inline const char* rule_name(Rule r) noexcept {
       return "config_value";
     case Rule::Alignment:
       return "alignment";
+    case Rule::QbRequiresSigmoid:
+      return "qb_requires_sigmoid";
+    case Rule::QbRequiresBias:
+      return "qb_requires_bias";
+    case Rule::QbGroupingUnsupported:
+      return "qb_grouping_unsupported";
+    case Rule::QbTopkRange:
+      return "qb_topk_range";
+    case Rule::QbBinCountPositive:
+      return "qb_bin_count_positive";
+    case Rule::QbBinBounds:
+      return "qb_bin_bounds";
     case Rule::TopologyMalformed:
       return "topology_malformed";
     case Rule::PlanInfeasible:

@@ -52,6 +52,22 @@ struct AuxLossConfig {
   Implementation implementation = Implementation::Auto;
 };
 
+/// \brief How a Quantile Balancing forward adds its histogram counts (docs/router.md §19.5); both modes give bitwise
+/// equal counts.
+enum class QbHistogramMode : int {
+  TwoPass = 0,      ///< the router writes the cutoff, a second kernel reads intermediate and cutoff and counts
+  FusedAtomic = 1,  ///< the counts are added inside the cutoff kernel
+};
+
+/// \brief Attributes of a Quantile Balancing call (docs/router.md §19.2, §19.6) beside its RouterConfig.
+struct QbConfig {
+  QbHistogramMode histogram_mode = QbHistogramMode::FusedAtomic;
+  /// true: the call copies the two bin bounds to the host, fences the execution space and throws
+  /// InvalidArgument (Rule::QbBinBounds) unless both are finite and lower < upper. false ("unchecked"): the bounds
+  /// are read on the device only (no fence; capturable in a CUDA graph); the caller guarantees the rule.
+  bool validate_bin_bounds = true;
+};
+
 }  // namespace KokkosMoE
 
 #endif

@@ -193,6 +193,22 @@ KOKKOSMOE_HD_INLINE int key_index(std::uint64_t key) {
 }
 
 // ---------------------------------------------------------------------------------------------------------------
+// Quantile Balancing histogram (docs/router.md §19.5): the bin of a required bias r = cutoff - y. The scale is
+// num_bins / (upper - lower) in FP32, once per call; z = (r - lower) * scale, subtract first; floor(z) clamped into
+// [0, num_bins - 1], NaN and everything below 0 into bin 0, +inf and everything from num_bins up into the last bin
+// (tested in float before converting, so no conversion is out of range).
+// ---------------------------------------------------------------------------------------------------------------
+KOKKOSMOE_HD_INLINE float qb_bin_scale(float lower, float upper, int num_bins) {
+  return static_cast<float>(num_bins) / (upper - lower);
+}
+KOKKOSMOE_HD_INLINE int qb_bin(float r, float lower, float scale, int num_bins) {
+  const float z = (r - lower) * scale;
+  if (!(z >= 0.0f)) return 0;
+  if (z >= static_cast<float>(num_bins)) return num_bins - 1;
+  return static_cast<int>(z);  // truncation is floor for 0 <= z < num_bins
+}
+
+// ---------------------------------------------------------------------------------------------------------------
 // Group-limited routing (docs/router.md §5.3): a group's score is the sum of its kg = topk / group_topk best
 // selection scores, added best first starting from the best one.
 // ---------------------------------------------------------------------------------------------------------------
