@@ -8,11 +8,15 @@
 //
 //   kokkosmoe-route [--preset deepseek-v3] [--tokens N] [--dtype float|bf16] [--seed S] [--format bytemap|bitmap]
 //                   [--repeats R] [--aux-coeff C] [--implementation auto|portable] [--json]
+//                   [--qb [--qb-bins N] [--qb-bounds L,U] [--qb-mode fused|two-pass]]
+// --qb routes with the Quantile Balancing router (docs/router.md §19; preset kimi-k2 unless --preset names another
+// Sigmoid preset with a bias and no grouping) and adds the cutoff and histogram summaries.
 
 #include <KokkosMoE_AuxLoss.hpp>
 #include <KokkosMoE_Error.hpp>
 #include <KokkosMoE_Router.hpp>
 #include <KokkosMoE_RouterPresets.hpp>
+#include <KokkosMoE_RouterQB.hpp>
 
 #include <Kokkos_Core.hpp>
 
@@ -26,6 +30,7 @@
 #endif
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <cmath>
 #include <cstdint>
@@ -61,6 +66,11 @@ struct Args {
   double aux_coeff = 1e-2;
   std::string implementation = "auto";
   bool json = false;
+  bool qb = false;                   // Quantile Balancing (docs/router.md §19)
+  int qb_bins = 1000;                // histogram bins per expert
+  bool qb_bounds_given = false;      // else [min bias - 1, max bias + 1]: every required bias inside
+  float qb_lower = 0, qb_upper = 0;  // --qb-bounds L,U
+  std::string qb_mode = "fused";     // fused | two-pass
 };
 
 void print_usage(std::FILE* out) {
@@ -79,6 +89,12 @@ void print_usage(std::FILE* out) {
                "  --aux-coeff C          aux-loss coefficient, finite in FP32 (default 0.01)\n"
                "  --implementation auto|portable  auto: the backend's specialization if any (default)\n"
                "  --json                 print the summary as JSON\n"
+               "  --qb                   Quantile Balancing router (docs/router.md §19): cutoff and required-bias\n"
+               "                         histogram; preset kimi-k2 unless --preset names another Sigmoid preset with\n"
+               "                         an expert bias and no grouping\n"
+               "  --qb-bins N            histogram bins per expert, 1..1048576 (default 1000)\n"
+               "  --qb-bounds L,U        histogram range, finite, L < U (default [min bias - 1, max bias + 1])\n"
+               "  --qb-mode fused|two-pass  histogram inside the cutoff kernel or in a second pass (default fused)\n"
                "  -h, --help             this text\n"
                "Kokkos options (validated here, then passed to Kokkos in the spelling it understands):\n"
                "  --kokkos-num-threads=N (alias --kokkos-threads, 1..1024), --kokkos-device-id=N (0..1023),\n"
@@ -89,10 +105,23 @@ void print_usage(std::FILE* out) {
 }
 
 const std::vector<Impl::CliFlag> kFlags = {
-    {"--preset", true, ""}, {"--tokens", true, ""},  {"--dtype", true, ""},     {"--seed", true, ""},
-    {"--format", true, ""}, {"--repeats", true, ""}, {"--aux-coeff", true, ""}, {"--implementation", true, ""},
-    {"--json", false, ""},  {"--help", false, "-h"},
+    {"--preset", true, ""},    {"--tokens", true, ""},  {"--dtype", true, ""},     {"--seed", true, ""},
+    {"--format", true, ""},    {"--repeats", true, ""}, {"--aux-coeff", true, ""}, {"--implementation", true, ""},
+    {"--json", false, ""},     {"--help", false, "-h"}, {"--qb", false, ""},       {"--qb-bins", true, ""},
+    {"--qb-bounds", true, ""}, {"--qb-mode", true, ""},
 };
+
+/// One finite FP32 number of a comma-separated flag value, or a usage error naming the flag.
+float bound_value(const std::string& flag, const std::string& all, const std::string& part) {
+  const char* b = part.c_str();
+  char* end = nullptr;
+  errno = 0;
+  const float v = part.empty() ? 0.0f : std::strtof(b, &end);
+  if (part.empty() || end != b + part.size() || errno == ERANGE || !std::isfinite(v) ||
+      std::isspace(static_cast<unsigned char>(part[0])))
+    throw Impl::CliUsageError(flag + " expects two finite numbers L,U with L < U, got '" + all + "'");
+  return v;
+}
 
 Args parse_args(const Impl::CliArgs& c) {
   Args a;
@@ -107,6 +136,28 @@ Args parse_args(const Impl::CliArgs& c) {
   a.aux_coeff = c.number("--aux-coeff", -fp32_max, fp32_max, false, false, a.aux_coeff);
   a.implementation = c.choice("--implementation", {"auto", "portable"}, a.implementation);
   a.json = c.has("--json");
+  a.qb = c.has("--qb");
+  for (const char* f : {"--qb-bins", "--qb-bounds", "--qb-mode"})
+    if (c.has(f) && !a.qb) throw Impl::CliUsageError(std::string(f) + " needs --qb");
+  if (a.qb && !c.has("--preset")) a.preset = "kimi-k2";
+  a.qb_bins = static_cast<int>(c.integer("--qb-bins", 1, 1 << 20, a.qb_bins));
+  if (const std::string* v = c.raw("--qb-bounds")) {
+    const std::size_t comma = v->find(',');
+    if (comma == std::string::npos || v->find(',', comma + 1) != std::string::npos)
+      throw Impl::CliUsageError("--qb-bounds expects two finite numbers L,U with L < U, got '" + *v + "'");
+    a.qb_lower = bound_value("--qb-bounds", *v, v->substr(0, comma));
+    a.qb_upper = bound_value("--qb-bounds", *v, v->substr(comma + 1));
+    if (!(a.qb_lower < a.qb_upper))
+      throw Impl::CliUsageError("--qb-bounds expects two finite numbers L,U with L < U, got '" + *v + "'");
+    a.qb_bounds_given = true;
+  }
+  a.qb_mode = c.choice("--qb-mode", {"fused", "two-pass"}, a.qb_mode);
+  if (a.qb) {
+    const RouterPreset p = router_preset(a.preset);
+    if (p.config.score_function != ScoreFunction::Sigmoid || !p.has_bias || p.config.group_topk > 0)
+      throw Impl::CliUsageError(
+          "--qb needs a Sigmoid preset with an expert bias and no grouping (kimi-k2), not --preset " + a.preset);
+  }
   return a;
 }
 
@@ -252,6 +303,38 @@ int run(const Args& args, const RouterPreset& preset) {
   fill_random(grad_probs, args.seed + 2, -1.0f, 1.0f);
   View2<Scalar> grad_logits(Kokkos::view_alloc(std::string("grad_logits"), wi), T, E);
 
+  // Quantile Balancing (--qb, docs/router.md §19): the bin bounds on the device, the cutoff, the histogram.
+  QbConfig qbc;
+  qbc.histogram_mode = args.qb_mode == "two-pass" ? QbHistogramMode::TwoPass : QbHistogramMode::FusedAtomic;
+  float qb_lower = args.qb_lower, qb_upper = args.qb_upper;
+  View1<float> bin_bounds, cutoff;
+  View2<std::int32_t> histogram;
+  if (args.qb) {
+    if (!args.qb_bounds_given) {  // [min bias - 1, max bias + 1] holds every required bias cutoff - y
+      auto hb = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), bias);
+      float lo = hb(0), hi = hb(0);
+      for (std::int64_t e = 0; e < E; ++e) {
+        lo = std::min(lo, hb(e));
+        hi = std::max(hi, hb(e));
+      }
+      qb_lower = lo - 1.0f;
+      qb_upper = hi + 1.0f;
+    }
+    bin_bounds = View1<float>("qb_bin_bounds", 2);
+    auto hbounds = Kokkos::create_mirror_view(bin_bounds);
+    hbounds(0) = qb_lower;
+    hbounds(1) = qb_upper;
+    Kokkos::deep_copy(bin_bounds, hbounds);
+    cutoff = View1<float>(Kokkos::view_alloc(std::string("qb_cutoff"), wi), T);
+    histogram = View2<std::int32_t>("qb_histogram", E, args.qb_bins);
+  }
+  auto forward = [&] {
+    if (args.qb)
+      topk_router_qb(exec, cfg, qbc, logits, bias, bin_bounds, probs, map, inter, cutoff, histogram);
+    else
+      topk_router(exec, cfg, logits, bias, probs, map, inter);
+  };
+
   // Aux loss chain (docs/router.md §10-§11): scores over all experts, loss from the routed tokens per expert.
   AuxScoresConfig acfg;
   acfg.topk = k;
@@ -275,7 +358,7 @@ int run(const Args& args, const RouterPreset& preset) {
   View2<Scalar> aux_grad_logits(Kokkos::view_alloc(std::string("aux_grad_logits"), wi), T, E);
 
   // 1. Route once, read the map back, count tokens per expert (the aux loss input) and check the outputs.
-  topk_router(exec, cfg, logits, bias, probs, map, inter);
+  forward();
   topk_router_backward(exec, cfg, map, inter, grad_probs, grad_logits);
   auto h_map = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), map);
   auto h_probs = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), probs);
@@ -325,15 +408,61 @@ int run(const Args& args, const RouterPreset& preset) {
     h_const = hc(0);
   }
 
+  // The QB by-products of that one call: the cutoff's range, the histogram's total (T * E), its end bins (where
+  // out-of-range required biases are clamped) and, per expert, the required bias at its median count.
+  App::QbSummary qs;
+  if (args.qb) {
+    qs.on = true;
+    qs.bins = args.qb_bins;
+    qs.lower = qb_lower;
+    qs.upper = qb_upper;
+    qs.mode = args.qb_mode;
+    auto hc = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), cutoff);
+    auto hh = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), histogram);
+    double sum = 0;
+    qs.cutoff_min = std::numeric_limits<double>::infinity();
+    qs.cutoff_max = -qs.cutoff_min;
+    for (std::int64_t t = 0; t < T; ++t) {
+      if (!std::isfinite(hc(t))) {
+        ++qs.cutoff_non_finite;
+        continue;
+      }
+      qs.cutoff_min = std::min<double>(qs.cutoff_min, hc(t));
+      qs.cutoff_max = std::max<double>(qs.cutoff_max, hc(t));
+      sum += hc(t);
+    }
+    qs.cutoff_mean = T > qs.cutoff_non_finite ? sum / static_cast<double>(T - qs.cutoff_non_finite) : 0.0;
+    const double width = (static_cast<double>(qb_upper) - qb_lower) / args.qb_bins;
+    for (std::int64_t e = 0; e < E; ++e) {
+      std::int64_t acc = 0, row = 0;
+      for (int b = 0; b < args.qb_bins; ++b) row += hh(e, b);
+      qs.counts += row;
+      qs.first_bin += hh(e, 0);
+      qs.last_bin += hh(e, args.qb_bins - 1);
+      int median = 0;
+      for (int b = 0; b < args.qb_bins; ++b) {
+        acc += hh(e, b);
+        if (2 * acc >= row) {
+          median = b;
+          break;
+        }
+      }
+      qs.median_bias.push_back(qb_lower + (median + 0.5) * width);
+    }
+  }
+
   // 2. Timings: one warm-up, then the median of `repeats` fenced calls. Bytes per token as in perf_test
   // (docs/router.md §17): the minimum each operation must move.
   const double map_b = bitmap ? std::ceil(E / 8.0) : static_cast<double>(E);
   std::vector<TimingRow> timings(4);
   timings[0] = {"forward", "probs + routing map + FP32 intermediate", E * (2 * s + 4) + map_b};
+  if (args.qb)
+    timings[0] = {"QB forward", std::string("forward + cutoff + histogram (") + args.qb_mode + ")",
+                  E * (2 * s + 4) + map_b + 4 + (args.qb_mode == "two-pass" ? 4.0 * E : 0.0)};
   timings[1] = {"backward", "grad_logits from map + intermediate", E * (2 * s + 4) + map_b};
   timings[2] = {"aux loss forward", "aux scores + loss", s * E + 8 * E + E + 4 * E};
   timings[3] = {"aux loss backward", "loss grad + aux-score backward", 4 * E + 8 * E + s * E};
-  time_op(timings[0], args.repeats, [&] { topk_router(exec, cfg, logits, bias, probs, map, inter); });
+  time_op(timings[0], args.repeats, forward);
   time_op(timings[1], args.repeats, [&] { topk_router_backward(exec, cfg, map, inter, grad_probs, grad_logits); });
   time_op(timings[2], args.repeats, [&] {
     aux_scores(exec, acfg, logits, scores, aux_map, aux_inter);
@@ -380,6 +509,7 @@ int run(const Args& args, const RouterPreset& preset) {
   r.aux_coeff = args.aux_coeff;
   r.repeats = args.repeats;
   r.timings = timings;
+  r.qb = qs;
   if (args.json)
     App::print_json(std::cout, r);
   else
@@ -402,7 +532,8 @@ int main(int argc, char** argv) {
     Impl::cli_check_kokkos_environment(cli.kokkos());
     const RouterPreset preset = router_preset(args.preset);
     const double need =
-        route_bytes(args.tokens, preset.num_experts, args.format == "bitmap", args.dtype == "bf16" ? 2.0 : 4.0);
+        route_bytes(args.tokens, preset.num_experts, args.format == "bitmap", args.dtype == "bf16" ? 2.0 : 4.0) +
+        (args.qb ? 8.0 * preset.num_experts * args.qb_bins + 8.0 * args.tokens : 0.0);  // histogram, cutoff + mirrors
     if (Kokkos::SpaceAccessibility<Kokkos::HostSpace, MemSpace>::accessible) {
       const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGE_SIZE);
       const double have = pages > 0 && page > 0 ? static_cast<double>(pages) * static_cast<double>(page) : 0;

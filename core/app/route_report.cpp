@@ -89,17 +89,25 @@ std::string check_text(const RouteReport& r) {
   if (r.pass())
     return "PASS (every token routed to exactly " + std::to_string(r.topk) + " experts" +
            (r.group_topk > 0 ? " in <= " + std::to_string(r.group_topk) + " groups" : std::string()) +
-           "; probs zero off the map; outputs and aux loss finite)";
+           "; probs zero off the map; outputs and aux loss finite" +
+           (r.qb.on ? "; every cutoff finite, one histogram count per token and expert" : "") + ")";
   return "FAIL (" + std::to_string(r.bad_rows) + " tokens without exactly k experts, " +
          std::to_string(r.group_violations) + " over the group limit, " + std::to_string(r.nonzero_off_map) +
          " non-zero probs off the map, " + std::to_string(r.non_finite) + " non-finite values, aux loss " +
-         fmt("%g", r.aux_loss) + ")";
+         fmt("%g", r.aux_loss) +
+         (r.qb.on
+              ? ", " + std::to_string(r.qb.cutoff_non_finite) + " non-finite cutoffs, " + std::to_string(r.qb.counts) +
+                    " histogram counts for " + std::to_string(r.tokens * r.num_experts) + " pairs"
+              : std::string()) +
+         ")";
 }
 
 }  // namespace
 
 bool RouteReport::pass() const {
-  return bad_rows == 0 && group_violations == 0 && nonzero_off_map == 0 && non_finite == 0 && std::isfinite(aux_loss);
+  const bool qb_ok = !qb.on || (qb.counts == tokens * num_experts && qb.cutoff_non_finite == 0);
+  return bad_rows == 0 && group_violations == 0 && nonzero_off_map == 0 && non_finite == 0 && std::isfinite(aux_loss) &&
+         qb_ok;
 }
 
 void print_text(std::ostream& out, const RouteReport& r) {
@@ -148,6 +156,20 @@ void print_text(std::ostream& out, const RouteReport& r) {
   }
   o << "aux loss  " << fmt("%.6g", r.aux_loss) << " (coeff " << r.aux_coeff << ", Const " << fmt("%.4g", r.aux_const)
     << "); grad_logits L2 norm " << fmt("%.6g", r.grad_logits_l2) << "\n";
+  if (r.qb.on) {
+    const auto [mlo, mhi] = std::minmax_element(r.qb.median_bias.begin(), r.qb.median_bias.end());
+    double mean = 0;
+    for (double v : r.qb.median_bias) mean += v;
+    mean /= std::max<std::size_t>(1, r.qb.median_bias.size());
+    o << "QB        cutoff (biased score of the (k+1)-th expert): min " << fmt("%.4f", r.qb.cutoff_min) << " / mean "
+      << fmt("%.4f", r.qb.cutoff_mean) << " / max " << fmt("%.4f", r.qb.cutoff_max) << "; non-finite "
+      << r.qb.cutoff_non_finite << "\n";
+    o << "          histogram " << r.num_experts << " x " << r.qb.bins << " bins over [" << r.qb.lower << ", "
+      << r.qb.upper << "] (" << r.qb.mode << "): " << r.qb.counts << " counts (" << r.tokens * r.num_experts
+      << " expected), " << r.qb.first_bin << " in the first bin, " << r.qb.last_bin << " in the last\n";
+    o << "          required bias at each expert's median: min " << fmt("%.4f", *mlo) << " / mean " << fmt("%.4f", mean)
+      << " / max " << fmt("%.4f", *mhi) << "\n";
+  }
   o << "timing    median of " << r.repeats << " fenced calls after one warm-up\n";
   for (const auto& t : r.timings) {
     const double sec = t.median_us * 1e-6;
@@ -208,6 +230,22 @@ void print_json(std::ostream& out, const RouteReport& r) {
                   {"GBps", t.bytes_per_token * r.tokens / sec / 1e9}});
   }
   j["timing"] = tj;
+  if (r.qb.on) {
+    nlohmann::json q;
+    q["bins"] = r.qb.bins;
+    q["bounds"] = {r.qb.lower, r.qb.upper};
+    q["mode"] = r.qb.mode;
+    q["cutoff"] = {{"min", r.qb.cutoff_min},
+                   {"mean", r.qb.cutoff_mean},
+                   {"max", r.qb.cutoff_max},
+                   {"non_finite", r.qb.cutoff_non_finite}};
+    q["histogram"] = {{"counts", r.qb.counts},
+                      {"expected", r.tokens * r.num_experts},
+                      {"first_bin", r.qb.first_bin},
+                      {"last_bin", r.qb.last_bin}};
+    q["median_required_bias"] = r.qb.median_bias;
+    j["qb"] = q;
+  }
   j["routing_check"] = r.pass() ? "PASS" : "FAIL";
   j["routing_check_detail"] = check_text(r);
   out << j.dump(2) << std::endl;

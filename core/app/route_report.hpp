@@ -22,6 +22,19 @@ struct TimingRow {
   double median_us = 0, min_us = 0;
 };
 
+/// The Quantile Balancing by-products of one call (kokkosmoe-route --qb, docs/router.md §19).
+struct QbSummary {
+  bool on = false;
+  int bins = 0;
+  float lower = 0, upper = 0;
+  std::string mode;
+  double cutoff_min = 0, cutoff_mean = 0, cutoff_max = 0;  // over the finite cutoffs
+  std::int64_t cutoff_non_finite = 0;
+  std::int64_t counts = 0;                   // the histogram's total after one call: tokens * experts
+  std::int64_t first_bin = 0, last_bin = 0;  // counts in bin 0 and in the last bin (out-of-range values clamp there)
+  std::vector<double> median_bias;           // per expert: the centre of the bin holding its median count
+};
+
 /// Everything the summary prints. Derived statistics (min/mean/max, imbalance, histogram) are computed when printed.
 struct RouteReport {
   // configuration
@@ -43,6 +56,8 @@ struct RouteReport {
   // timing
   int repeats = 0;
   std::vector<TimingRow> timings;
+  // Quantile Balancing
+  QbSummary qb;
 
   bool pass() const;
 };

@@ -32,6 +32,7 @@ std::vector<RouterPreset> all_presets() {
       make("llama4-scout", "Llama 4 Scout", 16, 5120, false, 1, ScoreFunction::Sigmoid, 0, 0, 1.0f),
       make("llama4-maverick", "Llama 4 Maverick", 128, 5120, false, 1, ScoreFunction::Sigmoid, 0, 0, 1.0f),
       make("large", "stress case", 1024, 4096, false, 32, ScoreFunction::Softmax, 0, 0, 1.0f),
+      make("kimi-k2", "Kimi K2", 384, 7168, true, 8, ScoreFunction::Sigmoid, 0, 0, 2.827f),
   };
 }
 

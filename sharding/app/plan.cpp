@@ -25,7 +25,7 @@ const char* kUsage =
     "usage: kokkosmoe-plan [--preset NAME] [--nodes N] [--tokens-per-rank T] [--xml FILE] [--json] [options]\n"
     "\n"
     "  --preset NAME            router preset: deepseek-v3 (default), qwen3-moe, mixtral, llama4-scout,\n"
-    "                           llama4-maverick, large\n"
+    "                           llama4-maverick, large, kimi-k2\n"
     "  --nodes N                identical nodes (default 1)\n"
     "  --tokens-per-rank T      tokens each rank routes per step (default 4096)\n"
     "  --xml FILE               plan on an hwloc v2 XML fixture instead of this machine\n"

@@ -81,9 +81,10 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(presets, DeviceType, KOKKOSMOE_DEVICE_TYPES) {
                       {"mixtral", 8, 2, Oracle::Score::Softmax, false, 0, 0, 1.0},
                       {"llama4-scout", 16, 1, Oracle::Score::Sigmoid, false, 0, 0, 1.0},
                       {"llama4-maverick", 128, 1, Oracle::Score::Sigmoid, false, 0, 0, 1.0},
-                      {"large", 1024, 32, Oracle::Score::Softmax, false, 0, 0, 1.0}};
+                      {"large", 1024, 32, Oracle::Score::Softmax, false, 0, 0, 1.0},
+                      {"kimi-k2", 384, 8, Oracle::Score::Sigmoid, true, 0, 0, 2.827}};
   const auto names = KokkosMoE::router_preset_names();
-  BOOST_TEST(names.size() == 6u);
+  BOOST_TEST(names.size() == 7u);
   for (const Row& r : spec) {
     BOOST_TEST_CONTEXT("preset " << r.name) {
       const KokkosMoE::RouterPreset p = KokkosMoE::router_preset(r.name);
