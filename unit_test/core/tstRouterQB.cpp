@@ -9,7 +9,9 @@
 //  * router_qb/edge_*: the twelve edge cases of §19.10 (the device-total aux loss, case 12, is router_aux's);
 //  * router_qb/validation: every rule of §19.3, by its id, in its order;
 //  * router_qb/same_as_topk_router: QB's routing, probs and intermediate are topk_router's bit for bit, and the
-//    backward from QB's saved state is the Sigmoid backward (case 11).
+//    backward from QB's saved state is the Sigmoid backward (case 11);
+//  * router_qb/cuda_graph_replays_new_logits (Cuda): unchecked QB calls (both modes, map and indices) captured once
+//    in a CUDA graph, replayed with new logits and new bounds, equal the oracle and the eager calls.
 
 #include <KokkosMoE_EnableDeviceTypes.hpp>
 #include <KokkosMoE_RouterQB.hpp>
@@ -23,6 +25,10 @@
 #include <limits>
 #include <string>
 #include <vector>
+
+#if defined(KOKKOS_ENABLE_CUDA)
+#include <cuda_runtime.h>
+#endif
 
 #include "QbOracle.hpp"
 #include "RouterTestUtils.hpp"
@@ -245,7 +251,9 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(matches_oracle, DeviceType, KOKKOSMOE_DEVICE_TYPES
   };
   // The reference's test sizes (T = 257, E = 896, 1000 bins, k = 8 and 16) and its smaller ones.
   for (const Shape sh : {Shape{257, 896, 8, 1000}, Shape{257, 896, 16, 1000}, Shape{64, 64, 8, 1000},
-                         Shape{33, 32, 4, 64}, Shape{40, 16, 4, 32}, Shape{17, 9, 1, 5}, Shape{5, 12, 11, 3}})
+                         Shape{33, 32, 4, 64}, Shape{40, 16, 4, 32}, Shape{17, 9, 1, 5}, Shape{5, 12, 11, 3},
+                         // a histogram of 3000 bins (experts sliced 4 to a team) and one too wide for team scratch
+                         Shape{2100, 13, 3, 3000}, Shape{9, 5, 2, 20000}})
     for (Out out : kOuts)
       for (QbHistogramMode mode : {QbHistogramMode::FusedAtomic, QbHistogramMode::TwoPass}) {
         BOOST_TEST_CONTEXT("T " << sh.T << " E " << sh.E << " k " << sh.k << " bins " << sh.bins << ", "
@@ -576,5 +584,89 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(same_as_topk_router, DeviceType, KOKKOSMOE_DEVICE_
   KokkosMoE::topk_router_backward(Exec(), cfg, map, inter, grad, gl);
   BOOST_TEST(bytes_equal(download(gl_qb), download(gl)));
 }
+
+#if defined(KOKKOS_ENABLE_CUDA)
+// The unchecked calls read the bounds on the device only: captured once, a replay routes the logits and uses the
+// bounds that are in memory at replay time. Each replay adds its counts to the same histogram.
+BOOST_AUTO_TEST_CASE(cuda_graph_replays_new_logits) {
+  using D = Kokkos::Cuda::device_type;
+  const int T = 300, E = 96, k = 8, bins = 200;
+  Problem p = random_problem<float>(T, E, k, bins, 1);
+  RouterConfig cfg;
+  cfg.topk = k;
+  cfg.score_function = KokkosMoE::ScoreFunction::Sigmoid;
+  QbConfig fused, two_pass;
+  fused.validate_bin_bounds = two_pass.validate_bin_bounds = false;
+  two_pass.histogram_mode = QbHistogramMode::TwoPass;
+  std::vector<double> bd(p.b.begin(), p.b.end());
+  auto logits = make2<D, float>("logits", T, E, 0.0f);
+  auto bias = device_vector<D, float>("bias", bd);
+  auto bounds = device_vector<D, float>("bounds", {p.lower, p.upper});
+  auto probs = make2<D, float>("probs", T, E, 0.0f), probs_i = make2<D, float>("probs_i", T, E, 0.0f);
+  auto map = make2<D, std::uint8_t>("map", T, E, std::uint8_t(0));
+  auto idx = make2<D, std::int32_t>("indices", T, k, 0);
+  auto inter = make2<D, float>("inter", T, E, 0.0f), inter_i = make2<D, float>("inter_i", T, E, 0.0f);
+  auto cutoff = make1<D, float>("cutoff", T, 0.0f), cutoff_i = make1<D, float>("cutoff_i", T, 0.0f);
+  auto hist = make2<D, std::int32_t>("hist", E, bins, 0), hist_i = make2<D, std::int32_t>("hist_i", E, bins, 0);
+  cudaStream_t stream;
+  BOOST_REQUIRE(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) == cudaSuccess);
+  {
+    const Kokkos::Cuda exec(stream);
+    auto enqueue = [&] {
+      KokkosMoE::topk_router_qb(exec, cfg, fused, logits, bias, bounds, probs, map, inter, cutoff, hist);
+      KokkosMoE::topk_router_qb_indices(exec, cfg, two_pass, logits, bias, bounds, probs_i, idx, inter_i, cutoff_i,
+                                        hist_i);
+    };
+    enqueue();  // warm-up outside the capture
+    exec.fence();
+    cudaGraph_t graph;
+    BOOST_REQUIRE(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal) == cudaSuccess);
+    enqueue();
+    BOOST_REQUIRE(cudaStreamEndCapture(stream, &graph) == cudaSuccess);
+    cudaGraphExec_t instance;
+    BOOST_REQUIRE(cudaGraphInstantiate(&instance, graph, 0) == cudaSuccess);
+    for (int replay = 0; replay < 3; ++replay) {
+      BOOST_TEST_CONTEXT("replay " << replay) {
+        const Problem q = random_problem<float>(T, E, k, bins, 50 + replay);
+        p.x = q.x;
+        p.lower = -1.2f - 0.1f * replay;  // new bounds on the device, read at replay time
+        p.upper = 1.2f + 0.2f * replay;
+        upload(logits, p.x);
+        upload(bounds, std::vector<float>{p.lower, p.upper});
+        const std::vector<std::int32_t> zero(static_cast<std::size_t>(E) * bins, 0);
+        upload(hist, zero);
+        upload(hist_i, zero);
+        Kokkos::fence();
+        BOOST_REQUIRE(cudaGraphLaunch(instance, stream) == cudaSuccess);
+        BOOST_REQUIRE(cudaStreamSynchronize(stream) == cudaSuccess);
+        Got g, gi;
+        g.routed.resize(T);
+        gi.routed.resize(T);
+        const auto m = download(map);
+        const auto ix = download(idx);
+        for (int t = 0; t < T; ++t) {
+          for (int e = 0; e < E; ++e)
+            if (m[static_cast<std::size_t>(t) * E + e] != 0) g.routed[t].push_back(e);
+          for (int i = 0; i < k; ++i) gi.routed[t].push_back(ix[static_cast<std::size_t>(t) * k + i]);
+        }
+        g.probs = download(probs);
+        gi.probs = download(probs_i);
+        g.intermediate = download(inter);
+        gi.intermediate = download(inter_i);
+        g.cutoff = download(cutoff);
+        gi.cutoff = download(cutoff_i);
+        g.hist = download(hist);
+        gi.hist = download(hist_i);
+        expect_oracle<D, float>(p, g, zero, Out::Bytemap);
+        expect_oracle<D, float>(p, gi, zero, Out::Idx32);
+        BOOST_TEST(g.hist == gi.hist, boost::test_tools::per_element());
+      }
+    }
+    BOOST_TEST(cudaGraphExecDestroy(instance) == cudaSuccess);
+    BOOST_TEST(cudaGraphDestroy(graph) == cudaSuccess);
+  }
+  BOOST_TEST(cudaStreamDestroy(stream) == cudaSuccess);
+}
+#endif
 
 BOOST_AUTO_TEST_SUITE_END()

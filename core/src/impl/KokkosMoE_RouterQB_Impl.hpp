@@ -13,7 +13,8 @@
 //    pair below it. s is recomputed from the saved y with the same single FP32 add, so it is the selection's own.
 //  * the histogram: one count per (token, expert) in bin qb_bin(cutoff - y) (impl/KokkosMoE_RouterMath.hpp),
 //    added with integer atomics, whose sums do not depend on their order: FusedAtomic adds them in the cutoff
-//    kernel, TwoPass in a second kernel over (token, expert) pairs (the kernel of qb_histogram_accumulate).
+//    kernel (one global atomic per pair), TwoPass in a second kernel (the kernel of qb_histogram_accumulate) that
+//    counts a slice of experts over a chunk of tokens in team scratch and adds each non-zero count once.
 
 #include <KokkosMoE_Error.hpp>
 #include <KokkosMoE_RouterConfig.hpp>
@@ -24,6 +25,7 @@
 #include <impl/KokkosMoE_Router_Operands.hpp>
 #include <impl/KokkosMoE_Router_Validate.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <sstream>
@@ -129,11 +131,21 @@ template <class ExecSpace>
 struct PortableQb {
   using team_policy = Kokkos::TeamPolicy<ExecSpace>;
   using member = typename team_policy::member_type;
+  static constexpr bool kHost =
+      Kokkos::SpaceAccessibility<Kokkos::HostSpace, typename ExecSpace::memory_space>::accessible;
+  /// Devices: a token per team thread, its experts over a warp's vector lanes; host spaces: one thread per token.
+  static constexpr int kLanes = kHost ? 1 : 32;
+  static constexpr int kTokensPerTeam = kHost ? 1 : 4;
+  /// The histogram pass keeps the counts of a slice of experts for a chunk of tokens in team scratch and adds them
+  /// to the histogram once per chunk: at most this many bytes of scratch per team, chunks of this many tokens.
+  static constexpr int kScratchBytes = 40 * 1024;
+  static constexpr std::int64_t kChunkTokens = 2048;
 
-  /// The cutoff of every token and, when o.fused, its histogram counts: one team per token.
+  /// The cutoff of every token and, when o.fused, its histogram counts (global integer atomics).
   template <class Ops>
   static void cutoff(const ExecSpace& exec, const Ops& o) {
     const int E = o.num_experts, k = o.topk;
+    const std::int64_t T = o.num_tokens;
     const RoutingOutput out = o.output;
     const bool fused = o.fused;
     const auto inter = o.inter;
@@ -144,66 +156,104 @@ struct PortableQb {
     const auto cut = o.cutoff;
     const auto hist = o.hist;
     const int num_bins = static_cast<int>(hist.extent(1));
-    const team_policy policy(exec, static_cast<int>(o.num_tokens), Kokkos::AUTO);
+    const team_policy policy(exec, static_cast<int>((T + kTokensPerTeam - 1) / kTokensPerTeam), kTokensPerTeam, kLanes);
     Kokkos::parallel_for(
         "KokkosMoE::topk_router_qb::cutoff[portable]", policy, KOKKOS_LAMBDA(const member& team) {
-          const std::int64_t t = team.league_rank();
-          auto score = [&](int e) { return inter(t, e) + to_float(bias(e)); };
-          // The worst routed (key, index) pair.
-          std::uint64_t worst = 0;
-          if (out == RoutingOutput::Indices) {
-            const int w = static_cast<int>(indices(t, k - 1));
-            worst = pack_key(score(w), w);
-          } else {
+          Kokkos::parallel_for(Kokkos::TeamThreadRange(team, kTokensPerTeam), [&](int i) {
+            const std::int64_t t = static_cast<std::int64_t>(team.league_rank()) * kTokensPerTeam + i;
+            if (t >= T) return;
+            auto score = [&](int e) { return inter(t, e) + to_float(bias(e)); };
+            // The worst routed (key, index) pair.
+            std::uint64_t worst = 0;
+            if (out == RoutingOutput::Indices) {
+              const int w = static_cast<int>(indices(t, k - 1));
+              worst = pack_key(score(w), w);
+            } else {
+              Kokkos::parallel_reduce(
+                  Kokkos::ThreadVectorRange(team, E),
+                  [&](int e, std::uint64_t& m) {
+                    const bool routed =
+                        out == RoutingOutput::Bytemap ? map(t, e) != 0 : ((map(t, e >> 3) >> (e & 7)) & 1u) != 0;
+                    if (routed) {
+                      const std::uint64_t key = pack_key(score(e), e);
+                      if (key < m) m = key;
+                    }
+                  },
+                  Kokkos::Min<std::uint64_t>(worst));
+            }
+            // order[k]: the best pair below it (there is one: topk <= E - 1).
+            std::uint64_t next = 0;
             Kokkos::parallel_reduce(
-                Kokkos::TeamThreadRange(team, E),
+                Kokkos::ThreadVectorRange(team, E),
                 [&](int e, std::uint64_t& m) {
-                  const bool routed =
-                      out == RoutingOutput::Bytemap ? map(t, e) != 0 : ((map(t, e >> 3) >> (e & 7)) & 1u) != 0;
-                  if (routed) {
-                    const std::uint64_t key = pack_key(score(e), e);
-                    if (key < m) m = key;
-                  }
+                  const std::uint64_t key = pack_key(score(e), e);
+                  if (key < worst && key > m) m = key;
                 },
-                Kokkos::Min<std::uint64_t>(worst));
-          }
-          // order[k]: the best pair below it (there is one: topk <= E - 1).
-          std::uint64_t next = 0;
-          Kokkos::parallel_reduce(
-              Kokkos::TeamThreadRange(team, E),
-              [&](int e, std::uint64_t& m) {
-                const std::uint64_t key = pack_key(score(e), e);
-                if (key < worst && key > m) m = key;
-              },
-              Kokkos::Max<std::uint64_t>(next));
-          const float c = score(key_index(next));
-          Kokkos::single(Kokkos::PerTeam(team), [&] { cut(t) = c; });
-          if (fused) {
-            const float lower = bounds(0), scale = qb_bin_scale(lower, bounds(1), num_bins);
-            Kokkos::parallel_for(Kokkos::TeamThreadRange(team, E), [&](int e) {
-              Kokkos::atomic_add(&hist(e, qb_bin(c - inter(t, e), lower, scale, num_bins)), 1);
-            });
-          }
+                Kokkos::Max<std::uint64_t>(next));
+            const float c = score(key_index(next));
+            Kokkos::single(Kokkos::PerThread(team), [&] { cut(t) = c; });
+            if (fused) {
+              const float lower = bounds(0), scale = qb_bin_scale(lower, bounds(1), num_bins);
+              Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, E), [&](int e) {
+                Kokkos::atomic_add(&hist(e, qb_bin(c - inter(t, e), lower, scale, num_bins)), 1);
+              });
+            }
+          });
         });
   }
 
-  /// One count per (token, expert) pair from the saved intermediate and cutoff.
+  /// One count per (token, expert) pair from the saved intermediate and cutoff. A team takes a slice of experts
+  /// and a chunk of tokens, counts them in scratch, then adds the non-zero counts to the histogram; histograms too
+  /// wide for one expert's counts in scratch take one global atomic per pair.
   template <class Ops>
   static void histogram(const ExecSpace& exec, const Ops& o) {
-    const std::int64_t E = o.num_experts;
+    const int E = o.num_experts;
+    const std::int64_t T = o.num_tokens;
     const auto inter = o.inter;
     const auto cut = o.cutoff;
     const auto bounds = o.bounds;
     const auto hist = o.hist;
     const int num_bins = static_cast<int>(hist.extent(1));
+    const std::int64_t per_expert = 4 * static_cast<std::int64_t>(num_bins);
+    if (per_expert > kScratchBytes) {
+      Kokkos::parallel_for(
+          "KokkosMoE::qb_histogram_accumulate[portable,global]",
+          Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>(exec, 0, T * E),
+          KOKKOS_LAMBDA(std::int64_t i) {
+            const std::int64_t t = i / E;
+            const int e = static_cast<int>(i - t * E);
+            const float lower = bounds(0), scale = qb_bin_scale(lower, bounds(1), num_bins);
+            Kokkos::atomic_add(&hist(e, qb_bin(cut(t) - inter(t, e), lower, scale, num_bins)), 1);
+          });
+      return;
+    }
+    const int W = static_cast<int>(std::min<std::int64_t>({8, E, kScratchBytes / per_expert}));
+    const int slices = (E + W - 1) / W;
+    const std::int64_t chunks = (T + kChunkTokens - 1) / kChunkTokens;
+    using Scratch = Kokkos::View<int*, typename ExecSpace::scratch_memory_space, Kokkos::MemoryUnmanaged>;
+    const int cells = W * num_bins;
+    team_policy policy(exec, static_cast<int>(slices * chunks), kHost ? 1 : 256);
+    policy.set_scratch_size(0, Kokkos::PerTeam(Scratch::shmem_size(cells)));
     Kokkos::parallel_for(
-        "KokkosMoE::qb_histogram_accumulate[portable]",
-        Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>(exec, 0, o.num_tokens * E),
-        KOKKOS_LAMBDA(std::int64_t i) {
-          const std::int64_t t = i / E;
-          const int e = static_cast<int>(i - t * E);
+        "KokkosMoE::qb_histogram_accumulate[portable]", policy, KOKKOS_LAMBDA(const member& team) {
+          const int slice = static_cast<int>(team.league_rank() % slices);
+          const std::int64_t t0 = (team.league_rank() / slices) * kChunkTokens;
+          const std::int64_t t1 = t0 + kChunkTokens < T ? t0 + kChunkTokens : T;
+          const int e0 = slice * W, w = E - e0 < W ? E - e0 : W;
+          const Scratch counts(team.team_scratch(0), cells);
+          Kokkos::parallel_for(Kokkos::TeamThreadRange(team, cells), [&](int i) { counts(i) = 0; });
+          team.team_barrier();
           const float lower = bounds(0), scale = qb_bin_scale(lower, bounds(1), num_bins);
-          Kokkos::atomic_add(&hist(e, qb_bin(cut(t) - inter(t, e), lower, scale, num_bins)), 1);
+          Kokkos::parallel_for(Kokkos::TeamThreadRange(team, (t1 - t0) * w), [&](std::int64_t i) {
+            const std::int64_t t = t0 + i / w;
+            const int j = static_cast<int>(i % w);
+            Kokkos::atomic_add(&counts(j * num_bins + qb_bin(cut(t) - inter(t, e0 + j), lower, scale, num_bins)), 1);
+          });
+          team.team_barrier();
+          Kokkos::parallel_for(Kokkos::TeamThreadRange(team, w * num_bins), [&](int i) {
+            const int c = counts(i);
+            if (c != 0) Kokkos::atomic_add(&hist(e0 + i / num_bins, i % num_bins), c);
+          });
         });
   }
 };
