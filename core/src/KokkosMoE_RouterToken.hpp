@@ -14,6 +14,8 @@
 ///   TeamTokenRoute<Member>::invoke(member, ...)                                      the team's threads
 ///   TeamVectorTokenRoute<Member>::invoke(member, ...)                                threads and vector lanes
 ///   ThreadVectorTokenRoute<Member>::invoke(member, ...)                              one thread's vector lanes
+/// and their Quantile Balancing forms (SerialTokenRouteQB, ...: the same arguments, the cutoff returned;
+/// make_token_router_qb_params; docs/router.md §19).
 /// Team variants are collective: every thread of the team (ThreadVector: every vector lane of the calling thread)
 /// calls them with the same arguments. Serial selects in one pass with an insertion buffer; the others run k rounds
 /// of a max reduction; both give the same slots (selection keys are unique, docs/router.md §6).
@@ -29,6 +31,7 @@
 #include <Kokkos_Core.hpp>
 #include <kokkos_ext/KokkosMoE_Float16.hpp>
 
+#include <impl/KokkosMoE_RouterQB_Impl.hpp>
 #include <impl/KokkosMoE_RouterToken_Impl.hpp>
 #include <impl/KokkosMoE_Router_Validate.hpp>
 
@@ -107,6 +110,80 @@ struct ThreadVectorTokenRoute {
                                             const LogitsRow& logits, const BiasRow& bias, const Work& work,
                                             const IdsRow& ids, const WeightsRow& weights) {
     Impl::token_route_compact(Impl::ThreadVectorLoops<MemberType>{member}, p, logits, bias, work, ids, weights);
+  }
+};
+
+// ---- Quantile Balancing (docs/router.md §19) --------------------------------------------------------------------
+
+/// Validates \p config for the QB variants (Sigmoid, an expert bias, no grouping, no pre-softmax,
+/// 1 <= topk <= num_experts - 1, then every rule of topk_router) for \p num_experts experts.
+/// \throws KokkosMoE::InvalidArgument naming the field and the rule (docs/router.md §19.3)
+inline TokenRouterParams make_token_router_qb_params(const RouterConfig& config, int num_experts) {
+  constexpr const char* fn = "make_token_router_qb_params";
+  Impl::check_counts(fn, 1, num_experts);
+  Impl::check_qb_rules(fn, config, num_experts, true, 1);
+  Impl::check_router_config(fn, config, num_experts, true);
+  return Impl::token_params(config, num_experts, true);
+}
+
+namespace Impl {
+/// Routes one token as token_route_compact and returns its cutoff: the score of the best (key, index) pair below
+/// the k-th selected one, i.e. order[k] (docs/router.md §19.4), on every calling thread and lane.
+template <class Loops, class LogitsRow, class BiasRow, class Work, class IdsRow, class WeightsRow>
+KOKKOS_INLINE_FUNCTION float token_route_qb(const Loops& loops, const TokenParams& p, const LogitsRow& logits,
+                                            const BiasRow& bias, const Work& work, const IdsRow& ids,
+                                            const WeightsRow& weights) {
+  token_route_compact(loops, p, logits, bias, work, ids, weights);
+  const std::uint64_t worst = work.keys(p.topk - 1);
+  const std::uint64_t next = loops.max_key(p.num_experts, [&](const int e) {
+    const std::uint64_t key = pack_key(work.s(p, e), e);
+    return key < worst ? key : std::uint64_t(0);
+  });
+  return work.s(p, key_index(next));
+}
+}  // namespace Impl
+
+/// QB for one token on one thread: the outputs of SerialTokenRoute, and the cutoff as the return value. The
+/// histogram count of expert e is the caller's: bin qb_bin(cutoff - work.act(e), ...) of docs/router.md §19.5.
+/// \p p from make_token_router_qb_params; \p bias is required.
+struct SerialTokenRouteQB {
+  template <class LogitsRow, class BiasRow, class Work, class IdsRow, class WeightsRow>
+  KOKKOS_INLINE_FUNCTION static float invoke(const TokenRouterParams& p, const LogitsRow& logits, const BiasRow& bias,
+                                             const Work& work, const IdsRow& ids, const WeightsRow& weights) {
+    return Impl::token_route_qb(Impl::SerialLoops{}, p, logits, bias, work, ids, weights);
+  }
+};
+
+/// QB for one token on the threads of a team (TeamThreadRange); every thread gets the cutoff.
+template <class MemberType>
+struct TeamTokenRouteQB {
+  template <class LogitsRow, class BiasRow, class Work, class IdsRow, class WeightsRow>
+  KOKKOS_INLINE_FUNCTION static float invoke(const MemberType& member, const TokenRouterParams& p,
+                                             const LogitsRow& logits, const BiasRow& bias, const Work& work,
+                                             const IdsRow& ids, const WeightsRow& weights) {
+    return Impl::token_route_qb(Impl::TeamLoops<MemberType>{member}, p, logits, bias, work, ids, weights);
+  }
+};
+
+/// QB for one token on the threads and vector lanes of a team (TeamVectorRange).
+template <class MemberType>
+struct TeamVectorTokenRouteQB {
+  template <class LogitsRow, class BiasRow, class Work, class IdsRow, class WeightsRow>
+  KOKKOS_INLINE_FUNCTION static float invoke(const MemberType& member, const TokenRouterParams& p,
+                                             const LogitsRow& logits, const BiasRow& bias, const Work& work,
+                                             const IdsRow& ids, const WeightsRow& weights) {
+    return Impl::token_route_qb(Impl::TeamVectorLoops<MemberType>{member}, p, logits, bias, work, ids, weights);
+  }
+};
+
+/// QB for one token on the vector lanes of the calling team thread (ThreadVectorRange).
+template <class MemberType>
+struct ThreadVectorTokenRouteQB {
+  template <class LogitsRow, class BiasRow, class Work, class IdsRow, class WeightsRow>
+  KOKKOS_INLINE_FUNCTION static float invoke(const MemberType& member, const TokenRouterParams& p,
+                                             const LogitsRow& logits, const BiasRow& bias, const Work& work,
+                                             const IdsRow& ids, const WeightsRow& weights) {
+    return Impl::token_route_qb(Impl::ThreadVectorLoops<MemberType>{member}, p, logits, bias, work, ids, weights);
   }
 };
 

@@ -10,11 +10,14 @@
 //  * router_qb/validation: every rule of §19.3, by its id, in its order;
 //  * router_qb/same_as_topk_router: QB's routing, probs and intermediate are topk_router's bit for bit, and the
 //    backward from QB's saved state is the Sigmoid backward (case 11);
+//  * router_qb/token_functions: the per-token QB device functions (Serial, Team, TeamVector, ThreadVector) in a user
+//    kernel give the oracle's routes, weights and cutoff, and the cutoff of topk_router_qb bit for bit;
 //  * router_qb/cuda_graph_replays_new_logits (Cuda): unchecked QB calls (both modes, map and indices) captured once
 //    in a CUDA graph, replayed with new logits and new bounds, equal the oracle and the eager calls.
 
 #include <KokkosMoE_EnableDeviceTypes.hpp>
 #include <KokkosMoE_RouterQB.hpp>
+#include <KokkosMoE_RouterToken.hpp>
 
 #include <Kokkos_Core.hpp>
 
@@ -583,6 +586,131 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(same_as_topk_router, DeviceType, KOKKOSMOE_DEVICE_
   KokkosMoE::topk_router_backward(Exec(), cfg, map_qb, inter_qb, grad, gl_qb);
   KokkosMoE::topk_router_backward(Exec(), cfg, map, inter, grad, gl);
   BOOST_TEST(bytes_equal(download(gl_qb), download(gl)));
+}
+
+namespace {
+enum class Variant { Serial, Team, TeamVector, ThreadVector };
+
+/// A user kernel around the per-token QB functions: one team per token (ThreadVector: one token per team thread),
+/// the workspace in scratch, the cutoff written by one thread.
+template <class D>
+struct QbTokenKernel {
+  using Exec = typename D::execution_space;
+  using member_type = typename Kokkos::TeamPolicy<Exec>::member_type;
+  using Work = KokkosMoE::TokenRouterWorkspace<typename Exec::scratch_memory_space>;
+  Variant variant;
+  KokkosMoE::TokenRouterParams p;
+  V2<D, const float> logits;
+  V1<D, const float> bias;
+  V2<D, std::int32_t> ids;
+  V2<D, float> weights;
+  V1<D, float> cutoff;
+  int tokens_per_team;
+
+  template <class V>
+  KOKKOS_INLINE_FUNCTION static auto row(const V& v, int t) {
+    return Kokkos::subview(v, t, Kokkos::ALL);
+  }
+  KOKKOS_INLINE_FUNCTION void operator()(const member_type& m) const {
+    if (variant == Variant::ThreadVector) {
+      const int t = m.league_rank() * tokens_per_team + m.team_rank();
+      if (t >= static_cast<int>(logits.extent(0))) return;
+      const Work w(m.thread_scratch(0), p);
+      const float c = KokkosMoE::ThreadVectorTokenRouteQB<member_type>::invoke(m, p, row(logits, t), bias, w,
+                                                                               row(ids, t), row(weights, t));
+      Kokkos::single(Kokkos::PerThread(m), [&]() { cutoff(t) = c; });
+      return;
+    }
+    const int t = m.league_rank();
+    const Work w(m.team_scratch(0), p);
+    if (variant == Variant::Serial) {
+      Kokkos::single(Kokkos::PerTeam(m), [&]() {
+        cutoff(t) = KokkosMoE::SerialTokenRouteQB::invoke(p, row(logits, t), bias, w, row(ids, t), row(weights, t));
+      });
+      return;
+    }
+    const float c = variant == Variant::Team ? KokkosMoE::TeamTokenRouteQB<member_type>::invoke(
+                                                   m, p, row(logits, t), bias, w, row(ids, t), row(weights, t))
+                                             : KokkosMoE::TeamVectorTokenRouteQB<member_type>::invoke(
+                                                   m, p, row(logits, t), bias, w, row(ids, t), row(weights, t));
+    Kokkos::single(Kokkos::PerTeam(m), [&]() { cutoff(t) = c; });
+  }
+};
+}  // namespace
+
+BOOST_AUTO_TEST_CASE_TEMPLATE(token_functions, DeviceType, KOKKOSMOE_DEVICE_TYPES) {
+  using D = DeviceType;
+  using Exec = typename D::execution_space;
+  constexpr bool host = Kokkos::SpaceAccessibility<Kokkos::HostSpace, typename D::memory_space>::accessible;
+  struct Shape {
+    int T, E, k;
+  };
+  for (const Shape sh : {Shape{70, 384, 8}, Shape{33, 16, 15}, Shape{40, 9, 1}}) {
+    const Problem p = random_problem<float>(sh.T, sh.E, sh.k, 10, 300u + sh.E);
+    RouterConfig cfg;
+    cfg.topk = p.k;
+    cfg.score_function = KokkosMoE::ScoreFunction::Sigmoid;
+    const KokkosMoE::TokenRouterParams params = KokkosMoE::make_token_router_qb_params(cfg, p.E);
+    std::vector<double> xd(p.x.begin(), p.x.end()), bd(p.b.begin(), p.b.end());
+    const auto logits = device_values<D, float>("logits", p.T, p.E, xd);
+    const auto bias = device_vector<D, float>("bias", bd);
+    const QbOracle::Result o = QbOracle::route(p.x, p.b, p.T, p.E, p.k, p.sf, p.lower, p.upper, p.num_bins);
+    // The library's own cutoff of the same batch.
+    const Got api = run_qb<D, float>(p, Out::Idx32, QbHistogramMode::FusedAtomic,
+                                     std::vector<std::int32_t>(static_cast<std::size_t>(p.E) * p.num_bins, 0));
+    const std::size_t bytes = KokkosMoE::TokenRouterWorkspace<typename Exec::scratch_memory_space>::shmem_size(params);
+    for (const Variant v : {Variant::Serial, Variant::Team, Variant::TeamVector, Variant::ThreadVector}) {
+      BOOST_TEST_CONTEXT("variant " << static_cast<int>(v) << ", T " << p.T << " E " << p.E << " k " << p.k) {
+        auto ids = make2<D, std::int32_t>("ids", p.T, p.k, -1);
+        auto weights = make2<D, float>("weights", p.T, p.k, -1.0f);
+        auto cutoff = make1<D, float>("cutoff", p.T, -3.0f);
+        QbTokenKernel<D> kernel{v, params, logits, bias, ids, weights, cutoff, 1};
+        if (v == Variant::ThreadVector) {
+          const int vl = host ? 1 : 8, tpt = host ? 1 : 4;
+          kernel.tokens_per_team = tpt;
+          Kokkos::TeamPolicy<Exec> policy(Exec{}, (p.T + tpt - 1) / tpt, tpt, vl);
+          policy.set_scratch_size(0, Kokkos::PerThread(bytes));
+          Kokkos::parallel_for("test::qb_thread_vector", policy, kernel);
+        } else {
+          const int ts = (host || v == Variant::Serial) ? 1 : (v == Variant::TeamVector ? 8 : 32);
+          Kokkos::TeamPolicy<Exec> policy(Exec{}, p.T, ts, (!host && v == Variant::TeamVector) ? 4 : 1);
+          policy.set_scratch_size(0, Kokkos::PerTeam(bytes));
+          Kokkos::parallel_for("test::qb_team", policy, kernel);
+        }
+        Exec{}.fence();
+        const auto got_ids = download(ids);
+        const auto got_w = download(weights);
+        const auto got_c = download(cutoff);
+        const Tol tol = fp32_tol(p.E);
+        Mismatches log("per-token QB vs oracle");
+        for (int t = 0; t < p.T; ++t) {
+          for (int i = 0; i < p.k; ++i) {
+            const std::size_t j = static_cast<std::size_t>(t) * p.k + i;
+            const bool w_ok = host ? same_float(got_w[j], o.weights[j]) : close(got_w[j], o.weights[j], tol);
+            if (got_ids[j] != o.routes[j] || !w_ok)
+              log.add([&](std::ostream& os) { os << "token " << t << " slot " << i << ": id " << got_ids[j]; });
+          }
+          const bool c_ok = host ? same_float(got_c[t], o.cutoff[t]) : close(got_c[t], o.cutoff[t], tol);
+          if (!c_ok || !same_float(got_c[t], api.cutoff[t]))
+            log.add([&](std::ostream& os) {
+              os << "token " << t << ": cutoff " << got_c[t] << " (oracle " << o.cutoff[t] << ", topk_router_qb "
+                 << api.cutoff[t] << ")";
+            });
+        }
+        log.report();
+      }
+    }
+  }
+  // The QB rules at the boundary of the device functions.
+  RouterConfig bad;
+  bad.topk = 8;
+  bad.score_function = KokkosMoE::ScoreFunction::Sigmoid;
+  try {
+    KokkosMoE::make_token_router_qb_params(bad, 8);
+    BOOST_TEST(false, "topk = E: no error");
+  } catch (const KokkosMoE::InvalidArgument& e) {
+    BOOST_TEST(std::string(KokkosMoE::rule_name(e.rule())) == KokkosMoE::rule_name(Rule::QbTopkRange));
+  }
 }
 
 #if defined(KOKKOS_ENABLE_CUDA)
