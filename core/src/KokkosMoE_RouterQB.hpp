@@ -43,16 +43,7 @@ void run_topk_router_qb(const char* fn, const ExecSpace& exec, const RouterConfi
   q.map = o.map;
   q.indices = o.indices;
   PortableQb<ExecSpace>::cutoff(exec, q);
-  if (!q.fused) {
-    QbHistogramOperands<ExecSpace> h;
-    h.num_tokens = q.num_tokens;
-    h.num_experts = q.num_experts;
-    h.inter = q.inter;
-    h.cutoff = q.cutoff;
-    h.bounds = q.bounds;
-    h.hist = q.hist;
-    PortableQb<ExecSpace>::histogram(exec, h);
-  }
+  if (!q.fused) PortableQb<ExecSpace>::histogram(exec, histogram_operands(q));
 }
 
 /// Rule 1 of §19.3 for the operands every QB forward has, then rules 2-7.

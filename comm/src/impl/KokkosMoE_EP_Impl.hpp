@@ -309,26 +309,25 @@ struct EpHandleState {
 
   /// The receive maps, recv_rows_alloc rows each, zero-filled when they are made (at the handle's creation).
   void alloc_recv_maps() {
-    auto a = [](const char* n, std::int64_t len) {
-      return Kokkos::View<int*, Mem>(std::string("KokkosMoE::ep::") + n, static_cast<std::size_t>(len));
-    };
-    v.recv_expert = a("recv_expert", recv_rows_alloc);
-    v.recv_src = a("recv_src", recv_rows_alloc);
-    v.recv_k = a("recv_k", recv_rows_alloc);
+    make_recv_maps([](const std::string& label, std::size_t n) { return Kokkos::View<int*, Mem>(label, n); });
   }
 
   /// The same inside an operation: zero-filled by \p exec, after which the operation's kernels use them (a View's
   /// own initialization would run on the default instance, whatever instance view_alloc names, in Kokkos 3.4).
   void alloc_recv_maps(const Exec& exec) {
-    auto a = [&](const char* n, std::int64_t len) {
-      Kokkos::View<int*, Mem> m(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string("KokkosMoE::ep::") + n),
-                                static_cast<std::size_t>(len));
+    make_recv_maps([&](const std::string& label, std::size_t n) {
+      Kokkos::View<int*, Mem> m(Kokkos::view_alloc(Kokkos::WithoutInitializing, label), n);
       Kokkos::deep_copy(exec, m, 0);
       return m;
-    };
-    v.recv_expert = a("recv_expert", recv_rows_alloc);
-    v.recv_src = a("recv_src", recv_rows_alloc);
-    v.recv_k = a("recv_k", recv_rows_alloc);
+    });
+  }
+
+  template <class Make>
+  void make_recv_maps(const Make& make) {
+    const auto n = static_cast<std::size_t>(recv_rows_alloc);
+    v.recv_expert = make("KokkosMoE::ep::recv_expert", n);
+    v.recv_src = make("KokkosMoE::ep::recv_src", n);
+    v.recv_k = make("KokkosMoE::ep::recv_k", n);
   }
 
   /// Eager mode only: the exact receive rows are known after the layout's one host wait. Maps too small for them

@@ -65,6 +65,19 @@ struct QbHistogramOperands {
   typename V::template Out2<std::int32_t> hist;  ///< [E, num_bins]
 };
 
+/// The histogram pass's operands from a forward's QB operands (TwoPass).
+template <class ExecSpace, class BiasScalar, class Index>
+QbHistogramOperands<ExecSpace> histogram_operands(const QbOperands<ExecSpace, BiasScalar, Index>& q) {
+  QbHistogramOperands<ExecSpace> h;
+  h.num_tokens = q.num_tokens;
+  h.num_experts = q.num_experts;
+  h.inter = q.inter;
+  h.cutoff = q.cutoff;
+  h.bounds = q.bounds;
+  h.hist = q.hist;
+  return h;
+}
+
 // ---- validation (docs/router.md §19.3) ------------------------------------------------------------------------
 
 /// Rules 2-7 of §19.3, after the shapes (rule 1) and before the rest of the router's configuration checks.
