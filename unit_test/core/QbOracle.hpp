@@ -25,8 +25,23 @@ struct Result {
   std::vector<float> intermediate;  ///< [T, E]
   std::vector<float> cutoff;        ///< [T]
   std::vector<std::int32_t> hist;   ///< [E, num_bins]: the counts of this batch only
-  std::vector<double> z;            ///< [T, E] the bin coordinate of every pair (for the bounded histogram check)
 };
+
+/// §19.5's count of one token: every expert's bin of `(c - y[e] - lower) * scale`, clamped, NaN into bin 0.
+inline void count_token(float c, const float* y, int E, float lower, float scale, int num_bins,
+                        std::vector<std::int32_t>& hist) {
+  for (int e = 0; e < E; ++e) {
+    const float z = ((c - y[e]) - lower) * scale;
+    int bin = 0;
+    if (!(z >= 0.0f))
+      bin = 0;
+    else if (z >= static_cast<float>(num_bins))
+      bin = num_bins - 1;
+    else
+      bin = static_cast<int>(std::floor(z));
+    ++hist[static_cast<std::size_t>(e) * num_bins + bin];
+  }
+}
 
 /// \p x [T, E] logits as FP32, \p b [E] bias as FP32, \p lower / \p upper the bin bounds.
 inline Result route(const std::vector<float>& x, const std::vector<float>& b, int T, int E, int k, float sf,
@@ -37,7 +52,6 @@ inline Result route(const std::vector<float>& x, const std::vector<float>& b, in
   r.intermediate.assign(static_cast<std::size_t>(T) * E, 0.0f);
   r.cutoff.assign(T, 0.0f);
   r.hist.assign(static_cast<std::size_t>(E) * num_bins, 0);
-  r.z.assign(static_cast<std::size_t>(T) * E, 0.0);
   const float scale = static_cast<float>(num_bins) / (upper - lower);
   std::vector<float> y(E), s(E);
   std::vector<int> order(E);
@@ -64,54 +78,21 @@ inline Result route(const std::vector<float>& x, const std::vector<float>& b, in
     }
     const float c = s[order[k]];
     r.cutoff[t] = c;
-    for (int e = 0; e < E; ++e) {
-      const float z = ((c - y[e]) - lower) * scale;
-      r.z[static_cast<std::size_t>(t) * E + e] = z;
-      int bin = 0;
-      if (!(z >= 0.0f))
-        bin = 0;
-      else if (z >= static_cast<float>(num_bins))
-        bin = num_bins - 1;
-      else
-        bin = static_cast<int>(std::floor(z));
-      ++r.hist[static_cast<std::size_t>(e) * num_bins + bin];
-    }
+    count_token(c, y.data(), E, lower, scale, num_bins, r.hist);
   }
   return r;
 }
 
-/// §19.10's bounded check, for an implementation whose expf may differ from the oracle's: per expert equal totals,
-/// and every cumulative count between the one with the ambiguous pairs (z within 1e-4 of an integer) in their upper
-/// bin and the one with them in their lower bin. Returns the first expert that fails, or -1.
-inline int bounded_histogram_mismatch(const Result& o, const std::vector<std::int32_t>& got, int T, int E,
-                                      int num_bins) {
-  std::vector<std::int64_t> lo(static_cast<std::size_t>(E) * num_bins, 0), hi(lo.size(), 0);
-  auto bin_of = [&](double z) {
-    if (!(z >= 0.0)) return 0;
-    if (z >= num_bins) return num_bins - 1;
-    return static_cast<int>(std::floor(z));
-  };
+/// The counts §19.5 gives for an implementation's own `cutoff` [T] and `intermediate` [T, E]. Binning is FP32
+/// subtraction, subtraction, multiplication and floor: no `expf`, no contraction, so a backend whose `expf` differs
+/// from the host's must still produce exactly these counts (its cutoff and intermediate are checked within §16.1).
+inline std::vector<std::int32_t> recount(const std::vector<float>& cutoff, const std::vector<float>& intermediate,
+                                         int T, int E, float lower, float upper, int num_bins) {
+  std::vector<std::int32_t> hist(static_cast<std::size_t>(E) * num_bins, 0);
+  const float scale = static_cast<float>(num_bins) / (upper - lower);
   for (int t = 0; t < T; ++t)
-    for (int e = 0; e < E; ++e) {
-      const double z = o.z[static_cast<std::size_t>(t) * E + e];
-      const double near = std::nearbyint(z);
-      const bool ambiguous = std::isfinite(z) && std::fabs(z - near) <= 1e-4;
-      const int b_lo = ambiguous ? bin_of(near - 0.5) : bin_of(z), b_hi = ambiguous ? bin_of(near + 0.5) : bin_of(z);
-      ++lo[static_cast<std::size_t>(e) * num_bins + b_lo];
-      ++hi[static_cast<std::size_t>(e) * num_bins + b_hi];
-    }
-  for (int e = 0; e < E; ++e) {
-    std::int64_t c_got = 0, c_lo = 0, c_hi = 0;
-    for (int j = 0; j < num_bins; ++j) {
-      const std::size_t i = static_cast<std::size_t>(e) * num_bins + j;
-      c_got += got[i];
-      c_lo += lo[i];
-      c_hi += hi[i];
-      if (c_got < c_hi || c_got > c_lo) return e;
-    }
-    if (c_got != T) return e;
-  }
-  return -1;
+    count_token(cutoff[t], intermediate.data() + static_cast<std::size_t>(t) * E, E, lower, scale, num_bins, hist);
+  return hist;
 }
 
 }  // namespace KokkosMoETest::QbOracle
