@@ -66,6 +66,9 @@ struct QbConfig {
   /// InvalidArgument (Rule::QbBinBounds) unless both are finite and lower < upper. false ("unchecked"): the bounds
   /// are read on the device only (no fence; capturable in a CUDA graph); the caller guarantees the rule.
   bool validate_bin_bounds = true;
+  /// The QB pass (cutoff and histogram; the forward follows RouterConfig::implementation): Auto runs the native
+  /// histogram kernel where one exists (Kokkos::Cuda, in both modes), Portable the generic Kokkos kernels.
+  Implementation implementation = Implementation::Auto;
 };
 
 }  // namespace KokkosMoE

@@ -29,21 +29,31 @@ namespace Impl {
 template <class ExecSpace, class Ops, class QbOps, class LogitsView>
 void run_topk_router_qb(const char* fn, const ExecSpace& exec, const RouterConfig& config, const QbConfig& qb, Ops& o,
                         QbOps& q, const LogitsView& logits) {
-  check_qb_mode(fn, qb.histogram_mode);
+  check_qb_config(fn, qb);
   if (qb.validate_bin_bounds) check_bin_bounds(fn, exec, q.bounds);
-  run_topk_forward(fn, exec, config, o, logits);
-  if (o.num_tokens == 0) return;
+  // The forward; with both implementations Auto it may write the cutoff too (the native lane kernel on Cuda).
+  bool cutoff_written = false;
+  if (config.implementation == Implementation::Auto && qb.implementation == Implementation::Auto) {
+    if (config.check_finite) run_check_finite(exec, fn, "logits", logits);
+    if (o.num_tokens == 0) return;
+    cutoff_written = QbSpec<ExecSpace>::forward(exec, config, o, q.cutoff.data());
+  } else {
+    run_topk_forward(fn, exec, config, o, logits);
+    if (o.num_tokens == 0) return;
+  }
   q.output = o.output;
   q.num_tokens = o.num_tokens;
   q.num_experts = o.params.num_experts;
   q.topk = config.topk;
-  q.fused = qb.histogram_mode == QbHistogramMode::FusedAtomic;
+  // A native histogram pass counts faster than one atomic per pair in the cutoff kernel: both modes run it there.
+  const bool native = QbSpec<ExecSpace>::native_histogram && qb.implementation == Implementation::Auto;
+  q.fused = qb.histogram_mode == QbHistogramMode::FusedAtomic && !native;
   q.inter = o.inter;
   q.bias = o.bias;
   q.map = o.map;
   q.indices = o.indices;
-  PortableQb<ExecSpace>::cutoff(exec, q);
-  if (!q.fused) PortableQb<ExecSpace>::histogram(exec, histogram_operands(q));
+  if (!cutoff_written || q.fused) PortableQb<ExecSpace>::cutoff(exec, q);
+  if (!q.fused) qb_histogram_pass(exec, qb.implementation, histogram_operands(q));
 }
 
 /// Rule 1 of §19.3 for the operands every QB forward has, then rules 2-7.
@@ -205,6 +215,7 @@ void qb_histogram_accumulate(const ExecSpace& exec, const QbConfig& qb, const In
                            Impl::span_of("bin_bounds", bin_bounds)};
   const Impl::Span out[] = {Impl::span_of("histogram", histogram)};
   Impl::check_no_alias(fn, in, out);
+  Impl::check_qb_config(fn, qb);
   if (qb.validate_bin_bounds) Impl::check_bin_bounds(fn, exec, bin_bounds);
   if (T == 0) return;
   Impl::QbHistogramOperands<ExecSpace> h;
@@ -214,7 +225,7 @@ void qb_histogram_accumulate(const ExecSpace& exec, const QbConfig& qb, const In
   h.cutoff = Impl::canonical1<decltype(h.cutoff)>(cutoff);
   h.bounds = Impl::canonical1<decltype(h.bounds)>(bin_bounds);
   h.hist = Impl::canonical2<decltype(h.hist)>(histogram);
-  Impl::PortableQb<ExecSpace>::histogram(exec, h);
+  Impl::qb_histogram_pass(exec, qb.implementation, h);
 }
 
 /// \brief Throws InvalidArgument (Rule::QbBinBounds) unless both bounds of \p bin_bounds [2] are finite and

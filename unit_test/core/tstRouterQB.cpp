@@ -8,6 +8,8 @@
 //    histogram counts exact there, else exactly the counts of the backend's own cutoff and intermediate (docs/router.md
 //    §19.10); the histogram accumulates onto what it held.
 //  * router_qb/edge_*: the twelve edge cases of §19.10 (the device-total aux loss, case 12, is router_aux's);
+//  * router_qb/native_cutoff_equals_portable: the cutoff of the native forward (Cuda) bitwise the portable pass's,
+//    on scores that share their upper key bits and on exact ties;
 //  * router_qb/validation: every rule of §19.3, by its id, in its order;
 //  * router_qb/same_as_topk_router: QB's routing, probs and intermediate are topk_router's bit for bit, and the
 //    backward from QB's saved state is the Sigmoid backward (case 11);
@@ -92,7 +94,7 @@ void run_indices(const RouterConfig& cfg, const QbConfig& qb, const V2<D, S>& lo
 /// Runs one QB forward on DeviceType D with \p out and \p mode onto a histogram holding \p prefill.
 template <class D, class S>
 Got run_qb(const Problem& p, Out out, QbHistogramMode mode, const std::vector<std::int32_t>& prefill,
-           bool validate = true) {
+           bool validate = true, KokkosMoE::Implementation impl = KokkosMoE::Implementation::Auto) {
   using Exec = typename D::execution_space;
   RouterConfig cfg;
   cfg.topk = p.k;
@@ -102,6 +104,7 @@ Got run_qb(const Problem& p, Out out, QbHistogramMode mode, const std::vector<st
   QbConfig qb;
   qb.histogram_mode = mode;
   qb.validate_bin_bounds = validate;
+  qb.implementation = impl;
   std::vector<double> xd(p.x.begin(), p.x.end()), bd(p.b.begin(), p.b.end());
   auto logits = device_values<D, S>("logits", p.T, p.E, xd);
   auto bias = device_vector<D, float>("bias", bd);
@@ -274,6 +277,20 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(matches_oracle, DeviceType, KOKKOSMOE_DEVICE_TYPES
           }
         }
       }
+  // The generic Kokkos QB pass where a native one is the default (Kokkos::Cuda): the float4 and the scalar slices,
+  // and the global-atomic pass of a histogram too wide for shared memory.
+  for (const Shape sh : {Shape{257, 896, 8, 1000}, Shape{2100, 13, 3, 3000}, Shape{9, 5, 2, 20000}})
+    for (Out out : {Out::Bytemap, Out::Idx32})
+      for (QbHistogramMode mode : {QbHistogramMode::FusedAtomic, QbHistogramMode::TwoPass}) {
+        BOOST_TEST_CONTEXT("Portable, T " << sh.T << " E " << sh.E << " k " << sh.k << " bins " << sh.bins << ", "
+                                          << out_name(out)
+                                          << (mode == QbHistogramMode::TwoPass ? ", TwoPass" : ", FusedAtomic")) {
+          const auto pre = pattern(sh.E, sh.bins);
+          const Problem p = random_problem<float>(sh.T, sh.E, sh.k, sh.bins, 3000u * sh.E + sh.k);
+          expect_oracle<DeviceType, float>(
+              p, run_qb<DeviceType, float>(p, out, mode, pre, true, KokkosMoE::Implementation::Portable), pre, out);
+        }
+      }
 }
 
 // §19.10 case 1: exactly k + 1 tied at the boundary (the reference's pinned rows).
@@ -416,6 +433,20 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(edge_accumulation_and_modes, DeviceType, KOKKOSMOE
   upload(hist, pre);
   KokkosMoE::qb_histogram_accumulate(Exec(), QbConfig{}, inter, cutoff, bounds, hist);
   BOOST_TEST(download(hist) == one.hist, boost::test_tools::per_element());
+  // The generic Kokkos pass adds the same counts; a QbConfig whose implementation is no enumerator is refused.
+  QbConfig portable;
+  portable.implementation = KokkosMoE::Implementation::Portable;
+  upload(hist, pre);
+  KokkosMoE::qb_histogram_accumulate(Exec(), portable, inter, cutoff, bounds, hist);
+  BOOST_TEST(download(hist) == one.hist, boost::test_tools::per_element());
+  QbConfig bad = portable;
+  bad.implementation = static_cast<KokkosMoE::Implementation>(2);
+  try {
+    KokkosMoE::qb_histogram_accumulate(Exec(), bad, inter, cutoff, bounds, hist);
+    BOOST_TEST(false, "no error");
+  } catch (const KokkosMoE::InvalidArgument& e) {
+    BOOST_TEST(std::string(KokkosMoE::rule_name(e.rule())) == KokkosMoE::rule_name(Rule::ConfigValue), e.what());
+  }
 }
 
 // Case 10: the bound rules, unchecked calls, extreme bounds.
@@ -528,6 +559,9 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(validation, DeviceType, KOKKOSMOE_DEVICE_TYPES) {
   QbConfig bad_mode;
   bad_mode.histogram_mode = static_cast<QbHistogramMode>(7);
   expect("histogram mode", Rule::ConfigValue, ok, bad_mode, bias, probs, cutoff, hist);
+  QbConfig bad_impl;
+  bad_impl.implementation = static_cast<KokkosMoE::Implementation>(5);
+  expect("QB implementation", Rule::ConfigValue, ok, bad_impl, bias, probs, cutoff, hist);
   // E = 1 is always refused.
   auto l1 = make2<D, float>("l1", T, 1, 0.0f);
   try {
@@ -552,6 +586,48 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(validation, DeviceType, KOKKOSMOE_DEVICE_TYPES) {
   } catch (const KokkosMoE::InvalidArgument& e) {
     BOOST_TEST(std::string(KokkosMoE::rule_name(e.rule())) == KokkosMoE::rule_name(Rule::IndexTypeRange));
   }
+}
+
+// The cutoff the native forward writes (the lane kernel on Kokkos::Cuda) is the portable QB pass's bit for bit, also
+// where packed keys cannot decide order[k]: logits in a band of 1e-4 (many scores share the upper key bits, some
+// differ in the last ones) and rows of exact duplicates (ties broken by the lower index). On host spaces both are
+// the same pass; there the oracle comparison is bitwise.
+BOOST_AUTO_TEST_CASE_TEMPLATE(native_cutoff_equals_portable, DeviceType, KOKKOSMOE_DEVICE_TYPES) {
+  constexpr bool host = Kokkos::SpaceAccessibility<Kokkos::HostSpace, typename DeviceType::memory_space>::accessible;
+  struct Shape {
+    int T, E, k;
+  };
+  for (const Shape sh : {Shape{300, 384, 8}, Shape{200, 896, 16}, Shape{300, 64, 8}, Shape{300, 16, 3}})
+    for (int pattern_kind = 0; pattern_kind < 2; ++pattern_kind) {
+      BOOST_TEST_CONTEXT("T " << sh.T << " E " << sh.E << " k " << sh.k
+                              << (pattern_kind == 0 ? ", band of 1e-4" : ", duplicates")) {
+        Problem p;
+        p.T = sh.T;
+        p.E = sh.E;
+        p.k = sh.k;
+        p.num_bins = 1000;
+        p.lower = -0.5f;
+        p.upper = 0.5f;
+        Rng rng(17u * sh.E + sh.k + pattern_kind);
+        p.x.resize(static_cast<std::size_t>(p.T) * p.E);
+        for (auto& v : p.x)
+          v = pattern_kind == 0 ? static_cast<float>(0.5 + 1e-4 * rng.uniform())
+                                : static_cast<float>(0.25 * static_cast<int>(4 * rng.uniform()));
+        p.b.assign(p.E, 0.0f);
+        for (int e = 0; e < p.E; e += 7) p.b[e] = 1e-7f;  // some keys one ulp up
+        const auto pre = pattern(p.E, p.num_bins);
+        for (Out out : {Out::Bytemap, Out::Idx32}) {
+          const Got native = run_qb<DeviceType, float>(p, out, QbHistogramMode::TwoPass, pre);
+          const Got portable = run_qb<DeviceType, float>(p, out, QbHistogramMode::TwoPass, pre, true,
+                                                         KokkosMoE::Implementation::Portable);
+          BOOST_TEST(bytes_equal(native.cutoff, portable.cutoff));
+          BOOST_TEST(native.hist == portable.hist, boost::test_tools::per_element());
+          // Off the host's expf, scores 1 ulp apart may order differently from the oracle's: the band is compared
+          // with the portable pass only there.
+          if (pattern_kind == 1 || host) expect_oracle<DeviceType, float>(p, native, pre, out);
+        }
+      }
+    }
 }
 
 // QB's routing, probs and intermediate are topk_router's bit for bit (the same implementation), and the backward

@@ -45,8 +45,9 @@ struct TopkSpec<Kokkos::Cuda> {
     return a;
   }
 
+  /// The forward operands lowered to the native kernels' argument struct.
   template <class Ops>
-  static void forward(const Kokkos::Cuda& exec, const RouterConfig& config, const Ops& o) {
+  static TopkForwardArgs forward_args(const RouterConfig& config, const Ops& o) {
     using Scalar = typename Ops::scalar_type;
     TopkForwardArgs a;
     a.num_tokens = o.num_tokens;
@@ -64,9 +65,28 @@ struct TopkSpec<Kokkos::Cuda> {
     a.intermediate = o.inter.data();
     a.ids = o.ids.data();
     a.weights = o.weights.data();
-    const CudaKernels::ForwardPlan plan = CudaKernels::plan_forward(a);
+    return a;
+  }
+
+  template <class Ops>
+  static void forward(const Kokkos::Cuda& exec, const RouterConfig& config, const Ops& o) {
+    const CudaKernels::ForwardPlan plan = CudaKernels::plan_forward(forward_args(config, o));
     if (!plan.native()) return PortableTopk<Kokkos::Cuda>::forward(exec, o);
     CudaRouter::topk_forward(exec, plan);
+  }
+
+  /// The forward of a QB call: true when the planned native kernel also wrote \p cutoff [T].
+  template <class Ops>
+  static bool forward_with_cutoff(const Kokkos::Cuda& exec, const RouterConfig& config, const Ops& o, float* cutoff) {
+    TopkForwardArgs a = forward_args(config, o);
+    a.qb_cutoff = cutoff;
+    const CudaKernels::ForwardPlan plan = CudaKernels::plan_forward(a);
+    if (!plan.native()) {
+      PortableTopk<Kokkos::Cuda>::forward(exec, o);
+      return false;
+    }
+    CudaRouter::topk_forward(exec, plan);
+    return plan.writes_cutoff();
   }
 
   template <class Ops>

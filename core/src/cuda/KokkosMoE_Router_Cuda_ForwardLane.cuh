@@ -4,7 +4,7 @@
 #ifndef KOKKOSMOE_ROUTER_CUDA_FORWARDLANE_CUH
 #define KOKKOSMOE_ROUTER_CUDA_FORWARDLANE_CUH
 
-// topk_fwd_lane<DT, TPT, NC, W, K>: the forward fast path of topk_router (every routing output kind, not
+// topk_fwd_lane<DT, TPT, NC, W, K, QB>: the forward fast path of topk_router (every routing output kind, not
 // aux_scores) for E <= TPT*NC*W (E % W == 0), k <= TPT, NC*W <= 32, groups only with NC == 1. It replaces the
 // register kernels of KokkosMoE_Router_Cuda_Forward.cuh where it applies. Those are instruction-issue bound, not
 // memory bound, mostly on integer selection work, so this kernel is built to issue fewer instructions per token:
@@ -31,6 +31,8 @@
 //   5. slot lane r computes the weight of slot r (sums in slot order via shuffles, one division per lane), writes
 //      ids/weights/indices coalesced, and drops the weight into the shared row from which the owners build their
 //      dense outputs (probs, map, Softmax-post intermediate) with vector stores.
+// With QB (Quantile Balancing) it also writes order[k]'s score per token to FwdParams::cutoff (lane_order_k): a
+// separate instantiation, so that the plain forward keeps its registers and occupancy.
 // Bit-identical to the other CUDA forward kernels (same keys, slot order and FP32 expressions) except Softmax pre,
 // whose row sum is associated per lane layout (last-bit differences, within docs/router.md §16.1).
 
@@ -152,7 +154,63 @@ __device__ __forceinline__ void lane_select_exact(const unsigned* kbuf, const bo
   }
 }
 
-template <int DT, int TPT, int NC, int W, int K>
+/// The expert of order[k] (docs/router.md §19.4, the QB cutoff): the best unselected eligible expert by full key,
+/// the lower index first on equal keys. Mk, the best unselected packed key, names it unless the selection was redone
+/// on full keys (redo) or another unselected key of Mk's coarse part has a different full key (packed keys order
+/// equal coarse parts by index alone); tokens of such a warp scan the full keys instead. Returns the same expert on
+/// every lane of the token.
+template <int TPT, int NC, int W, unsigned IMASK>
+__device__ __forceinline__ int lane_order_k(const unsigned* kbuf, const unsigned (&pk)[NC * W],
+                                            const bool (&cvalid)[NC], bool elig, unsigned selm, unsigned Mk, bool redo,
+                                            int ls) {
+  int ek = static_cast<int>(IMASK - (Mk & IMASK));
+  bool scan = redo || Mk == 0u;
+  if (!scan) {
+    const unsigned cMk = Mk & ~IMASK;
+    const unsigned fMk = kbuf[ek];
+    bool hit = false;
+#pragma unroll
+    for (int c = 0; c < NC; ++c)
+#pragma unroll
+      for (int w = 0; w < W; ++w) {
+        const int p = c * W + w;
+        if (elig && cvalid[c] && ((selm >> p) & 1u) == 0u && (pk[p] & ~IMASK) == cMk)
+          hit |= kbuf[(c * TPT + ls) * W + w] != fMk;
+      }
+    scan = __any_sync(kFull, hit);
+  }
+  if (scan) {
+    unsigned bk = 0u;
+    int be = 0x7fffffff;
+#pragma unroll
+    for (int c = 0; c < NC; ++c)
+#pragma unroll
+      for (int w = 0; w < W; ++w) {
+        const int p = c * W + w;
+        const int e = (c * TPT + ls) * W + w;
+        if (elig && cvalid[c] && ((selm >> p) & 1u) == 0u) {
+          const unsigned kk = kbuf[e];
+          if (kk > bk || (kk == bk && e < be)) {
+            bk = kk;
+            be = e;
+          }
+        }
+      }
+#pragma unroll
+    for (int o = TPT / 2; o > 0; o >>= 1) {
+      const unsigned ok = __shfl_xor_sync(kFull, bk, o);
+      const int oe = __shfl_xor_sync(kFull, be, o);
+      if (ok > bk || (ok == bk && oe < be)) {
+        bk = ok;
+        be = oe;
+      }
+    }
+    ek = be;
+  }
+  return ek;
+}
+
+template <int DT, int TPT, int NC, int W, int K, bool QB>
 // Blocks per SM, the fastest count per shape on the H200: 8 blocks of 128 threads for one chunk per lane (its rows
 // fit in 64 registers); 4 with several chunks, so that every chunk's row stays in registers (up to 128); 5 for 4
 // chunks of 16-bit logits, where the fifth resident block is worth the few bytes its 96-register cap spills. With
@@ -467,13 +525,20 @@ __global__ void __launch_bounds__(128, NC == 1 ? 8 : (NC == 4 && DT != kDtF32 ? 
       }
     }
     unsigned selm = 0u;
-    if (__any_sync(kFull, bad)) {
+    const bool redo = __any_sync(kFull, bad);
+    if (redo) {
       lane_select_exact<TPT, NC, W>(kbuf, cvalid, elig, k, ls, selm, my_idx);
     } else {
 #pragma unroll
       for (int p = 0; p < V; ++p) selm |= (elig && pk[p] >= Mlast) ? (1u << p) : 0u;
     }
     __syncwarp();
+
+    // ---- QB cutoff (docs/router.md §19.4): the score of order[k], y + b with the selection's own FP32 add --------
+    if constexpr (QB) {
+      const int ek = lane_order_k<TPT, NC, W, IMASK>(kbuf, pk, cvalid, elig, selm, Mk, redo, ls);
+      if (valid && ls == 0) P.cutoff[t] = ybuf[ek] + (has_bias ? load_any(P.bias, P.bias_type, ek) : 0.0f);
+    }
 
     // ---- 5. slot weights (§5.2), sums in slot order ------------------------------------------------------------
     const float vr = slot_weight(P, k, softmax_post, has ? ybuf[my_idx] : 1.0f, sbase);

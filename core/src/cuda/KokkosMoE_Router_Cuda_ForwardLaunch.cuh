@@ -79,35 +79,38 @@ FwdKernel choose_best(FwdParams& P) {
   return choose_reg<DT, TPT, NC, W>(P);
 }
 
-/// topk_fwd_lane; with several chunks per lane (16-32 KB per block) it asks for the largest carveout.
-template <int DT, int TPT, int NC, int W, int K = 0>
+/// topk_fwd_lane; with several chunks per lane (16-32 KB per block) it asks for the largest carveout. QB: the
+/// instantiation that also writes the QB cutoff (FwdParams::cutoff).
+template <int DT, int TPT, int NC, int W, int K = 0, bool QB = false>
 FwdKernel choose_lane() {
   constexpr int TPW = 32 / TPT;
   const int warps = 4;
   // per token: the activation row and the key row
   const size_t smem = static_cast<size_t>(warps) * TPW * 2 * TPT * NC * W * sizeof(float);
-  return persistent(topk_fwd_lane<DT, TPT, NC, W, K>, warps, TPW, smem, NC > 1);
+  FwdKernel kernel = persistent(topk_fwd_lane<DT, TPT, NC, W, K, QB>, warps, TPW, smem, NC > 1);
+  kernel.writes_cutoff = QB;
+  return kernel;
 }
 
 /// topk_fwd_lane with one chunk of W experts per lane for a run-time lanes-per-token count (2..32); k == 8 gets the
 /// compile-time-k variant when KEIGHT (16 and 32 lanes, the common MoE shapes). None for another count.
-template <int DT, int W, bool KEIGHT>
+template <int DT, int W, bool KEIGHT, bool QB = false>
 FwdKernel choose_lane_tpt(const FwdParams& P, int tpt) {
   if constexpr (KEIGHT) {
     if (P.k == 8 && (tpt == 16 || tpt == 32))
-      return tpt == 16 ? choose_lane<DT, 16, 1, W, 8>() : choose_lane<DT, 32, 1, W, 8>();
+      return tpt == 16 ? choose_lane<DT, 16, 1, W, 8, QB>() : choose_lane<DT, 32, 1, W, 8, QB>();
   }
   switch (tpt) {
     case 2:
-      return choose_lane<DT, 2, 1, W>();
+      return choose_lane<DT, 2, 1, W, 0, QB>();
     case 4:
-      return choose_lane<DT, 4, 1, W>();
+      return choose_lane<DT, 4, 1, W, 0, QB>();
     case 8:
-      return choose_lane<DT, 8, 1, W>();
+      return choose_lane<DT, 8, 1, W, 0, QB>();
     case 16:
-      return choose_lane<DT, 16, 1, W>();
+      return choose_lane<DT, 16, 1, W, 0, QB>();
     case 32:
-      return choose_lane<DT, 32, 1, W>();
+      return choose_lane<DT, 32, 1, W, 0, QB>();
     default:
       return FwdKernel{};
   }
@@ -134,10 +137,9 @@ inline bool lane_shape(const FwdParams& P, int W, int& tpt, int& nc) {
 /// width through TestSeam::cuda_forward_kernel.lane_width. 16 experts per lane (2 or 4 tokens per warp sharing
 /// every cross-lane step) is not instantiated: it needs about 117 registers, which halves the resident warps and
 /// costs more than the shared steps save (docs/design.md).
-template <int DT>
-FwdKernel choose_lane_kernel(const FwdParams& P) {
+template <int DT, bool QB>
+FwdKernel choose_lane_kernel_for(const FwdParams& P) {
   const TestSeam::CudaForwardKernel& seam = TestSeam::cuda_forward_kernel;
-  if (P.aux || seam.threshold_kernel_only) return FwdKernel{};
   for (int pass = 0; pass < 2; ++pass) {
     for (const int W : {8, 4}) {
       if (seam.lane_width != 0 && W != seam.lane_width) continue;
@@ -145,16 +147,25 @@ FwdKernel choose_lane_kernel(const FwdParams& P) {
       if (!lane_shape(P, W, tpt, nc)) continue;
       if (pass == 0 && tpt * nc * W >= 2 * P.E) continue;
       if (nc == 1) {
-        const FwdKernel K = W == 8 ? choose_lane_tpt<DT, 8, true>(P, tpt) : choose_lane_tpt<DT, 4, false>(P, tpt);
+        const FwdKernel K =
+            W == 8 ? choose_lane_tpt<DT, 8, !QB, QB>(P, tpt) : choose_lane_tpt<DT, 4, false, QB>(P, tpt);
         if (K.kernel != nullptr) return K;
       } else if (W == 8 && nc == 2) {
-        return choose_lane<DT, 32, 2, 8>();
+        return choose_lane<DT, 32, 2, 8, 0, QB>();
       } else if (W == 8 && nc == 4) {  // (k = 32 at compile time for the E = 1024, k = 32 shape)
-        return P.k == 32 ? choose_lane<DT, 32, 4, 8, 32>() : choose_lane<DT, 32, 4, 8>();
+        return P.k == 32 && !QB ? choose_lane<DT, 32, 4, 8, 32>() : choose_lane<DT, 32, 4, 8, 0, QB>();
       }
     }
   }
   return FwdKernel{};
+}
+
+/// The lane kernel for P; with P.cutoff (Quantile Balancing) the instantiations that also write it, whose k is
+/// always a run-time value (the compile-time k = 8 and k = 32 variants are not instantiated twice).
+template <int DT>
+FwdKernel choose_lane_kernel(const FwdParams& P) {
+  if (P.aux || TestSeam::cuda_forward_kernel.threshold_kernel_only) return FwdKernel{};
+  return P.cutoff != nullptr ? choose_lane_kernel_for<DT, true>(P) : choose_lane_kernel_for<DT, false>(P);
 }
 
 /// The lane kernel for P (choose_lane_kernel), launched on *q unless q is null; false when it does not apply.

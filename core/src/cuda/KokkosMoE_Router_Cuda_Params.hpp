@@ -35,6 +35,7 @@ struct FwdParams {
   int* ids = nullptr;
   float* weights = nullptr;
   float* scores = nullptr;
+  float* cutoff = nullptr;  // QB: order[k]'s score per token (kernels with FwdKernel::writes_cutoff)
   // fast path: per-token shared-memory region
   int cap = 0;        // candidate entries
   int tok_smem = 0;   // bytes per token
@@ -53,6 +54,7 @@ struct FwdKernel {
   int tpw = 0;
   std::size_t smem = 0;
   bool max_shared = false;
+  bool writes_cutoff = false;  // the kernel writes FwdParams::cutoff when it is not null
 };
 
 }  // namespace detail

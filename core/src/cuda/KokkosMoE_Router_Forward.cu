@@ -71,6 +71,7 @@ FwdParams lower_forward(const TopkForwardArgs& a) {
   } else {
     P.probs = a.probs;
     P.inter = a.intermediate;
+    P.cutoff = a.qb_cutoff;
     if (a.output == RoutingOutput::Indices)
       P.indices = a.indices;
     else

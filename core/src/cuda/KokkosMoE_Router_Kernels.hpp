@@ -34,6 +34,8 @@ struct ForwardPlan {
   detail::FwdParams params;
   detail::FwdKernel kernel;
   bool native() const { return kernel.kernel != nullptr; }
+  /// The planned kernel also writes the QB cutoff (TopkForwardArgs::qb_cutoff).
+  bool writes_cutoff() const { return native() && kernel.writes_cutoff && params.cutoff != nullptr; }
 };
 ForwardPlan plan_forward(const TopkForwardArgs& args);
 ForwardPlan plan_forward(const AuxScoresArgs& args);
@@ -43,6 +45,34 @@ cudaError_t run_forward(const ForwardPlan& plan, const Queue& queue);
 /// plan_forward(args).native().
 bool handles(const TopkForwardArgs& args);
 bool handles(const AuxScoresArgs& args);
+
+/// The Quantile Balancing histogram pass (docs/router.md §19.5): one count per (token, expert) pair of
+/// intermediate [T, E] (row-major) in bin qb_bin(cutoff[t] - intermediate[t, e]) of histogram [E, num_bins],
+/// added to what it holds. bin_bounds [2] = {lower, upper} is read on the device (validated by the caller).
+struct QbHistogramArgs {
+  long long num_tokens = 0;
+  int num_experts = 0;
+  int num_bins = 0;
+  const float* intermediate = nullptr;
+  const float* cutoff = nullptr;
+  const float* bin_bounds = nullptr;
+  int* histogram = nullptr;
+};
+cudaError_t qb_histogram(const QbHistogramArgs& args, const Queue& queue);
+
+namespace detail {
+/// The geometry of the sliced histogram kernel: `experts` per block (a multiple of 4 when `vec`: float4 loads),
+/// `chunk` tokens per block. qb_histogram uses choose_qb_histogram's; tuning harnesses launch others.
+struct QbHistogramShape {
+  bool vec = false;
+  int experts = 0;
+  long long chunk = 0;
+};
+QbHistogramShape choose_qb_histogram(const QbHistogramArgs& args, int device);
+cudaError_t launch_qb_histogram(const QbHistogramArgs& args, const QbHistogramShape& shape, const Queue& queue);
+/// One global atomic per pair (histograms too wide for the sliced kernel).
+cudaError_t qb_histogram_global(const QbHistogramArgs& args, const Queue& queue);
+}  // namespace detail
 
 /// run_forward(plan_forward(args), queue). The other operations have native kernels for every shape.
 cudaError_t topk_forward(const TopkForwardArgs& args, const Queue& queue);

@@ -23,6 +23,7 @@
 
 #include <impl/KokkosMoE_RouterMath.hpp>
 #include <impl/KokkosMoE_Router_Operands.hpp>
+#include <impl/KokkosMoE_Router_Spec.hpp>
 #include <impl/KokkosMoE_Router_Validate.hpp>
 
 #include <algorithm>
@@ -102,10 +103,16 @@ inline void check_qb_rules(const char* fn, const RouterConfig& c, std::int64_t E
          "histogram must have at least one bin per expert (extent(1) = " + std::to_string(num_bins) + ")");
 }
 
-inline void check_qb_mode(const char* fn, QbHistogramMode m) {
+/// The enumerators of a QbConfig.
+inline void check_qb_config(const char* fn, const QbConfig& qb) {
+  const QbHistogramMode m = qb.histogram_mode;
   if (m != QbHistogramMode::TwoPass && m != QbHistogramMode::FusedAtomic)
     fail(fn, "qb.histogram_mode", Rule::ConfigValue,
          "histogram_mode (" + std::to_string(static_cast<int>(m)) + ") is not a QbHistogramMode enumerator");
+  if (qb.implementation != Implementation::Auto && qb.implementation != Implementation::Portable)
+    fail(fn, "qb.implementation", Rule::ConfigValue,
+         "implementation (" + std::to_string(static_cast<int>(qb.implementation)) +
+             ") must be Auto (0) or Portable (1)");
 }
 
 /// The static rules of the bin bounds, cutoff and histogram Views.
@@ -271,7 +278,38 @@ struct PortableQb {
   }
 };
 
+/// The QB operations: the generic specialization runs the router's forward and the portable histogram kernel; a
+/// vendor specialization (cuda/KokkosMoE_RouterQB_CudaSpec.hpp) replaces it where one exists, whose forward may also
+/// write the cutoff. With a native histogram, both modes count in that pass (the cutoff kernel adds no counts).
+template <class ExecSpace>
+struct QbSpec {
+  static constexpr bool native_histogram = false;
+  /// The router's forward; true when it also wrote the cutoff (never here: the QB pass computes it).
+  template <class Ops>
+  static bool forward(const ExecSpace& exec, const RouterConfig& config, const Ops& o, float*) {
+    TopkSpec<ExecSpace>::forward(exec, config, o);
+    return false;
+  }
+  template <class Ops>
+  static void histogram(const ExecSpace& exec, const Ops& h) {
+    PortableQb<ExecSpace>::histogram(exec, h);
+  }
+};
+
+/// The histogram pass of \p impl's choice (Implementation::Portable forces the portable kernel).
+template <class ExecSpace, class Ops>
+void qb_histogram_pass(const ExecSpace& exec, Implementation impl, const Ops& h) {
+  if (QbSpec<ExecSpace>::native_histogram && impl == Implementation::Auto)
+    QbSpec<ExecSpace>::histogram(exec, h);
+  else
+    PortableQb<ExecSpace>::histogram(exec, h);
+}
+
 }  // namespace Impl
 }  // namespace KokkosMoE
+
+#if defined(KOKKOS_ENABLE_CUDA)
+#include <cuda/KokkosMoE_RouterQB_CudaSpec.hpp>
+#endif
 
 #endif

@@ -57,6 +57,9 @@ struct TopkForwardArgs {
   float* intermediate = nullptr;        ///< [T, E] (Bytemap, BitmapU8, Indices)
   std::int32_t* ids = nullptr;          ///< [T, k] (Compact)
   float* weights = nullptr;             ///< [T, k] (Compact)
+  /// Quantile Balancing (docs/router.md §19.4): [T] the score of order[k] per token, written by the forward kernels
+  /// that can (CudaKernels::ForwardPlan::writes_cutoff); null otherwise.
+  float* qb_cutoff = nullptr;
 };
 
 /// topk_router backward. For Bytemap/BitmapU8/Indices: routing output + intermediate + grad_probs -> grad_logits
