@@ -94,7 +94,7 @@ void print_usage(std::FILE* out) {
                "                         an expert bias and no grouping\n"
                "  --qb-bins N            histogram bins per expert, 1..1048576 (default 1000)\n"
                "  --qb-bounds L,U        histogram range, finite, L < U (default [min bias - 1, max bias + 1])\n"
-               "  --qb-mode fused|two-pass  histogram inside the cutoff kernel or in a second pass (default fused)\n"
+               "  --qb-mode fused|two-pass  the reference's histogram mode; both run the same passes (default fused)\n"
                "  -h, --help             this text\n"
                "Kokkos options (validated here, then passed to Kokkos in the spelling it understands):\n"
                "  --kokkos-num-threads=N (alias --kokkos-threads, 1..1024), --kokkos-device-id=N (0..1023),\n"

@@ -52,11 +52,12 @@ struct AuxLossConfig {
   Implementation implementation = Implementation::Auto;
 };
 
-/// \brief How a Quantile Balancing forward adds its histogram counts (docs/router.md §19.5); both modes give bitwise
-/// equal counts.
+/// \brief The reference's two Quantile Balancing histogram modes (docs/router.md §19.5, §19.8). Both run the same
+/// passes here (one call each; counting per pair inside the forward was slower on every backend measured) and give
+/// bitwise equal counts.
 enum class QbHistogramMode : int {
-  TwoPass = 0,      ///< the router writes the cutoff, a second kernel reads intermediate and cutoff and counts
-  FusedAtomic = 1,  ///< the counts are added inside the cutoff kernel
+  TwoPass = 0,      ///< the reference's two-kernel mode: the forward writes the cutoff, a second kernel counts
+  FusedAtomic = 1,  ///< the reference's fused mode (counts added inside its forward); here the same passes as TwoPass
 };
 
 /// \brief Attributes of a Quantile Balancing call (docs/router.md §19.2, §19.6) beside its RouterConfig.

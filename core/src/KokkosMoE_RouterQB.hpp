@@ -45,15 +45,13 @@ void run_topk_router_qb(const char* fn, const ExecSpace& exec, const RouterConfi
   q.num_tokens = o.num_tokens;
   q.num_experts = o.params.num_experts;
   q.topk = config.topk;
-  // A native histogram pass counts faster than one atomic per pair in the cutoff kernel: both modes run it there.
-  const bool native = QbSpec<ExecSpace>::native_histogram && qb.implementation == Implementation::Auto;
-  q.fused = qb.histogram_mode == QbHistogramMode::FusedAtomic && !native;
   q.inter = o.inter;
   q.bias = o.bias;
   q.map = o.map;
   q.indices = o.indices;
-  if (!cutoff_written || q.fused) PortableQb<ExecSpace>::cutoff(exec, q);
-  if (!q.fused) qb_histogram_pass(exec, qb.implementation, histogram_operands(q));
+  if (!cutoff_written) PortableQb<ExecSpace>::cutoff(exec, q);
+  // Both modes count in the histogram pass (docs/router.md §19.8).
+  qb_histogram_pass(exec, qb.implementation, histogram_operands(q));
 }
 
 /// Rule 1 of §19.3 for the operands every QB forward has, then rules 2-7.

@@ -5,10 +5,11 @@
 // (Kimi K2) and 896, k = 8 and 16, 1000 bins, bias linspace(-0.2, 0.2, E), bounds [-1.2, 1.2] (every required bias
 // inside), logits ~N(0, 1), float and bf16_t; each call timed whole (router and histogram), the histogram
 // accumulating over the calls. Beside them, the plain Sigmoid forward of the same shape with the same bias
-// (`plain`), the reference point of QB's overhead.
+// (`plain`), the reference point of QB's overhead, and the histogram pass alone (`histogram`: qb_histogram_accumulate
+// on a saved intermediate and cutoff, named with float/bytemap and k = 8, on which it does not depend).
 //
-// Names: router_qb/<fused|two_pass|plain>/E:<E>/k:<k>/<dtype>/<bytemap|idx32>/T:<T>[...]/manual_time; device_us as
-// in the other router benchmarks (CUDA events on the instance's stream behind a spin kernel, median).
+// Names: router_qb/<fused|two_pass|plain|histogram>/E:<E>/k:<k>/<dtype>/<bytemap|idx32>/T:<T>[...]/manual_time;
+// device_us as in the other router benchmarks (CUDA events on the instance's stream behind a spin kernel, median).
 
 #include <KokkosMoE_Router.hpp>
 #include <KokkosMoE_RouterQB.hpp>
@@ -32,8 +33,21 @@ using View1 = Kokkos::View<T*, MemSpace>;
 template <class T>
 using View2 = Kokkos::View<T**, Kokkos::LayoutRight, MemSpace>;
 
-enum class QbOp { Fused, TwoPass, Plain };
-const char* qb_op_name(QbOp op) { return op == QbOp::Fused ? "fused" : (op == QbOp::TwoPass ? "two_pass" : "plain"); }
+/// Fused / TwoPass: topk_router_qb(_indices) in that mode; Plain: topk_router(_indices) of the same shape; Histogram:
+/// qb_histogram_accumulate alone on the intermediate and cutoff of one QB forward (the second pass of both modes).
+enum class QbOp { Fused, TwoPass, Plain, Histogram };
+const char* qb_op_name(QbOp op) {
+  switch (op) {
+    case QbOp::Fused:
+      return "fused";
+    case QbOp::TwoPass:
+      return "two_pass";
+    case QbOp::Plain:
+      return "plain";
+    default:
+      return "histogram";
+  }
+}
 
 constexpr int kQbBins = 1000;
 
@@ -84,11 +98,17 @@ class QbFixtureT final : public QbFixture {
     // the cutoff (4) and, two-pass, a re-read of the intermediate (4E). The [E, bins] histogram is per call.
     bytes_per_token = e * (2 * s + 4) + (indices ? 4.0 * k : e) + (op == QbOp::Plain ? 0.0 : 4.0) +
                       (op == QbOp::TwoPass ? 4.0 * e : 0.0);
+    if (op == QbOp::Histogram) {  // read the intermediate and the cutoff
+      bytes_per_token = 4.0 * e + 4.0;
+      topk_router_qb(m_exec, m_cfg, m_qb, m_logits, m_bias, m_bounds, m_probs, m_map, m_inter, m_cutoff, m_hist);
+    }
     run();  // warm-up
     m_exec.fence();
   }
   void run() override {
-    if (m_op == QbOp::Plain) {
+    if (m_op == QbOp::Histogram) {
+      qb_histogram_accumulate(m_exec, m_qb, m_inter, m_cutoff, m_bounds, m_hist);
+    } else if (m_op == QbOp::Plain) {
       if (m_indices)
         topk_router_indices(m_exec, m_cfg, m_logits, m_bias, m_probs, m_idx, m_inter);
       else
@@ -176,6 +196,8 @@ void register_qb_benchmarks() {
           register_qb<float>(op, E, k, indices);
           register_qb<bf16_t>(op, E, k, indices);
         }
+  // The histogram pass depends on neither the logits' type nor the routing output.
+  for (int E : {384, 896}) register_qb<float>(QbOp::Histogram, E, 8, false);
 }
 const bool qb_registered = add_registrar(&register_qb_benchmarks);
 

@@ -15,7 +15,7 @@ import json
 import re
 import sys
 
-NAME = re.compile(r"(?:router_qb|te)/(plain|fused|two_pass)/E:(\d+)/k:(\d+)/(float|bf16)/(bytemap|idx32)/T:(\d+)")
+NAME = re.compile(r"(?:router_qb|te)/(plain|fused|two_pass|histogram)/E:(\d+)/k:(\d+)/(float|bf16)/(bytemap|idx32)/T:(\d+)")
 
 
 def load(path):
@@ -62,6 +62,13 @@ def main():
                 if s[4] >= 16384:
                     worst_te = min(worst_te, tf / f, tt / t)
         print(row)
+    hist = sorted((key[0], key[4], t) for key, t in km.items() if key[5] == "histogram")
+    if hist:
+        print()
+        print("| E | T | histogram pass µs (qb_histogram_accumulate) |")
+        print("|---|---|---|")
+        for E, T, t in hist:
+            print(f"| {E} | {T} | {t:.1f} |")
     print()
     if copy:
         print(f"device-to-device copy in the same run: {copy:.0f} GB/s (read + write)")

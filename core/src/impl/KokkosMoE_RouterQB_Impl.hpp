@@ -12,9 +12,10 @@
 //    routed one: one reduction finds the worst routed pair (the last slot for dense indices), a second the best
 //    pair below it. s is recomputed from the saved y with the same single FP32 add, so it is the selection's own.
 //  * the histogram: one count per (token, expert) in bin qb_bin(cutoff - y) (impl/KokkosMoE_RouterMath.hpp),
-//    added with integer atomics, whose sums do not depend on their order: FusedAtomic adds them in the cutoff
-//    kernel (one global atomic per pair), TwoPass in a second kernel (the kernel of qb_histogram_accumulate) that
-//    counts a slice of experts over a chunk of tokens in team scratch and adds each non-zero count once.
+//    added with integer atomics, whose sums do not depend on their order, in a second kernel (the kernel of
+//    qb_histogram_accumulate) that counts a slice of experts over a chunk of tokens in team scratch and adds each
+//    non-zero count once. Both histogram modes run it: one global atomic per pair in the cutoff kernel (the
+//    reference's fused mode) was slower on the shapes measured (docs/router.md §19.8).
 
 #include <KokkosMoE_Error.hpp>
 #include <KokkosMoE_RouterConfig.hpp>
@@ -44,7 +45,6 @@ struct QbOperands {
   std::int64_t num_tokens = 0;
   int num_experts = 0;
   int topk = 0;
-  bool fused = true;                             ///< FusedAtomic: the counts in the cutoff kernel
   typename V::template In2<float> inter;         ///< [T, E] y = sigmoid(x)
   typename V::template In1<BiasScalar> bias;     ///< [E]
   typename V::template In2<std::uint8_t> map;    ///< [T, E] Bytemap / [T, ceil(E/8)] BitmapU8
@@ -161,21 +161,17 @@ struct PortableQb {
   static constexpr int kScratchBytes = 40 * 1024;
   static constexpr std::int64_t kChunkTokens = 2048;
 
-  /// The cutoff of every token and, when o.fused, its histogram counts (global integer atomics).
+  /// The cutoff of every token.
   template <class Ops>
   static void cutoff(const ExecSpace& exec, const Ops& o) {
     const int E = o.num_experts, k = o.topk;
     const std::int64_t T = o.num_tokens;
     const RoutingOutput out = o.output;
-    const bool fused = o.fused;
     const auto inter = o.inter;
     const auto bias = o.bias;
     const auto map = o.map;
     const auto indices = o.indices;
-    const auto bounds = o.bounds;
     const auto cut = o.cutoff;
-    const auto hist = o.hist;
-    const int num_bins = static_cast<int>(hist.extent(1));
     const team_policy policy(exec, static_cast<int>((T + kTokensPerTeam - 1) / kTokensPerTeam), kTokensPerTeam, kLanes);
     Kokkos::parallel_for(
         "KokkosMoE::topk_router_qb::cutoff[portable]", policy, KOKKOS_LAMBDA(const member& team) {
@@ -212,12 +208,6 @@ struct PortableQb {
                 Kokkos::Max<std::uint64_t>(next));
             const float c = score(key_index(next));
             Kokkos::single(Kokkos::PerThread(team), [&] { cut(t) = c; });
-            if (fused) {
-              const float lower = bounds(0), scale = qb_bin_scale(lower, bounds(1), num_bins);
-              Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, E), [&](int e) {
-                Kokkos::atomic_add(&hist(e, qb_bin(c - inter(t, e), lower, scale, num_bins)), 1);
-              });
-            }
           });
         });
   }
@@ -264,10 +254,17 @@ struct PortableQb {
           Kokkos::parallel_for(Kokkos::TeamThreadRange(team, cells), [&](int i) { counts(i) = 0; });
           team.team_barrier();
           const float lower = bounds(0), scale = qb_bin_scale(lower, bounds(1), num_bins);
-          Kokkos::parallel_for(Kokkos::TeamThreadRange(team, (t1 - t0) * w), [&](std::int64_t i) {
-            const std::int64_t t = t0 + i / w;
-            const int j = static_cast<int>(i % w);
-            Kokkos::atomic_add(&counts(j * num_bins + qb_bin(cut(t) - inter(t, e0 + j), lower, scale, num_bins)), 1);
+          // a token per team thread, its slice's experts in a row (no division per pair)
+          Kokkos::parallel_for(Kokkos::TeamThreadRange(team, t1 - t0), [&](std::int64_t i) {
+            const std::int64_t t = t0 + i;
+            const float c = cut(t);
+            for (int j = 0; j < w; ++j) {
+              int& n = counts(j * num_bins + qb_bin(c - inter(t, e0 + j), lower, scale, num_bins));
+              if constexpr (kHost)
+                ++n;  // a team is one thread on host spaces
+              else
+                Kokkos::atomic_add(&n, 1);
+            }
           });
           team.team_barrier();
           Kokkos::parallel_for(Kokkos::TeamThreadRange(team, w * num_bins), [&](int i) {
@@ -280,7 +277,7 @@ struct PortableQb {
 
 /// The QB operations: the generic specialization runs the router's forward and the portable histogram kernel; a
 /// vendor specialization (cuda/KokkosMoE_RouterQB_CudaSpec.hpp) replaces it where one exists, whose forward may also
-/// write the cutoff. With a native histogram, both modes count in that pass (the cutoff kernel adds no counts).
+/// write the cutoff.
 template <class ExecSpace>
 struct QbSpec {
   static constexpr bool native_histogram = false;
