@@ -8,9 +8,9 @@
 // validation in §19.3's order, the bin-bound check, and the portable Kokkos kernels (every backend) of the two QB
 // by-products of a Sigmoid forward that has already written the routing and `intermediate`:
 //  * the cutoff: the biased score s = y + b of order[k], the best expert after the k routed ones under §6's total
-//    order. The routed set is the top k of that order, so order[k] is the best (key, index) pair below the worst
-//    routed one: one reduction finds the worst routed pair (the last slot for dense indices), a second the best
-//    pair below it. s is recomputed from the saved y with the same single FP32 add, so it is the selection's own.
+//    order. The routed set is the top k of that order, so order[k] is the best unrouted (key, index) pair: one
+//    reduction over the experts a routing map leaves out, or, for dense indices, over the pairs below the last
+//    slot's. s is recomputed from the saved y with the same single FP32 add, so it is the selection's own.
 //  * the histogram: one count per (token, expert) in bin qb_bin(cutoff - y) (impl/KokkosMoE_RouterMath.hpp),
 //    added with integer atomics, whose sums do not depend on their order, in a second kernel (the kernel of
 //    qb_histogram_accumulate) that counts a slice of experts over a chunk of tokens in team scratch and adds each
@@ -179,33 +179,33 @@ struct PortableQb {
             const std::int64_t t = static_cast<std::int64_t>(team.league_rank()) * kTokensPerTeam + i;
             if (t >= T) return;
             auto score = [&](int e) { return inter(t, e) + to_float(bias(e)); };
-            // The worst routed (key, index) pair.
-            std::uint64_t worst = 0;
+            // order[k]: the routed set is order[0..k), so order[k] is the best unrouted (key, index) pair. Maps name
+            // the unrouted experts; dense indices name the routed ones in slot order, so there it is the best pair
+            // below the last slot's (there is one: topk <= E - 1).
+            std::uint64_t next = 0;
             if (out == RoutingOutput::Indices) {
               const int w = static_cast<int>(indices(t, k - 1));
-              worst = pack_key(score(w), w);
+              const std::uint64_t worst = pack_key(score(w), w);
+              Kokkos::parallel_reduce(
+                  Kokkos::ThreadVectorRange(team, E),
+                  [&](int e, std::uint64_t& m) {
+                    const std::uint64_t key = pack_key(score(e), e);
+                    if (key < worst && key > m) m = key;
+                  },
+                  Kokkos::Max<std::uint64_t>(next));
             } else {
               Kokkos::parallel_reduce(
                   Kokkos::ThreadVectorRange(team, E),
                   [&](int e, std::uint64_t& m) {
                     const bool routed =
                         out == RoutingOutput::Bytemap ? map(t, e) != 0 : ((map(t, e >> 3) >> (e & 7)) & 1u) != 0;
-                    if (routed) {
+                    if (!routed) {
                       const std::uint64_t key = pack_key(score(e), e);
-                      if (key < m) m = key;
+                      if (key > m) m = key;
                     }
                   },
-                  Kokkos::Min<std::uint64_t>(worst));
+                  Kokkos::Max<std::uint64_t>(next));
             }
-            // order[k]: the best pair below it (there is one: topk <= E - 1).
-            std::uint64_t next = 0;
-            Kokkos::parallel_reduce(
-                Kokkos::ThreadVectorRange(team, E),
-                [&](int e, std::uint64_t& m) {
-                  const std::uint64_t key = pack_key(score(e), e);
-                  if (key < worst && key > m) m = key;
-                },
-                Kokkos::Max<std::uint64_t>(next));
             const float c = score(key_index(next));
             Kokkos::single(Kokkos::PerThread(team), [&] { cut(t) = c; });
           });
