@@ -156,9 +156,9 @@ __device__ __forceinline__ void lane_select_exact(const unsigned* kbuf, const bo
 
 /// The expert of order[k] (docs/router.md §19.4, the QB cutoff): the best unselected eligible expert by full key,
 /// the lower index first on equal keys. Mk, the best unselected packed key, names it unless the selection was redone
-/// on full keys (redo) or another unselected key of Mk's coarse part has a different full key (packed keys order
-/// equal coarse parts by index alone); tokens of such a warp scan the full keys instead. Returns the same expert on
-/// every lane of the token.
+/// on full keys (redo) or another unselected key shares Mk's coarse part (packed keys order equal coarse parts by
+/// index alone, whatever their full keys); tokens of such a warp scan the full keys instead. Returns the same expert
+/// on every lane of the token.
 template <int TPT, int NC, int W, unsigned IMASK>
 __device__ __forceinline__ int lane_order_k(const unsigned* kbuf, const unsigned (&pk)[NC * W],
                                             const bool (&cvalid)[NC], bool elig, unsigned selm, unsigned Mk, bool redo,
@@ -166,18 +166,16 @@ __device__ __forceinline__ int lane_order_k(const unsigned* kbuf, const unsigned
   int ek = static_cast<int>(IMASK - (Mk & IMASK));
   bool scan = redo || Mk == 0u;
   if (!scan) {
+    // Without a redo the selected keys are those >= the last slot's, all above Mk, so the other unselected keys of
+    // Mk's coarse part are exactly the packed keys in [coarse(Mk), Mk): two compares per key, no shared memory.
     const unsigned cMk = Mk & ~IMASK;
-    const unsigned fMk = kbuf[ek];
+    const unsigned span = Mk - cMk;
     bool hit = false;
 #pragma unroll
     for (int c = 0; c < NC; ++c)
 #pragma unroll
-      for (int w = 0; w < W; ++w) {
-        const int p = c * W + w;
-        if (elig && cvalid[c] && ((selm >> p) & 1u) == 0u && (pk[p] & ~IMASK) == cMk)
-          hit |= kbuf[(c * TPT + ls) * W + w] != fMk;
-      }
-    scan = __any_sync(kFull, hit);
+      for (int w = 0; w < W; ++w) hit |= cvalid[c] && pk[c * W + w] - cMk < span;
+    scan = __any_sync(kFull, elig && hit);
   }
   if (scan) {
     unsigned bk = 0u;
