@@ -8,9 +8,9 @@
 // A block owns a slice of S experts and a chunk of tokens: it counts the chunk's pairs of its slice in shared
 // memory, then adds each non-zero count to the histogram with one global atomic. The sums of integer atomics do
 // not depend on their order, so the result is exact and deterministic. Per-pair global atomics (TransformerEngine's
-// fused mode) are bound by the L2 atomic rate, about 3x slower than this pass on an H100 at E = 384
-// (perf_test/results/h100). The pass is memory bound: 16 experts per block make each token's row segment 64
-// contiguous bytes, read as float4 by 4 threads, each with 4 tokens' loads in flight; blocks of one chunk are
+// fused mode) are bound by the L2 atomic rate: a kernel of one atomic per pair took 365 µs where this pass takes 48
+// (H100, E = 384, T = 65536, 1000 bins). The pass is memory bound: 16 experts per block make each token's row segment
+// 64 contiguous bytes, read as float4 by 4 threads, each with 4 tokens' loads in flight; blocks of one chunk are
 // adjacent in the launch order, so they read neighbouring segments of the same rows together; chunks are visited
 // last token first, so the first ones read what the forward wrote last and may still be in L2.
 
