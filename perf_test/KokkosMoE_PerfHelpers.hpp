@@ -23,6 +23,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -68,6 +69,33 @@ void run_registrars();
 /// Registers a function that frees cached Kokkos allocations; BenchmarkMain calls them before Kokkos::finalize.
 bool add_cleanup(void (*fn)());
 void run_cleanups();
+
+/// The one-slot fixture cache of a benchmark file: Google Benchmark calls a benchmark function several times while it
+/// sizes the iteration count, so a fixture (allocation, fill, prerequisite calls, warm-up) is built once per
+/// benchmark instance, named by `key`, and kept until the next instance needs the memory. Register `release` with
+/// add_cleanup.
+template <class Fixture>
+struct FixtureSlot {
+  static std::unique_ptr<Fixture>& fixture() {
+    static std::unique_ptr<Fixture> f;
+    return f;
+  }
+  static std::string& key() {
+    static std::string k;
+    return k;
+  }
+  static void release() {
+    fixture().reset();
+    key().clear();
+  }
+};
+
+/// An uninitialized row-major [rows, cols] View of the default memory space labelled "KokkosMoE::perf::<label>".
+template <class T>
+Kokkos::View<T**, Kokkos::LayoutRight, MemSpace> alloc2(const char* label, std::int64_t rows, std::int64_t cols) {
+  return Kokkos::View<T**, Kokkos::LayoutRight, MemSpace>(
+      Kokkos::view_alloc(std::string("KokkosMoE::perf::") + label, Kokkos::WithoutInitializing), rows, cols);
+}
 
 // --- baselines (measured once per process, on first use) --------------------------------------------------------
 

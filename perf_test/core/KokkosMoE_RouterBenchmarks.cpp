@@ -142,12 +142,6 @@ struct BufferSet {
   View0<float> grad_loss;
 };
 
-template <class T>
-View2<T> alloc2(const char* label, std::int64_t rows, std::int64_t cols) {
-  return View2<T>(Kokkos::view_alloc(std::string("KokkosMoE::perf::") + label, Kokkos::WithoutInitializing), rows,
-                  cols);
-}
-
 class Fixture {
  public:
   virtual ~Fixture() = default;
@@ -294,22 +288,8 @@ class RouterFixture final : public Fixture {
   std::vector<BufferSet<Scalar>> m_sets;
 };
 
-// Google Benchmark calls a benchmark function several times while it sizes the iteration count; the fixture
-// (allocation, fill, prerequisite forward, warm-up) is built once per benchmark instance and kept in this one-slot
-// cache until the next instance needs the memory.
-std::unique_ptr<Fixture>& cached_fixture() {
-  static std::unique_ptr<Fixture> f;
-  return f;
-}
-std::string& cached_key() {
-  static std::string k;
-  return k;
-}
-void release_cached_fixture() {
-  cached_fixture().reset();
-  cached_key().clear();
-}
-const bool cleanup_registered = add_cleanup(&release_cached_fixture);
+using Cache = FixtureSlot<Fixture>;
+const bool cleanup_registered = add_cleanup(&Cache::release);
 
 const char* impl_name(Implementation impl) { return impl == Implementation::Portable ? "portable" : "auto"; }
 
@@ -320,14 +300,14 @@ void bm_router(benchmark::State& state, Op op, const std::string& preset_name, I
   const std::string key = name + "/T:" + std::to_string(T);
   Fixture* f = nullptr;
   try {
-    if (cached_key() != key) {
-      release_cached_fixture();  // free the previous instance's buffers before allocating
-      cached_fixture() = std::make_unique<RouterFixture<Scalar>>(op, router_preset(preset_name), impl, T, cold);
-      cached_key() = key;
+    if (Cache::key() != key) {
+      Cache::release();  // free the previous instance's buffers before allocating
+      Cache::fixture() = std::make_unique<RouterFixture<Scalar>>(op, router_preset(preset_name), impl, T, cold);
+      Cache::key() = key;
     }
-    f = cached_fixture().get();
+    f = Cache::fixture().get();
   } catch (const std::exception& e) {
-    release_cached_fixture();
+    Cache::release();
     state.SkipWithError(e.what());
     return;
   }

@@ -51,12 +51,6 @@ const char* qb_op_name(QbOp op) {
 
 constexpr int kQbBins = 1000;
 
-template <class T>
-View2<T> qb_alloc2(const char* label, std::int64_t rows, std::int64_t cols) {
-  return View2<T>(Kokkos::view_alloc(std::string("KokkosMoE::perf::") + label, Kokkos::WithoutInitializing), rows,
-                  cols);
-}
-
 /// The buffers of one QB shape and the call being timed.
 class QbFixture {
  public:
@@ -73,7 +67,7 @@ class QbFixtureT final : public QbFixture {
     m_cfg.score_function = ScoreFunction::Sigmoid;
     m_qb.histogram_mode = op == QbOp::TwoPass ? QbHistogramMode::TwoPass : QbHistogramMode::FusedAtomic;
     m_qb.validate_bin_bounds = false;  // validated once below, as a graph-captured trainer would
-    m_logits = qb_alloc2<Scalar>("logits", T, E);
+    m_logits = alloc2<Scalar>("logits", T, E);
     fill_normal(m_logits, 11, 0.0f, 1.0f);
     m_bias = View1<float>("KokkosMoE::perf::bias", E);
     auto hb = Kokkos::create_mirror_view(m_bias);
@@ -85,12 +79,12 @@ class QbFixtureT final : public QbFixture {
     hbounds(1) = 1.2f;
     Kokkos::deep_copy(m_bounds, hbounds);
     validate_qb_bin_bounds(m_exec, m_bounds);
-    m_probs = qb_alloc2<Scalar>("probs", T, E);
+    m_probs = alloc2<Scalar>("probs", T, E);
     if (indices)
-      m_idx = qb_alloc2<std::int32_t>("indices", T, k);
+      m_idx = alloc2<std::int32_t>("indices", T, k);
     else
-      m_map = qb_alloc2<std::uint8_t>("routing_map", T, E);
-    m_inter = qb_alloc2<float>("intermediate", T, E);
+      m_map = alloc2<std::uint8_t>("routing_map", T, E);
+    m_inter = alloc2<float>("intermediate", T, E);
     m_cutoff = View1<float>("KokkosMoE::perf::cutoff", T);
     m_hist = View2<std::int32_t>("KokkosMoE::perf::histogram", E, kQbBins);
     const double s = sizeof(Scalar), e = E;
@@ -134,36 +128,25 @@ class QbFixtureT final : public QbFixture {
   View2<float> m_inter;
 };
 
-std::unique_ptr<QbFixture>& qb_fixture() {
-  static std::unique_ptr<QbFixture> f;
-  return f;
-}
-std::string& qb_key() {
-  static std::string k;
-  return k;
-}
-void release_qb_fixture() {
-  qb_fixture().reset();
-  qb_key().clear();
-}
-const bool qb_cleanup_registered = add_cleanup(&release_qb_fixture);
+using QbCache = FixtureSlot<QbFixture>;
+const bool qb_cleanup_registered = add_cleanup(&QbCache::release);
 
 template <class Scalar>
 void bm_qb(benchmark::State& state, QbOp op, int E, int k, bool indices, const std::string& name) {
   const std::int64_t T = state.range(0);
   const std::string key = name + "/T:" + std::to_string(T);
   try {
-    if (qb_key() != key) {
-      release_qb_fixture();
-      qb_fixture() = std::make_unique<QbFixtureT<Scalar>>(op, E, k, indices, T);
-      qb_key() = key;
+    if (QbCache::key() != key) {
+      QbCache::release();
+      QbCache::fixture() = std::make_unique<QbFixtureT<Scalar>>(op, E, k, indices, T);
+      QbCache::key() = key;
     }
   } catch (const std::exception& e) {
-    release_qb_fixture();
+    QbCache::release();
     state.SkipWithError(e.what());
     return;
   }
-  QbFixture* f = qb_fixture().get();
+  QbFixture* f = QbCache::fixture().get();
   ExecSpace exec;
   const double seconds = timed_loop(state, exec, [&](std::int64_t) { f->run(); });
   set_counters(state, T, f->bytes_per_token, seconds);

@@ -37,6 +37,14 @@ constexpr std::size_t kQbSmemCap = 64 * 1024;
 constexpr long long kQbMinChunk = 1024;
 constexpr long long kQbMaxChunk = 4096;
 
+/// The geometry of the sliced kernel: `experts` per block (a multiple of 4 when `vec`: float4 loads), `chunk` tokens
+/// per block.
+struct QbHistogramShape {
+  bool vec = false;
+  int experts = 0;
+  long long chunk = 0;
+};
+
 /// VEC experts per thread (4: float4 loads; 1: scalar), S experts per block (a multiple of VEC), run-time width w
 /// <= S of the last slice.
 template <int VEC>
@@ -118,8 +126,6 @@ __global__ void __launch_bounds__(kQbThreads) qb_histogram_global_kernel(QbHisto
   }
 }
 
-}  // namespace
-
 cudaError_t qb_histogram_global(const QbHistogramArgs& a, const Queue& q) {
   DeviceGuard guard(q);
   if (guard.status() != cudaSuccess) return guard.status();
@@ -149,10 +155,7 @@ QbHistogramShape choose_qb_histogram(const QbHistogramArgs& a, int device) {
 }
 
 cudaError_t launch_qb_histogram(const QbHistogramArgs& a, const QbHistogramShape& h, const Queue& q) {
-  if (a.num_tokens <= 0 || a.num_experts <= 0) return cudaSuccess;
   const int S = h.experts;
-  if (a.num_bins <= 0 || S < 1 || S > kQbThreads || h.chunk < 1 || (h.vec && (S % 4 != 0 || a.num_experts % 4 != 0)))
-    return cudaErrorInvalidValue;
   const std::size_t smem = static_cast<std::size_t>(S) * a.num_bins * sizeof(int);
   const void* kernel = h.vec ? reinterpret_cast<const void*>(qb_histogram_kernel<4>)
                              : reinterpret_cast<const void*>(qb_histogram_kernel<1>);
@@ -173,6 +176,7 @@ cudaError_t launch_qb_histogram(const QbHistogramArgs& a, const QbHistogramShape
   return cudaGetLastError();
 }
 
+}  // namespace
 }  // namespace detail
 
 cudaError_t qb_histogram(const QbHistogramArgs& a, const Queue& q) {

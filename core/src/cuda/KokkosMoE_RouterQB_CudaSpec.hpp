@@ -23,8 +23,6 @@ namespace Impl {
 
 template <>
 struct QbSpec<Kokkos::Cuda> {
-  static constexpr bool native_histogram = true;
-
   /// The router's forward; true when it also wrote the cutoff.
   template <class Ops>
   static bool forward(const Kokkos::Cuda& exec, const RouterConfig& config, const Ops& o, float* cutoff) {

@@ -70,12 +70,11 @@ struct TopkSpec<Kokkos::Cuda> {
 
   template <class Ops>
   static void forward(const Kokkos::Cuda& exec, const RouterConfig& config, const Ops& o) {
-    const CudaKernels::ForwardPlan plan = CudaKernels::plan_forward(forward_args(config, o));
-    if (!plan.native()) return PortableTopk<Kokkos::Cuda>::forward(exec, o);
-    CudaRouter::topk_forward(exec, plan);
+    forward_with_cutoff(exec, config, o, nullptr);
   }
 
-  /// The forward of a QB call: true when the planned native kernel also wrote \p cutoff [T].
+  /// The forward, asking the native kernel for the QB cutoff [T] too when \p cutoff is not null: true when the
+  /// planned kernel wrote it.
   template <class Ops>
   static bool forward_with_cutoff(const Kokkos::Cuda& exec, const RouterConfig& config, const Ops& o, float* cutoff) {
     TopkForwardArgs a = forward_args(config, o);

@@ -60,20 +60,6 @@ struct QbHistogramArgs {
 };
 cudaError_t qb_histogram(const QbHistogramArgs& args, const Queue& queue);
 
-namespace detail {
-/// The geometry of the sliced histogram kernel: `experts` per block (a multiple of 4 when `vec`: float4 loads),
-/// `chunk` tokens per block. qb_histogram uses choose_qb_histogram's; tuning harnesses launch others.
-struct QbHistogramShape {
-  bool vec = false;
-  int experts = 0;
-  long long chunk = 0;
-};
-QbHistogramShape choose_qb_histogram(const QbHistogramArgs& args, int device);
-cudaError_t launch_qb_histogram(const QbHistogramArgs& args, const QbHistogramShape& shape, const Queue& queue);
-/// One global atomic per pair (histograms too wide for the sliced kernel).
-cudaError_t qb_histogram_global(const QbHistogramArgs& args, const Queue& queue);
-}  // namespace detail
-
 /// run_forward(plan_forward(args), queue). The other operations have native kernels for every shape.
 cudaError_t topk_forward(const TopkForwardArgs& args, const Queue& queue);
 cudaError_t topk_backward(const TopkBackwardArgs& args, const Queue& queue);

@@ -280,7 +280,6 @@ struct PortableQb {
 /// write the cutoff.
 template <class ExecSpace>
 struct QbSpec {
-  static constexpr bool native_histogram = false;
   /// The router's forward; true when it also wrote the cutoff (never here: the QB pass computes it).
   template <class Ops>
   static bool forward(const ExecSpace& exec, const RouterConfig& config, const Ops& o, float*) {
@@ -296,7 +295,7 @@ struct QbSpec {
 /// The histogram pass of \p impl's choice (Implementation::Portable forces the portable kernel).
 template <class ExecSpace, class Ops>
 void qb_histogram_pass(const ExecSpace& exec, Implementation impl, const Ops& h) {
-  if (QbSpec<ExecSpace>::native_histogram && impl == Implementation::Auto)
+  if (impl == Implementation::Auto)
     QbSpec<ExecSpace>::histogram(exec, h);
   else
     PortableQb<ExecSpace>::histogram(exec, h);
