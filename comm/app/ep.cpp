@@ -5,10 +5,11 @@
 // router forward (compact ids + weights), layout, dispatch, a deterministic linear expert, weighted combine, and the
 // backward of all of it (combine, expert, dispatch, router). Checks every rank's results against a single-rank
 // computation of the same step (plain loops over the rank's own routing) and prints a per-rank table of tokens,
-// slots, bytes, times and GB/s. The transport: MPI messages or MPI shared windows on host execution spaces, NCCL on
-// Kokkos::Cuda, or loopback: R ranks as threads of one process on one device (the remote path without several GPUs).
+// slots, bytes, times and GB/s. The transport: MPI messages or MPI shared windows on host execution spaces, NCCL or
+// CUDA IPC over MPI on Kokkos::Cuda, or loopback: R ranks as threads of one process on one device (the remote path
+// without several GPUs).
 //
-//   mpirun -np 2 kokkosmoe-ep [--transport mpi|shm|nccl] [--preset deepseek-v3] [--tokens 256] [--hidden H]
+//   mpirun -np 2 kokkosmoe-ep [--transport mpi|shm|nccl|ipc] [--preset deepseek-v3] [--tokens 256] [--hidden H]
 //                             [--dtype float|bf16] [--capacity ROWS] [--alignment A] [--iters 5] [--seed 1]
 //   kokkosmoe-ep --transport loopback --ranks 8 [...]
 #include <KokkosMoE_Cli.hpp>
@@ -17,6 +18,9 @@
 #include <KokkosMoE_EP.hpp>
 #include <KokkosMoE_Router.hpp>
 #include <KokkosMoE_RouterPresets.hpp>
+#if defined(KOKKOSMOE_HAVE_CUDA_IPC)
+#include <KokkosMoE_Communicator_CudaIpc.hpp>
+#endif
 #if defined(KOKKOSMOE_HAVE_NCCL)
 #include <KokkosMoE_Communicator_NCCL.hpp>
 #endif
@@ -88,7 +92,7 @@ Args parse(int argc, char** argv) {
   a.alignment = cli.integer("--alignment", 1, 1 << 16, 1);
   a.iters = cli.integer("--iters", 1, 1000, a.iters);
   a.seed = cli.integer("--seed", 0, INT_MAX, a.seed);
-  a.transport = cli.choice("--transport", {"mpi", "shm", "loopback", "nccl"}, "");
+  a.transport = cli.choice("--transport", {"mpi", "shm", "loopback", "nccl", "ipc"}, "");
   a.ranks = cli.integer("--ranks", 1, 64, a.ranks);
   if (a.fp8) {
     const long H = a.hidden > 0 ? a.hidden : router_preset(a.preset).hidden_size;
@@ -122,8 +126,9 @@ const char* kUsage =
     "  --alignment A     rows per expert slab padded to a multiple of A (default 1)\n"
     "  --iters N         timed repetitions, median reported (default 5)\n"
     "  --seed S          input seed (default 1)\n"
-    "  --transport T     mpi (point-to-point) | shm (MPI shared windows, direct writes) on host spaces, nccl on\n"
-    "                    Kokkos::Cuda (the default of each), loopback: --ranks ranks as threads of this process\n"
+    "  --transport T     mpi (point-to-point) | shm (MPI shared windows, direct writes) on host spaces, nccl |\n"
+    "                    ipc (CUDA IPC windows over MPI, ranks may share a GPU) on Kokkos::Cuda (the default\n"
+    "                    of each: mpi, nccl), loopback: --ranks ranks as threads of this process\n"
     "  --ranks R         loopback ranks (default 2); without mpirun\n"
     "  --fp8             dispatch the rows as FP8 E4M3 with a scale per 128 channels (H a multiple of 128); the\n"
     "                    expert reads them dequantized, the check uses the same quantized rows\n"
@@ -540,10 +545,18 @@ int main(int argc, char** argv) {
 #else
         throw std::runtime_error("--transport nccl needs a CUDA build with NCCL (Kokkos::Cuda)");
 #endif
+      } else if (transport == "ipc") {
+#if defined(KOKKOS_ENABLE_CUDA) && defined(KOKKOSMOE_HAVE_CUDA_IPC)
+        Communicator host = make_mpi_communicator(MPI_COMM_WORLD);
+        rc = step(Exec(), make_cuda_ipc_communicator(host, Kokkos::DefaultExecutionSpace().cuda_device()), world_rank,
+                  job);
+#else
+        throw std::runtime_error("--transport ipc needs a CUDA build (Kokkos::Cuda) with MPI");
+#endif
       } else {
         if (on_cuda)
           throw std::runtime_error("--transport " + transport +
-                                   " serves host execution spaces; Kokkos::Cuda takes nccl or loopback");
+                                   " serves host execution spaces; Kokkos::Cuda takes nccl, ipc or loopback");
         rc =
             step(Exec(),
                  transport == "shm" ? make_mpi_shm_communicator(MPI_COMM_WORLD) : make_mpi_communicator(MPI_COMM_WORLD),

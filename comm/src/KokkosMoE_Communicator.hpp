@@ -9,7 +9,8 @@
 ///
 /// A move-only owner (or borrower) of an NCCL communicator or an MPI communicator, in the spirit of kokkos-comm.
 /// Vendor types never appear here: communicators are made by the factories of KokkosMoE_Communicator_MPI.hpp
-/// (MPI_Comm) and KokkosMoE_Communicator_NCCL.hpp (ncclUniqueId, ncclComm_t, several GPUs of one process).
+/// (MPI_Comm), KokkosMoE_Communicator_NCCL.hpp (ncclUniqueId, ncclComm_t, several GPUs of one process),
+/// KokkosMoE_Communicator_CudaIpc.hpp (CUDA IPC over MPI) and KokkosMoE_Communicator_Loopback.hpp (ranks as threads).
 /// Every wait on a peer is bounded by the communicator's timeout; a timeout or an asynchronous error aborts the
 /// communicator and throws KokkosMoE::CommError naming the operation, the rank and the cause.
 
@@ -33,9 +34,10 @@ enum class CommTransport : int {
   Nccl = 2,      ///< device memory, Kokkos::Cuda, one GPU per rank
   MpiShm = 3,    ///< host memory in MPI shared windows: ranks of one node write into each other's rows directly
   Loopback = 4,  ///< several ranks of one process (one host thread each), windows in host or device memory
+  CudaIpc = 5,   ///< device memory, Kokkos::Cuda, one process per rank: CUDA IPC windows, collectives over MPI
 };
 
-/// \brief "mpi", "nccl", "shm", "loopback".
+/// \brief "mpi", "nccl", "shm", "loopback", "ipc".
 inline const char* to_string(CommTransport t) noexcept {
   switch (t) {
     case CommTransport::Mpi:
@@ -44,6 +46,8 @@ inline const char* to_string(CommTransport t) noexcept {
       return "nccl";
     case CommTransport::MpiShm:
       return "shm";
+    case CommTransport::CudaIpc:
+      return "ipc";
     default:
       return "loopback";
   }
@@ -61,7 +65,8 @@ enum class PeerWindows : int {
   Auto = 0,           ///< direct writes wherever the transport can map its peers' memory, messages elsewhere
   Off = 1,            ///< messages only (point-to-point sends and receives through staging rows): the portable path
   NcclSymmetric = 2,  ///< NCCL: symmetric windows (ncclMemAlloc + ncclCommWindowRegister), else CommError
-  CudaIpc = 3,        ///< NCCL: cudaMalloc'd windows shared by CUDA IPC handles (ranks of one node), else CommError
+  CudaIpc = 3,        ///< NCCL, CUDA IPC: cudaMalloc'd windows shared by CUDA IPC handles (ranks of one node), else
+                      ///< CommError
 };
 
 /// \brief "auto", "off", "nccl", "ipc".
@@ -83,18 +88,20 @@ struct CommConfig {
   /// Upper bound in seconds on every wait for a peer: initialization, each exchange, each host wait and the
   /// destruction. The environment variable KOKKOSMOE_COMM_TIMEOUT (seconds) overrides it when set.
   double timeout_seconds = 300.0;
-  /// Direct writes into peers' windows or messages. NcclSymmetric and CudaIpc are for NCCL communicators only.
+  /// Direct writes into peers' windows or messages. NcclSymmetric is for NCCL communicators only, CudaIpc for NCCL
+  /// and CUDA-IPC ones.
   PeerWindows peer_windows = PeerWindows::Auto;
 };
 
 /// \brief What a communicator has issued so far (docs/ep.md §12 cases 6 and 7: no stray communication, one stream).
 struct CommStats {
-  std::int64_t calls = 0;       ///< library calls that move data (exchange + alltoall + allgather)
-  std::int64_t exchanges = 0;   ///< grouped send/recv
-  std::int64_t alltoalls = 0;   ///< equal-block all-to-all
-  std::int64_t allgathers = 0;  ///< all-gathers (count exchanges, configuration digests)
-  std::int64_t waits = 0;       ///< host waits with a deadline
-  std::vector<void*> streams;   ///< distinct CUDA streams used (nullptr for host transports)
+  std::int64_t calls = 0;          ///< library calls that move data (exchange + alltoall + allgather)
+  std::int64_t exchanges = 0;      ///< grouped send/recv
+  std::int64_t alltoalls = 0;      ///< equal-block all-to-all
+  std::int64_t allgathers = 0;     ///< all-gathers (count exchanges, configuration digests)
+  std::int64_t waits = 0;          ///< host waits with a deadline
+  std::int64_t peer_mappings = 0;  ///< peers' window parts this process has mapped now (CUDA IPC handles open)
+  std::vector<void*> streams;      ///< distinct CUDA streams used (nullptr for host transports)
   /// Per operation name ("ep_layout", "ep_dispatch", ...): what it moved. The EP layer adds a handle's steps at
   /// ep_synchronize (capacity mode counts on the device and must not wait before that).
   std::map<std::string, ByteCount> bytes;

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The EP layer (comm/) on the GPU machine: tests, sanitizers, the main job, the benchmarks and ncu kernel durations.
-#   gpu_ep_tests_bench.sh BIN_DIR OUT_DIR [suites|tests|sanitize|sanitize-loopback|bench|profile|profile-loopback|all]
-# suites: the NCCL one-rank suites only; tests: suites, loopback, FP8, launcher, main jobs.
+#   gpu_ep_tests_bench.sh BIN_DIR OUT_DIR [suites|tests|ipc|sanitize|sanitize-loopback|bench|profile|profile-loopback|all]
+# suites: the NCCL one-rank suites only; tests: suites, loopback, FP8, launcher, main jobs; ipc: ranks as processes on
+# this GPU through the CUDA-IPC transport (suites at np 2-4, faults, main jobs, memcheck at np 2).
 # bench runs every EP benchmark, or those KOKKOSMOE_BENCH_FILTER (a --benchmark_filter regex) names.
 # BIN_DIR holds the CUDA-build binaries KokkosMoE_CommTests, KokkosMoE_CommLoopbackTests, KokkosMoE_Fp8Tests,
 # kokkosmoe-ep, KokkosMoE_CommBenchmarks (+
@@ -54,6 +55,40 @@ if [ "$phase" = tests ] || [ "$phase" = all ]; then
     | tee -a "$out/ep.txt")
   (cd "$bin" && timeout 120 ./kokkosmoe-ep --transport loopback --ranks 8 --tokens 4096 --iters 3 --fp8 \
     --capacity 50000 2>&1 | tee -a "$out/ep.txt")
+fi
+
+if [ "$phase" = ipc ] || [ "$phase" = all ]; then
+  launch="$here/unit_test/comm/mpi_launch.sh"
+  for np in ${KOKKOSMOE_IPC_NP:-2 3 4}; do
+    for suite in ep_setup ep_layout_outputs ep_dispatch_combine ep_capacity_and_streams ep_interleaved_layers; do
+      filter="$suite/*Cuda*"
+      [ "$suite" = ep_setup ] && filter="$suite/*Cuda*,cuda_ipc_peer_windows"
+      step "CUDA IPC over MPI, np $np, every rank on this GPU: $filter"
+      KOKKOSMOE_TEST_TRANSPORT=ipc timeout 400 bash "$launch" "$np" 380 -- "$bin/KokkosMoE_CommTests" \
+        --run_test="$filter" --report_level=short >"$out/ipc-np$np-$suite.log" 2>&1
+      echo "exit $?" | tee -a "$out/ipc-np$np-$suite.log"; grep -E "^\*\*\*|test cases|exit|error" "$out/ipc-np$np-$suite.log" | head -8
+    done
+    for mode in stall exit; do
+      step "CUDA IPC fault at np $np: rank 1 ${mode}s (5 s deadline)"
+      KOKKOSMOE_COMM_TIMEOUT=5 timeout 120 bash "$launch" "$np" 90 --fault "FAULT TEST PASSED" -- \
+        "$bin/KokkosMoE_CommFaultTest" "$mode" ipc >"$out/ipc-fault-np$np-$mode.log" 2>&1
+      echo "exit $?" | tee -a "$out/ipc-fault-np$np-$mode.log"; grep -E "rank 0|fault test" "$out/ipc-fault-np$np-$mode.log"
+    done
+  done
+  for np in 2 4; do
+    step "main job over CUDA IPC at np $np: eager, capacity, decode"
+    for extra in "" "--capacity 600" "--decode"; do
+      timeout 200 bash "$launch" "$np" 180 --expect "single-rank computation: .* -> PASS" -- "$bin/kokkosmoe-ep" \
+        --transport ipc --tokens 128 --hidden 1024 --iters 2 $extra >"$out/ipc-ep-np$np.log" 2>&1
+      echo "np $np $extra: exit $?" | tee -a "$out/ipc-ep.txt"; grep -E "single-rank computation|ep_dispatch|kokkosmoe-ep:" \
+        "$out/ipc-ep-np$np.log" | head -6 | tee -a "$out/ipc-ep.txt"
+    done
+  done
+  step "compute-sanitizer memcheck over the CUDA IPC suites at np 2"
+  KOKKOSMOE_TEST_TRANSPORT=ipc timeout 500 bash "$launch" 2 480 -- compute-sanitizer --tool memcheck \
+    --error-exitcode 9 "$bin/KokkosMoE_CommTests" --run_test='ep_dispatch_combine/*Cuda*' --report_level=short \
+    >"$out/ipc-memcheck-np2.log" 2>&1
+  echo "exit $?" | tee -a "$out/ipc-memcheck-np2.log"; grep -E "ERROR SUMMARY|test cases|exit" "$out/ipc-memcheck-np2.log"
 fi
 
 if [ "$phase" = sanitize ] || [ "$phase" = all ]; then

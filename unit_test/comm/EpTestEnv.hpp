@@ -16,6 +16,9 @@
 #if defined(KOKKOSMOE_HAVE_NCCL)
 #include <KokkosMoE_Communicator_NCCL.hpp>
 #endif
+#if defined(KOKKOSMOE_HAVE_CUDA_IPC)
+#include <KokkosMoE_Communicator_CudaIpc.hpp>
+#endif
 
 #include <Kokkos_Core.hpp>
 
@@ -101,13 +104,24 @@ inline ncclUniqueId exchange_id_by_file(int rank) {
 }
 #endif
 
-/// The host transport under test: KOKKOSMOE_TEST_TRANSPORT=mpi (point-to-point, the default) or shm (MPI shared
-/// windows, direct writes).
-inline bool test_shm() {
+/// The transports under test, KOKKOSMOE_TEST_TRANSPORT: mpi (point-to-point on host spaces, NCCL on Kokkos::Cuda;
+/// the default), shm (MPI shared windows on host spaces, direct writes) or ipc (point-to-point on host spaces, the
+/// CUDA-IPC transport over MPI on Kokkos::Cuda).
+enum class TestTransport { Mpi, Shm, Ipc };
+inline TestTransport test_transport() {
   const char* t = std::getenv("KOKKOSMOE_TEST_TRANSPORT");
-  if (t == nullptr || *t == '\0' || std::string(t) == "mpi") return false;
-  if (std::string(t) == "shm") return true;
-  throw std::runtime_error(std::string("KOKKOSMOE_TEST_TRANSPORT='") + t + "' is not mpi or shm");
+  if (t == nullptr || *t == '\0' || std::string(t) == "mpi") return TestTransport::Mpi;
+  if (std::string(t) == "shm") return TestTransport::Shm;
+  if (std::string(t) == "ipc") return TestTransport::Ipc;
+  throw std::runtime_error(std::string("KOKKOSMOE_TEST_TRANSPORT='") + t + "' is not mpi, shm or ipc");
+}
+inline bool test_shm() { return test_transport() == TestTransport::Shm; }
+
+/// Whether an EP group over \p comm writes rows straight into its peers' windows (no library call moves them).
+inline bool writes_directly(const Communicator& comm) {
+  if (comm.size() < 2) return false;
+  return comm.transport() == CommTransport::MpiShm || comm.transport() == CommTransport::Loopback ||
+         (comm.transport() == CommTransport::CudaIpc && comm.peer_windows() != PeerWindows::Off);
 }
 
 /// The mesh of the host (MPI) world: one rank per process under multi_gpu_launch.sh.
@@ -116,7 +130,7 @@ inline Mesh host_mesh() { return launch_size() > 0 ? Mesh{} : test_mesh(world_si
 /// Communicators shared by the test cases of one process, released before MPI and Kokkos finalize.
 struct CommCache {
   std::unique_ptr<Communicator> host_world, host_ep, host_dp;
-  std::unique_ptr<Communicator> nccl_world, nccl_ep, nccl_dp;
+  std::unique_ptr<Communicator> nccl_world, nccl_ep, nccl_dp;  // the device transport (NCCL or CUDA IPC)
   static CommCache& get() {
     static CommCache c;
     return c;
@@ -143,15 +157,25 @@ const Communicator& ep_comm() {
     c.host_ep = std::make_unique<Communicator>(c.host_world->split(r / mesh.ep, r % mesh.ep));
     c.host_dp = std::make_unique<Communicator>(c.host_world->split(r % mesh.ep, r / mesh.ep));
   }
-#if defined(KOKKOS_ENABLE_CUDA) && defined(KOKKOSMOE_HAVE_NCCL)
+#if defined(KOKKOS_ENABLE_CUDA) && (defined(KOKKOSMOE_HAVE_NCCL) || defined(KOKKOSMOE_HAVE_CUDA_IPC))
   if constexpr (std::is_same<ExecSpace, Kokkos::Cuda>::value) {
     if (!c.nccl_world) {
       const int device = Kokkos::DefaultExecutionSpace().cuda_device();
-      if (launch_size() > 0) {
+      if (test_transport() == TestTransport::Ipc) {
+#if defined(KOKKOSMOE_HAVE_CUDA_IPC)
+        c.nccl_world = std::make_unique<Communicator>(make_cuda_ipc_communicator(*c.host_world, device));
+#else
+        throw std::runtime_error("KOKKOSMOE_TEST_TRANSPORT=ipc needs a build with the CUDA-IPC transport");
+#endif
+      } else if (launch_size() > 0) {
+#if defined(KOKKOSMOE_HAVE_NCCL)
         const int lr = launch_rank(), ln = launch_size();
         c.nccl_world = std::make_unique<Communicator>(make_nccl_communicator(exchange_id_by_file(lr), lr, ln, device));
       } else {
         c.nccl_world = std::make_unique<Communicator>(make_nccl_communicator(*c.host_world, device));
+#else
+        throw std::runtime_error("Kokkos::Cuda over MPI ranks needs NCCL or KOKKOSMOE_TEST_TRANSPORT=ipc");
+#endif
       }
       const Mesh gm = test_mesh(c.nccl_world->size());
       const int gr = c.nccl_world->rank();

@@ -20,7 +20,8 @@ trap 'rm -rf "$logs"' EXIT
 mca=(--mca btl self,vader --mca btl_vader_single_copy_mechanism none)
 [ -n "$fault" ] && mca+=(--mca orte_abort_on_non_zero_status 0)
 pass=()
-for v in OMP_NUM_THREADS OMP_PROC_BIND NCCL_NVLS_ENABLE KOKKOSMOE_COMM_TIMEOUT KOKKOSMOE_TEST_EP_MESH KOKKOSMOE_TEST_TRANSPORT; do
+for v in OMP_NUM_THREADS OMP_PROC_BIND NCCL_NVLS_ENABLE KOKKOSMOE_COMM_TIMEOUT KOKKOSMOE_TEST_EP_MESH KOKKOSMOE_TEST_TRANSPORT \
+  LD_LIBRARY_PATH; do
   [ -n "${!v+x}" ] && pass+=(-x "$v")
 done
 start=$(date +%s)

@@ -16,6 +16,9 @@
 #if defined(KOKKOSMOE_HAVE_NCCL)
 #include <KokkosMoE_Communicator_NCCL.hpp>
 #endif
+#if defined(KOKKOSMOE_HAVE_CUDA_IPC)
+#include <KokkosMoE_Communicator_CudaIpc.hpp>
+#endif
 #if defined(KOKKOSMOE_HAVE_SHARDING)
 #include <KokkosMoE_Planner.hpp>
 #include <KokkosMoE_Topology.hpp>
@@ -124,12 +127,8 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(peer_windows_off_means_messages, DeviceType, KOKKO
   }
 }
 
-#if defined(KOKKOS_ENABLE_CUDA) && defined(KOKKOSMOE_HAVE_NCCL)
-// The NCCL windows (docs/ep.md §7.2) of every kind, at the ranks this run has (one on one GPU): zero-filled, every
-// rank's part addressable, a write into the next rank's part seen there, released collectively. Symmetric windows
-// need NCCL >= 2.28 at run time; an older library must refuse them with CommError(Library) and auto must still give
-// a window (CUDA IPC).
-void nccl_barrier(const Communicator& comm) {
+#if defined(KOKKOS_ENABLE_CUDA) && (defined(KOKKOSMOE_HAVE_NCCL) || defined(KOKKOSMOE_HAVE_CUDA_IPC))
+void device_barrier(const Communicator& comm) {
   Kokkos::View<int*, Kokkos::CudaSpace> one("one", 1), all("all", comm.size());
   Kokkos::Cuda exec;
   exec.fence();
@@ -137,9 +136,48 @@ void nccl_barrier(const Communicator& comm) {
   comm.impl_transport()->wait("barrier", exec.cuda_stream());
 }
 
+/// A device window of \p comm (docs/ep.md §7.2): zero-filled, every rank's part addressable, a write into the next
+/// rank's part seen there, released collectively.
+void check_device_window(const Communicator& comm, const std::string& what, std::shared_ptr<Impl::PeerWindow> win,
+                         std::size_t bytes) {
+  using Mem = Kokkos::CudaSpace;
+  const int R = comm.size(), me = comm.rank();
+  BOOST_REQUIRE_MESSAGE(win != nullptr, what << ": no window on one node");
+  BOOST_TEST(win->bytes == bytes);
+  BOOST_REQUIRE(win->base.size() == static_cast<std::size_t>(R));
+  const std::size_t n = bytes / sizeof(int);
+  using Ints = Kokkos::View<int*, Mem, Kokkos::MemoryUnmanaged>;
+  Ints mine(reinterpret_cast<int*>(win->base[me]), n), next(reinterpret_cast<int*>(win->base[(me + 1) % R]), n);
+  int nonzero = 0;
+  Kokkos::parallel_reduce(
+      "nonzero", Kokkos::RangePolicy<Kokkos::Cuda>(0, n), KOKKOS_LAMBDA(std::size_t i, int& c) { c += mine(i) != 0; },
+      nonzero);
+  BOOST_TEST(nonzero == 0, what << ": a new window is zero-filled");
+  Kokkos::fence();
+  device_barrier(comm);
+  const int tag = 1000 + me;
+  Kokkos::parallel_for(
+      "write_next", Kokkos::RangePolicy<Kokkos::Cuda>(0, n),
+      KOKKOS_LAMBDA(std::size_t i) { next(i) = tag + static_cast<int>(i % 7); });
+  Kokkos::fence();
+  device_barrier(comm);
+  const int from = 1000 + (me + R - 1) % R;
+  int wrong = 0;
+  Kokkos::parallel_reduce(
+      "check", Kokkos::RangePolicy<Kokkos::Cuda>(0, n),
+      KOKKOS_LAMBDA(std::size_t i, int& c) { c += mine(i) != from + static_cast<int>(i % 7); }, wrong);
+  BOOST_TEST(wrong == 0, what << ": rows written by the previous rank");
+  win.reset();  // collective release
+  BOOST_TEST(!comm.aborted());
+}
+#endif
+
+#if defined(KOKKOS_ENABLE_CUDA) && defined(KOKKOSMOE_HAVE_NCCL)
+// The NCCL windows of every kind, at the ranks this run has (one on one GPU). Symmetric windows need NCCL >= 2.28 at
+// run time; an older library must refuse them with CommError(Library) and auto must still give a window (CUDA IPC).
 BOOST_AUTO_TEST_CASE(nccl_peer_windows) {
   if (launch_size() > 0) return;  // one process per GPU without MPI: the id exchange serves the cached world only
-  using Mem = Kokkos::CudaSpace;
+  if (test_transport() == TestTransport::Ipc) return;  // NCCL cannot hold two ranks of one GPU: cuda_ipc_peer_windows
   const int device = Kokkos::DefaultExecutionSpace().cuda_device();
   int version = 0;
   ncclGetVersion(&version);
@@ -147,7 +185,6 @@ BOOST_AUTO_TEST_CASE(nccl_peer_windows) {
     CommConfig cc;
     cc.peer_windows = w;
     Communicator comm = make_nccl_communicator(host_world(), device, cc);
-    const int R = comm.size(), me = comm.rank();
     const std::size_t bytes = (std::size_t(3) << 20) + 123;  // not a multiple of NCCL's 4 KiB granularity
     std::shared_ptr<Impl::PeerWindow> win;
     try {
@@ -158,34 +195,42 @@ BOOST_AUTO_TEST_CASE(nccl_peer_windows) {
       BOOST_TEST(static_cast<int>(e.cause()) == static_cast<int>(CommFailure::Library));
       continue;
     }
-    BOOST_REQUIRE_MESSAGE(win != nullptr, to_string(w) << ": no window on one node");
-    BOOST_TEST(win->bytes == bytes);
-    BOOST_REQUIRE(win->base.size() == static_cast<std::size_t>(R));
-    const std::size_t n = bytes / sizeof(int);
-    using Ints = Kokkos::View<int*, Mem, Kokkos::MemoryUnmanaged>;
-    Ints mine(reinterpret_cast<int*>(win->base[me]), n), next(reinterpret_cast<int*>(win->base[(me + 1) % R]), n);
-    int nonzero = 0;
-    Kokkos::parallel_reduce(
-        "nonzero", Kokkos::RangePolicy<Kokkos::Cuda>(0, n), KOKKOS_LAMBDA(std::size_t i, int& c) { c += mine(i) != 0; },
-        nonzero);
-    BOOST_TEST(nonzero == 0, to_string(w) << ": a new window is zero-filled");
-    Kokkos::fence();
-    nccl_barrier(comm);
-    const int tag = 1000 + me;
-    Kokkos::parallel_for(
-        "write_next", Kokkos::RangePolicy<Kokkos::Cuda>(0, n),
-        KOKKOS_LAMBDA(std::size_t i) { next(i) = tag + static_cast<int>(i % 7); });
-    Kokkos::fence();
-    nccl_barrier(comm);
-    const int from = 1000 + (me + R - 1) % R;
-    int wrong = 0;
-    Kokkos::parallel_reduce(
-        "check", Kokkos::RangePolicy<Kokkos::Cuda>(0, n),
-        KOKKOS_LAMBDA(std::size_t i, int& c) { c += mine(i) != from + static_cast<int>(i % 7); }, wrong);
-    BOOST_TEST(wrong == 0, to_string(w) << ": rows written by the previous rank");
-    win.reset();  // collective release
-    BOOST_TEST(!comm.aborted());
+    check_device_window(comm, to_string(w), std::move(win), bytes);
   }
+}
+#endif
+
+#if defined(KOKKOS_ENABLE_CUDA) && defined(KOKKOSMOE_HAVE_CUDA_IPC)
+// The CUDA-IPC transport's windows (docs/ep.md §7.5) at the ranks this run has, every rank in its own process: auto
+// and ipc map every peer (one open IPC handle per rank of another process while the window lives, none after), off
+// makes none; NCCL's symmetric kind is refused.
+BOOST_AUTO_TEST_CASE(cuda_ipc_peer_windows) {
+  if (launch_size() > 0) return;  // needs the MPI world
+  const int device = Kokkos::DefaultExecutionSpace().cuda_device();
+  for (PeerWindows w : {PeerWindows::CudaIpc, PeerWindows::Auto, PeerWindows::Off}) {
+    CommConfig cc;
+    cc.peer_windows = w;
+    Communicator comm = make_cuda_ipc_communicator(host_world(), device, cc);
+    BOOST_TEST(static_cast<int>(comm.transport()) == static_cast<int>(CommTransport::CudaIpc));
+    BOOST_TEST(comm.device() == device);
+    const std::size_t bytes = (std::size_t(1) << 20) + 123;
+    auto win = comm.impl_transport()->make_window("cuda_ipc_peer_windows", bytes);
+    if (w == PeerWindows::Off) {
+      BOOST_TEST(win == nullptr, "peer_windows = off makes no window");
+      continue;
+    }
+    BOOST_TEST(comm.stats().peer_mappings == comm.size() - 1, to_string(w) << ": one mapping per peer process");
+    check_device_window(comm, to_string(w), std::move(win), bytes);
+    BOOST_TEST(comm.stats().peer_mappings == 0, to_string(w) << ": every mapping closed with the window");
+  }
+  CommConfig nccl_only;
+  nccl_only.peer_windows = PeerWindows::NcclSymmetric;
+  BOOST_CHECK_EXCEPTION(make_cuda_ipc_communicator(host_world(), device, nccl_only), InvalidArgument,
+                        [](const InvalidArgument& e) { return e.rule() == Rule::ConfigValue; });
+  BOOST_CHECK_EXCEPTION(make_cuda_ipc_communicator(host_world(), -1), InvalidArgument,
+                        [](const InvalidArgument& e) { return e.rule() == Rule::ConfigValue; });
+  BOOST_CHECK_EXCEPTION(make_cuda_ipc_communicator(Communicator(), device), InvalidArgument,
+                        [](const InvalidArgument& e) { return e.rule() == Rule::TransportMismatch; });
 }
 #endif
 

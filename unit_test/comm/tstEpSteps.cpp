@@ -440,7 +440,7 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(no_stray_communication, DeviceType, KOKKOSMOE_DEVI
     // combine and combine backward: two each (the weights to the experts' ranks, then the rows back; the rows with
     // their weights, then the dots back). Weights and weight gradients ride in their rows' trailers (docs/ep.md §3).
     // Direct writes into shared windows need no library call at all: the counts travel through the window too.
-    const bool windows = comm.transport() == CommTransport::MpiShm && R > 1;
+    const bool windows = group.direct_writes();
     BOOST_TEST(after.allgathers - before.allgathers == (windows ? 0 : 1));
     const std::int64_t transfers = R == 1 || windows ? 0 : 7;
     BOOST_TEST(after.alltoalls - before.alltoalls == (capacity ? transfers : 0));
@@ -453,7 +453,7 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(wire_bytes_are_exact, DeviceType, KOKKOSMOE_DEVICE
   Exec exec;
   const Communicator& comm = ep_comm<Exec>();
   const int R = comm.size(), me = comm.rank();
-  const bool windows = comm.transport() == CommTransport::MpiShm;
+  const bool windows = writes_directly(comm);
   auto c = default_config(R);
   c.top_k = 3;
   c.num_experts = 3 * R;

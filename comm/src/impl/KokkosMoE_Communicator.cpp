@@ -37,9 +37,14 @@ PeerWindows resolve_peer_windows(const char* fn, const CommConfig& config, CommT
   if (v < static_cast<int>(PeerWindows::Auto) || v > static_cast<int>(PeerWindows::CudaIpc))
     throw InvalidArgument(fn, "config.peer_windows", Rule::ConfigValue,
                           "CommConfig::peer_windows (" + std::to_string(v) + ") is not a PeerWindows enumerator");
-  if ((w == PeerWindows::NcclSymmetric || w == PeerWindows::CudaIpc) && kind != CommTransport::Nccl)
+  if (w == PeerWindows::NcclSymmetric && kind != CommTransport::Nccl)
     throw InvalidArgument(fn, "config.peer_windows", Rule::ConfigValue,
-                          std::string("CommConfig::peer_windows = ") + to_string(w) + " is for NCCL communicators; a " +
+                          std::string("CommConfig::peer_windows = nccl is for NCCL communicators; a ") +
+                              to_string(kind) + " communicator takes auto, off" +
+                              (kind == CommTransport::CudaIpc ? " or ipc" : ""));
+  if (w == PeerWindows::CudaIpc && kind != CommTransport::Nccl && kind != CommTransport::CudaIpc)
+    throw InvalidArgument(fn, "config.peer_windows", Rule::ConfigValue,
+                          std::string("CommConfig::peer_windows = ipc is for NCCL and CUDA-IPC communicators; a ") +
                               to_string(kind) + " communicator takes auto or off");
   return w;
 }
@@ -51,6 +56,7 @@ CommStats stats_of(const Transport& t) {
   s.alltoalls = t.alltoalls;
   s.allgathers = t.allgathers;
   s.waits = t.waits;
+  s.peer_mappings = t.peer_mappings;
   s.streams = t.streams_used;
   s.bytes = t.bytes;
   return s;

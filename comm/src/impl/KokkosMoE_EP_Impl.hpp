@@ -53,7 +53,9 @@ struct ExecTraits {
 template <>
 struct ExecTraits<Kokkos::Cuda> {
   static constexpr CommTransport transport = CommTransport::Nccl;
-  static bool serves(CommTransport t) { return t == CommTransport::Nccl || t == CommTransport::Loopback; }
+  static bool serves(CommTransport t) {
+    return t == CommTransport::Nccl || t == CommTransport::CudaIpc || t == CommTransport::Loopback;
+  }
   static void* stream(const Kokkos::Cuda& e) { return static_cast<void*>(e.cuda_stream()); }
   static int device(const Kokkos::Cuda& e) { return e.cuda_device(); }
   /// What EpGroupConfig::max_sms counts: the device's streaming multiprocessors.
@@ -521,7 +523,8 @@ std::shared_ptr<EpGroupState<Exec>> make_group_state(const Exec& exec, const Com
   if (!ExecTraits<Exec>::serves(t->kind()))
     ep_fail(fn, "comm", Rule::TransportMismatch,
             std::string("a ") + to_string(t->kind()) + " communicator cannot serve " + Exec::name() +
-                " (host execution spaces take an MPI communicator, Kokkos::Cuda an NCCL one)");
+                " (host execution spaces take an MPI or loopback communicator, Kokkos::Cuda an NCCL, CUDA-IPC or "
+                "loopback one)");
   if (t->device() != ExecTraits<Exec>::device(exec))
     ep_fail(fn, "exec", Rule::TransportMismatch,
             "the execution space runs on device " + std::to_string(ExecTraits<Exec>::device(exec)) +

@@ -89,11 +89,14 @@ class Transport {
   double timeout_seconds() const noexcept { return m_timeout; }
   PeerWindows peer_windows() const noexcept { return m_windows; }
   void set_peer_windows(PeerWindows w) noexcept { m_windows = w; }
+  void set_timeout_seconds(double seconds) noexcept { m_timeout = seconds; }
   bool aborted() const noexcept { return m_aborted; }
 
   /// Operation counters (docs/ep.md §12 cases 6 and 7): calls into the library and the streams they used.
   std::int64_t calls = 0;
   std::int64_t exchanges = 0, alltoalls = 0, allgathers = 0, waits = 0;
+  /// Peer memory this process has mapped for the transport's windows (CUDA IPC handles opened), now.
+  std::int64_t peer_mappings = 0;
   std::vector<void*> streams_used;
   std::map<std::string, ByteCount> bytes;  // added by the EP layer at ep_synchronize
 

@@ -9,15 +9,16 @@
 //
 // Windows (docs/ep.md §7.2): NCCL symmetric windows where the library has them and every rank is in the
 // communicator's load/store team (ncclMemAlloc + ncclCommWindowRegister; peer pointers from the device API's
-// ncclGetLsaPointer), else cudaMalloc'd memory shared by CUDA IPC handles among the ranks of one node, else none
-// (messages). The window entry points are looked up at run time, so a binary built against NCCL 2.28's headers still
-// runs, without symmetric windows, on an older libnccl.
+// ncclGetLsaPointer), else cudaMalloc'd memory shared by CUDA IPC handles among the ranks of one node (the IPC
+// windows of cuda/KokkosMoE_CudaIpc.hpp, which the CUDA-IPC transport uses too), else none (messages). The window entry
+// points are looked up at run time, so a binary built against NCCL 2.28's headers still runs, without symmetric
+// windows, on an older libnccl.
 #include <KokkosMoE_Communicator_NCCL.hpp>
 
+#include <cuda/KokkosMoE_CudaIpc.hpp>
 #include <cuda_runtime.h>
 #include <dlfcn.h>
 #include <impl/KokkosMoE_Transport.hpp>
-#include <unistd.h>
 
 #include <algorithm>
 #include <array>
@@ -38,22 +39,7 @@ namespace {
 
 std::string nccl_text(ncclResult_t r) { return std::string(ncclGetErrorString(r)) + " (" + std::to_string(r) + ")"; }
 
-class DeviceGuard {
- public:
-  explicit DeviceGuard(int device) {
-    cudaGetDevice(&m_old);
-    if (device >= 0 && device != m_old) cudaSetDevice(device);
-  }
-  ~DeviceGuard() { cudaSetDevice(m_old); }
-
- private:
-  int m_old = 0;
-};
-
-void check_cuda(const char* fn, int rank, int size, cudaError_t e, const char* what) {
-  if (e != cudaSuccess)
-    throw CommError(fn, rank, size, CommFailure::Device, std::string(what) + ": " + cudaGetErrorString(e));
-}
+using DeviceGuard = CudaDeviceGuard;
 
 /// NCCL's window entry points, where the loaded library has them (2.28 and later).
 struct WindowApi {
@@ -109,42 +95,19 @@ __global__ void lsa_bases(ncclWindow_t w, int n, std::uintptr_t* out) {
 }
 #endif
 
-/// What each rank tells the others before a window is made (one all-gather).
-struct WindowProbe {
-  std::uint64_t node = 0;  // hash of the host name and boot id
-  std::int64_t pid = 0;
-  int device = -1;
-  cudaIpcMemHandle_t ipc{};
-  std::uintptr_t raw = 0;  // the IPC allocation as this process sees it (peers in the same process use it as is)
-};
-
-std::uint64_t node_id() {
-  char host[256] = {};
-  gethostname(host, sizeof(host) - 1);
-  std::string id = host;
-  if (FILE* f = std::fopen("/proc/sys/kernel/random/boot_id", "r")) {
-    char boot[64] = {};
-    if (std::fgets(boot, sizeof(boot), f) != nullptr) id += boot;
-    std::fclose(f);
-  }
-  return std::hash<std::string>{}(id);
-}
-
 class NcclTransport;
 
-/// A window of the ranks of one NCCL communicator. Released collectively (every rank meets first, so no peer still
-/// writes into memory being freed); a window of an aborted communicator is left allocated (a peer may be gone).
+/// A symmetric window of the ranks of one NCCL communicator. Released collectively (every rank meets first, so no
+/// peer still writes into memory being freed); a window of an aborted communicator is left allocated (a peer may be
+/// gone).
 class NcclWindow final : public PeerWindow {
  public:
-  enum class Kind { Symmetric, Ipc };
-  NcclWindow(NcclTransport* t, Kind kind) : m_t(t), m_kind(kind) {}
+  explicit NcclWindow(NcclTransport* t) : m_t(t) {}
   ~NcclWindow() override;
 
   NcclTransport* m_t;
-  Kind m_kind;
   void* m_mine = nullptr;
   ncclWindow_t m_win = nullptr;
-  std::vector<void*> m_opened;  // IPC handles opened from other processes
 };
 
 class NcclTransport final : public Transport {
@@ -299,34 +262,9 @@ class NcclTransport final : public Transport {
                  ")");
     }
     if (m_windows != PeerWindows::CudaIpc && m_windows != PeerWindows::Auto) return nullptr;
-    WindowProbe mine;
-    mine.node = node_id();
-    mine.pid = static_cast<std::int64_t>(getpid());
-    mine.device = m_device;
-    void* ipc = nullptr;
-    cuda(op, cudaMalloc(&ipc, n), "cudaMalloc (window)");
-    const cudaError_t he = cudaIpcGetMemHandle(&mine.ipc, ipc);
-    if (he != cudaSuccess) {
-      cudaFree(ipc);
-      cuda(op, he, "cudaIpcGetMemHandle");
-    }
-    mine.raw = reinterpret_cast<std::uintptr_t>(ipc);
-    std::vector<WindowProbe> all;
-    try {
-      all = host_allgather(op, mine);
-    } catch (...) {
-      cudaFree(ipc);
-      throw;
-    }
-    const bool one_node =
-        std::all_of(all.begin(), all.end(), [&](const WindowProbe& p) { return p.node == all[0].node; });
-    if (!one_node) {
-      cudaFree(ipc);
-      if (m_windows == PeerWindows::CudaIpc)
-        fail(op, CommFailure::Library, "CommConfig::peer_windows = ipc, but the ranks are on more than one node");
-      return nullptr;  // ranks on several nodes: messages
-    }
-    return ipc_window(op, ipc, n, bytes, all);
+    return make_cuda_ipc_window(
+        op, *this, n, m_windows == PeerWindows::CudaIpc,
+        [this](const char* o, const void* mine, void* all, std::size_t b) { host_allgather_bytes(o, mine, all, b); });
   }
 
   /// Every rank's \p mine, over the communicator itself (device memory, a stream of its own, bounded), not counted in
@@ -334,19 +272,26 @@ class NcclTransport final : public Transport {
   template <class T>
   std::vector<T> host_allgather(const char* op, const T& mine) {
     std::vector<T> all(static_cast<std::size_t>(m_size));
+    host_allgather_bytes(op, &mine, all.data(), sizeof(T));
+    return all;
+  }
+
+  /// Every rank's \p bytes from \p mine (host memory) into \p all in rank order, as host_allgather.
+  void host_allgather_bytes(const char* op, const void* mine, void* all, std::size_t bytes) {
+    DeviceGuard guard(m_device);
     cudaStream_t s = nullptr;
     cuda(op, cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate");
     void* d = nullptr;
-    const cudaError_t e = cudaMalloc(&d, sizeof(T) * (m_size + 1));
+    const cudaError_t e = cudaMalloc(&d, bytes * (m_size + 1));
     if (e != cudaSuccess) {
       cudaStreamDestroy(s);
       cuda(op, e, "cudaMalloc (window setup)");
     }
-    auto* send = static_cast<char*>(d) + sizeof(T) * m_size;
+    auto* send = static_cast<char*>(d) + bytes * m_size;
     try {
-      cuda(op, cudaMemcpyAsync(send, &mine, sizeof(T), cudaMemcpyHostToDevice, s), "cudaMemcpyAsync");
-      check(op, "ncclAllGather", ncclAllGather(send, d, sizeof(T), ncclUint8, m_comm, s));
-      cuda(op, cudaMemcpyAsync(all.data(), d, sizeof(T) * m_size, cudaMemcpyDeviceToHost, s), "cudaMemcpyAsync");
+      cuda(op, cudaMemcpyAsync(send, mine, bytes, cudaMemcpyHostToDevice, s), "cudaMemcpyAsync");
+      check(op, "ncclAllGather", ncclAllGather(send, d, bytes, ncclUint8, m_comm, s));
+      cuda(op, cudaMemcpyAsync(all, d, bytes * m_size, cudaMemcpyDeviceToHost, s), "cudaMemcpyAsync");
       drain(op, s);
     } catch (...) {
       cudaFree(d);
@@ -355,7 +300,6 @@ class NcclTransport final : public Transport {
     }
     cudaFree(d);
     cudaStreamDestroy(s);
-    return all;
   }
 
   void abort() noexcept override {
@@ -415,7 +359,7 @@ class NcclTransport final : public Transport {
       ncclMemFree(mem);
       return nullptr;
     }
-    auto w = std::make_shared<NcclWindow>(this, NcclWindow::Kind::Symmetric);
+    auto w = std::make_shared<NcclWindow>(this);
     w->bytes = bytes;
     w->m_mine = mem;
     w->m_win = win;
@@ -442,39 +386,6 @@ class NcclTransport final : public Transport {
 #endif
   }
 
-  /// Takes \p mine (freed with the window from here on, also when this throws).
-  std::shared_ptr<PeerWindow> ipc_window(const char* op, void* mine, std::size_t n, std::size_t bytes,
-                                         const std::vector<WindowProbe>& all) {
-    auto w = std::make_shared<NcclWindow>(this, NcclWindow::Kind::Ipc);
-    w->bytes = bytes;
-    w->m_mine = mine;
-    w->base.resize(static_cast<std::size_t>(m_size));
-    for (int r = 0; r < m_size; ++r) {
-      const WindowProbe& p = all[r];
-      if (r == m_rank) {
-        w->base[r] = reinterpret_cast<std::uintptr_t>(w->m_mine);
-      } else if (p.pid == all[m_rank].pid) {
-        // Another GPU of this process: its allocation is addressable as is once peer access is on.
-        if (p.device != m_device) {
-          const cudaError_t e = cudaDeviceEnablePeerAccess(p.device, 0);
-          if (e != cudaSuccess && e != cudaErrorPeerAccessAlreadyEnabled) cuda(op, e, "cudaDeviceEnablePeerAccess");
-          cudaGetLastError();  // clear the sticky "already enabled"
-        }
-        w->base[r] = p.raw;
-      } else {
-        void* q = nullptr;
-        cuda(op, cudaIpcOpenMemHandle(&q, p.ipc, cudaIpcMemLazyEnablePeerAccess),
-             ("cudaIpcOpenMemHandle (rank " + std::to_string(r) + ")").c_str());
-        w->m_opened.push_back(q);
-        w->base[r] = reinterpret_cast<std::uintptr_t>(q);
-      }
-    }
-    cuda(op, cudaMemset(w->m_mine, 0, n), "cudaMemset (window)");
-    cuda(op, cudaDeviceSynchronize(), "cudaDeviceSynchronize (window)");
-    meet(op);
-    return w;
-  }
-
  public:
   /// Every rank gets here (a one-int all-gather), bounded by the timeout.
   void meet(const char* op) {
@@ -488,13 +399,8 @@ class NcclTransport final : public Transport {
     DeviceGuard guard(m_device);
     try {
       meet("~EpGroup");
-      if (w.m_kind == NcclWindow::Kind::Symmetric) {
-        check_settled("~EpGroup", "ncclCommWindowDeregister", window_api().dereg(m_comm, w.m_win));
-        ncclMemFree(w.m_mine);
-        return;
-      }
-      for (void* q : w.m_opened) cudaIpcCloseMemHandle(q);
-      cudaFree(w.m_mine);
+      check_settled("~EpGroup", "ncclCommWindowDeregister", window_api().dereg(m_comm, w.m_win));
+      ncclMemFree(w.m_mine);
     } catch (...) {
     }
   }
