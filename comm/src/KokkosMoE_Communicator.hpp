@@ -101,7 +101,8 @@ struct CommStats {
   std::int64_t allgathers = 0;     ///< all-gathers (count exchanges, configuration digests)
   std::int64_t waits = 0;          ///< host waits with a deadline
   std::int64_t peer_mappings = 0;  ///< peers' window parts this process has mapped now (CUDA IPC handles open)
-  std::vector<void*> streams;      ///< distinct CUDA streams used (nullptr for host transports)
+  std::int64_t votes = 0;      ///< per-call validation votes (host memory, no stream; docs/ep.md §2), not in `calls`
+  std::vector<void*> streams;  ///< distinct CUDA streams used (nullptr for host transports)
   /// Per operation name ("ep_layout", "ep_dispatch", ...): what it moved. The EP layer adds a handle's steps at
   /// ep_synchronize (capacity mode counts on the device and must not wait before that).
   std::map<std::string, ByteCount> bytes;

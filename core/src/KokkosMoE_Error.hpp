@@ -58,6 +58,7 @@ enum class Rule : int {
   HandleReuse = 203,           ///< comm: one EpHandle used for two layers (a new layout before the backward ran)
   TransportMismatch = 204,     ///< comm: the communicator's transport cannot serve this execution space
   CommSize = 205,              ///< comm: ep_size does not match the communicator, or a rank/size out of range
+  PeerInvalidArgument = 206,   ///< comm: another rank's call of the same operation failed its own argument checks
 };
 
 /// \brief The stable, snake_case name of a rule (e.g. "topk_range").
@@ -143,6 +144,8 @@ inline const char* rule_name(Rule r) noexcept {
       return "transport_mismatch";
     case Rule::CommSize:
       return "comm_size";
+    case Rule::PeerInvalidArgument:
+      return "peer_invalid_argument";
   }
   return "unknown";
 }

@@ -228,6 +228,12 @@ class CudaIpcTransport final : public Transport {
     drain(op, stream);
   }
 
+  void vote(const char* op, const void* mine, void* all, std::size_t bytes) override {
+    check_not_aborted(op);
+    ++votes;
+    on_host([&] { m_host->vote(op, mine, all, bytes); });
+  }
+
   void wait(const char* op, void* stream) override {
     check_not_aborted(op);
     ++waits;

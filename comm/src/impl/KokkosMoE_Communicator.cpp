@@ -57,6 +57,7 @@ CommStats stats_of(const Transport& t) {
   s.allgathers = t.allgathers;
   s.waits = t.waits;
   s.peer_mappings = t.peer_mappings;
+  s.votes = t.votes;
   s.streams = t.streams_used;
   s.bytes = t.bytes;
   return s;

@@ -716,6 +716,57 @@ EpWire<Exec>& take_wire(const char* fn, const EpHandleState<Exec>& h) {
               " (docs/ep.md §14)");
 }
 
+/// A rank's verdict on its own arguments of one call, as it travels in the vote.
+struct CallVerdict {
+  std::int32_t invalid = 0;
+  std::int32_t rule = 0;
+  char parameter[56] = {};
+};
+
+/// The per-call validation of an operation on every rank (docs/ep.md §2): runs \p check (this rank's argument and
+/// handle-state checks), then joins every rank's verdict in one vote, before the operation communicates or changes any
+/// state. A rank whose check failed throws its own InvalidArgument; every other rank throws InvalidArgument
+/// (Rule::PeerInvalidArgument) naming the failed rank(s) and the argument. Nothing was sent and no epoch advanced, so
+/// the group and the handles serve the next call on every rank.
+template <class Exec, class Check>
+void check_on_every_rank(const char* fn, EpGroupState<Exec>& g, Check&& check) {
+  CallVerdict mine;
+  std::exception_ptr error;
+  try {
+    check();
+  } catch (const InvalidArgument& e) {
+    error = std::current_exception();
+    mine.invalid = 1;
+    mine.rule = static_cast<std::int32_t>(e.rule());
+    std::strncpy(mine.parameter, e.parameter().c_str(), sizeof(mine.parameter) - 1);
+  }
+  const int R = g.shape.R;
+  if (R == 1) {
+    if (error) std::rethrow_exception(error);
+    return;
+  }
+  std::vector<CallVerdict> all(static_cast<std::size_t>(R));
+  try {
+    g.transport->vote(fn, &mine, all.data(), sizeof(CallVerdict));
+  } catch (...) {
+    if (error) std::rethrow_exception(error);  // this rank's own mistake first, even on an aborted communicator
+    throw;
+  }
+  if (error) std::rethrow_exception(error);
+  std::string bad, first;
+  for (int r = 0; r < R; ++r) {
+    if (all[r].invalid == 0) continue;
+    const std::string param(all[r].parameter, strnlen(all[r].parameter, sizeof(all[r].parameter)));
+    if (first.empty()) first = param;
+    bad += (bad.empty() ? "" : ", ") + std::string("rank ") + std::to_string(r) + " (" + param + ", " +
+           rule_name(static_cast<Rule>(all[r].rule)) + ")";
+  }
+  if (!bad.empty())
+    ep_fail(fn, first, Rule::PeerInvalidArgument,
+            "the same call failed its own argument checks on " + bad +
+                " (their InvalidArgument says why); nothing was communicated, and the handle serves the next call");
+}
+
 /// Before an operation writes \p region: with windows, every peer has consumed the previous rows there.
 template <class Exec>
 void wire_acquire(const Exec& exec, const char* fn, EpGroupState<Exec>& g, EpWire<Exec>& w, int region) {
@@ -819,9 +870,9 @@ void account(const Exec& exec, EpHandleState<Exec>& h, int op, bool forward, std
 
 // ----- layout ------------------------------------------------------------------------------------------------------
 
-/// The checks every layout runs (ep_layout, ep_decode_dispatch), then the step's shape into the handle.
+/// The checks every layout runs (ep_layout, ep_decode_dispatch); nothing changes.
 template <class Exec, class IdxView>
-void begin_layout(const char* fn, EpHandleState<Exec>& h, const IdxView& idx) {
+void check_layout(const char* fn, const EpHandleState<Exec>& h, const IdxView& idx) {
   require_no_receive(fn, h);
   ep_static_view<Exec, IdxView, 2>();
   static_assert(is_ep_index_type<typename IdxView::non_const_value_type>::value,
@@ -838,6 +889,12 @@ void begin_layout(const char* fn, EpHandleState<Exec>& h, const IdxView& idx) {
             "the handle" + (h.options.name.empty() ? std::string() : " '" + h.options.name + "'") +
                 " still holds a training step whose backward has not run (ep_dispatch_backward); use one EpHandle "
                 "per layer, or EpHandleOptions::training = false for inference");
+  (void)take_wire(fn, h);
+}
+
+/// The step's shape into the handle, once every rank's checks passed.
+template <class Exec, class IdxView>
+void begin_layout(EpHandleState<Exec>& h, const IdxView& idx) {
   h.shape = h.group->shape;
   h.shape.T = static_cast<int>(idx.extent(0));
 }
@@ -943,7 +1000,8 @@ void run_layout(const Exec& exec, EpHandleState<Exec>& h, const IdxView& idx, co
 template <class Exec, class IdxView>
 void layout(const Exec& exec, EpHandleState<Exec>& h, const IdxView& idx) {
   constexpr const char* fn = "ep_layout";
-  begin_layout(fn, h, idx);
+  check_on_every_rank(fn, *h.group, [&] { check_layout(fn, h, idx); });
+  begin_layout(h, idx);
   run_layout(exec, h, idx, fn, false);
 }
 
@@ -1040,11 +1098,15 @@ void dispatch(const Exec& exec, EpHandleState<Exec>& h, const XView& x, const WV
   using Mem = typename Exec::memory_space;
   using Scalar = typename XView::non_const_value_type;
   ScopedRegion region("KokkosMoE::ep_dispatch");
-  require_layout(fn, h);
-  const EpShape& s = h.shape;
-  const int H = h.group->config.hidden;
-  const bool with_w = check_dispatch_rows<Exec>(fn, s, H, h.recv_rows, x, w, recv_x, recv_w);
   EpGroupState<Exec>& g = *h.group;
+  const EpShape& s = h.shape;
+  const int H = g.config.hidden;
+  bool with_w = false;
+  check_on_every_rank(fn, g, [&] {
+    require_layout(fn, h);
+    with_w = check_dispatch_rows<Exec>(fn, s, H, h.recv_rows, x, w, recv_x, recv_w);
+    (void)take_wire(fn, h);
+  });
   EpWire<Exec>& wire = take_wire(fn, h);
   enter_op(fn, g, s);
   const std::size_t row_bytes = static_cast<std::size_t>(H) * sizeof(Scalar);
@@ -1089,20 +1151,26 @@ void decode_dispatch(const Exec& exec, EpHandleState<Exec>& h, const IdxView& id
   EpGroupState<Exec>& g = *h.group;
   const EpGroupConfig& c = g.config;
   using Lim = EpDecodeLimits;
-  if (c.layout != RecvLayout::ExpertMajorFixed || c.max_tokens_per_rank > Lim::max_tokens_per_rank ||
-      c.ep_size > Lim::max_ep_size || c.num_experts > Lim::max_experts)
-    ep_fail(fn, "handle", Rule::ConfigValue,
-            "the decode path needs a group with layout = ExpertMajorFixed, max_tokens_per_rank <= " +
-                std::to_string(Lim::max_tokens_per_rank) + ", ep_size <= " + std::to_string(Lim::max_ep_size) +
-                " and num_experts <= " + std::to_string(Lim::max_experts) + " (this one: " + to_string(c.layout) +
-                ", " + std::to_string(c.max_tokens_per_rank) + ", " + std::to_string(c.ep_size) + ", " +
-                std::to_string(c.num_experts) + ")");
-  // Every argument is checked before the first communication, on either path.
-  begin_layout(fn, h, idx);
-  const EpShape& s = h.shape;
+  // Every argument is checked before the first communication, on either path, and on every rank.
   const int H = c.hidden;
   const int N = g.recv_rows_fixed;
-  const bool with_w = check_dispatch_rows<Exec>(fn, s, H, N, x, w, recv_x, recv_w);
+  bool with_w = false;
+  check_on_every_rank(fn, g, [&] {
+    if (c.layout != RecvLayout::ExpertMajorFixed || c.max_tokens_per_rank > Lim::max_tokens_per_rank ||
+        c.ep_size > Lim::max_ep_size || c.num_experts > Lim::max_experts)
+      ep_fail(fn, "handle", Rule::ConfigValue,
+              "the decode path needs a group with layout = ExpertMajorFixed, max_tokens_per_rank <= " +
+                  std::to_string(Lim::max_tokens_per_rank) + ", ep_size <= " + std::to_string(Lim::max_ep_size) +
+                  " and num_experts <= " + std::to_string(Lim::max_experts) + " (this one: " + to_string(c.layout) +
+                  ", " + std::to_string(c.max_tokens_per_rank) + ", " + std::to_string(c.ep_size) + ", " +
+                  std::to_string(c.num_experts) + ")");
+    check_layout(fn, h, idx);
+    EpShape t = g.shape;
+    t.T = static_cast<int>(idx.extent(0));
+    with_w = check_dispatch_rows<Exec>(fn, t, H, N, x, w, recv_x, recv_w);
+  });
+  begin_layout(h, idx);
+  const EpShape& s = h.shape;
   if (!g.windows) {
     run_layout(exec, h, idx, fn, true);
     dispatch(exec, h, x, w, recv_x, recv_w);
@@ -1204,24 +1272,28 @@ void dispatch_fp8(const Exec& exec, EpHandleState<Exec>& h, const XArg& x, const
   static_assert(std::is_same<typename RecvSView::value_type, float>::value,
                 "KokkosMoE::ep_dispatch: recv_scales must be non-const float");
   ScopedRegion region("KokkosMoE::ep_dispatch");
-  require_layout(fn, h);
-  const EpShape& s = h.shape;
-  const int H = h.group->config.hidden;
-  if (H % kFp8BlockChannels != 0)
-    ep_fail(fn, fp8_x_name(x), Rule::ShapeMismatch,
-            "FP8 rows need the hidden size (" + std::to_string(H) + ") to be a multiple of " +
-                std::to_string(kFp8BlockChannels) + " (one scale per block)");
-  ep_check_view(fn, fp8_x_name(x), xr, s.T, H, false);
-  fp8_check_config(fn, config);
-  const bool with_w = w.extent(0) > 0 || w.extent(1) > 0;
-  if (with_w) ep_check_view(fn, "topk_w", w, s.T, s.K, false);
-  ep_check_view(fn, "recv_q", recv_q, h.recv_rows, H, true);
-  ep_check_view(fn, "recv_scales", recv_scales, h.recv_rows, H / kFp8BlockChannels, true);
-  if (with_w) ep_check_view(fn, "recv_w", recv_w, h.recv_rows, 1, true);
-  if (!aligned16(recv_q.data()))
-    ep_fail(fn, "recv_q", Rule::Alignment, "recv_q must be 16-byte aligned (codes move 16 channels at a time)");
-  const auto src = fp8_source<Exec>(fn, x, s.T, H, config);
   EpGroupState<Exec>& g = *h.group;
+  const EpShape& s = h.shape;
+  const int H = g.config.hidden;
+  const bool with_w = w.extent(0) > 0 || w.extent(1) > 0;
+  check_on_every_rank(fn, g, [&] {
+    require_layout(fn, h);
+    if (H % kFp8BlockChannels != 0)
+      ep_fail(fn, fp8_x_name(x), Rule::ShapeMismatch,
+              "FP8 rows need the hidden size (" + std::to_string(H) + ") to be a multiple of " +
+                  std::to_string(kFp8BlockChannels) + " (one scale per block)");
+    ep_check_view(fn, fp8_x_name(x), xr, s.T, H, false);
+    fp8_check_config(fn, config);
+    if (with_w) ep_check_view(fn, "topk_w", w, s.T, s.K, false);
+    ep_check_view(fn, "recv_q", recv_q, h.recv_rows, H, true);
+    ep_check_view(fn, "recv_scales", recv_scales, h.recv_rows, H / kFp8BlockChannels, true);
+    if (with_w) ep_check_view(fn, "recv_w", recv_w, h.recv_rows, 1, true);
+    if (!aligned16(recv_q.data()))
+      ep_fail(fn, "recv_q", Rule::Alignment, "recv_q must be 16-byte aligned (codes move 16 channels at a time)");
+    (void)fp8_source<Exec>(fn, x, s.T, H, config);
+    (void)take_wire(fn, h);
+  });
+  const auto src = fp8_source<Exec>(fn, x, s.T, H, config);
   EpWire<Exec>& wire = take_wire(fn, h);
   enter_op(fn, g, s);
   const int units = H / 16, blocks = H / kFp8BlockChannels;
@@ -1276,16 +1348,19 @@ void combine(const Exec& exec, EpHandleState<Exec>& h, CombineMode mode, const O
   static_assert(std::is_same<typename WView::non_const_value_type, float>::value,
                 "KokkosMoE::ep_combine: topk_w must hold float");
   ScopedRegion region("KokkosMoE::ep_combine");
-  require_layout(fn, h);
-  if (mode != CombineMode::Sum && mode != CombineMode::Weighted)
-    ep_fail(fn, "mode", Rule::ConfigValue, "mode is not a CombineMode enumerator");
-  const EpShape& s = h.shape;
-  const int H = h.group->config.hidden;
-  ep_check_view(fn, "out", out, h.recv_rows, H, true);
-  const bool weighted = mode == CombineMode::Weighted;
-  if (weighted) ep_check_view(fn, "topk_w", w, s.T, s.K, false);
-  ep_check_view(fn, "y", y, s.T, H, false);
   EpGroupState<Exec>& g = *h.group;
+  const EpShape& s = h.shape;
+  const int H = g.config.hidden;
+  const bool weighted = mode == CombineMode::Weighted;
+  check_on_every_rank(fn, g, [&] {
+    require_layout(fn, h);
+    if (mode != CombineMode::Sum && mode != CombineMode::Weighted)
+      ep_fail(fn, "mode", Rule::ConfigValue, "mode is not a CombineMode enumerator");
+    ep_check_view(fn, "out", out, h.recv_rows, H, true);
+    if (weighted) ep_check_view(fn, "topk_w", w, s.T, s.K, false);
+    ep_check_view(fn, "y", y, s.T, H, false);
+    (void)take_wire(fn, h);
+  });
   EpWire<Exec>& wire = take_wire(fn, h);
   enter_op(fn, g, s);
   const std::size_t pitch = token_pitch(static_cast<std::size_t>(H) * sizeof(Scalar), s.K, false);
@@ -1346,20 +1421,23 @@ void combine_backward(const Exec& exec, EpHandleState<Exec>& h, CombineMode mode
                     std::is_same<typename GradWView::value_type, float>::value,
                 "KokkosMoE::ep_combine_backward: topk_w and grad_w must hold float (grad_w non-const)");
   ScopedRegion region("KokkosMoE::ep_combine_backward");
-  require_layout(fn, h);
-  if (mode != CombineMode::Sum && mode != CombineMode::Weighted)
-    ep_fail(fn, "mode", Rule::ConfigValue, "mode is not a CombineMode enumerator");
-  const EpShape& s = h.shape;
-  const int H = h.group->config.hidden;
-  const bool weighted = mode == CombineMode::Weighted;
-  ep_check_view(fn, "grad_y", grad_y, s.T, H, false);
-  ep_check_view(fn, "grad_out", grad_out, h.recv_rows, H, true);
-  if (weighted) {
-    ep_check_view(fn, "topk_w", w, s.T, s.K, false);
-    ep_check_view(fn, "out", out, h.recv_rows, H, true);
-    ep_check_view(fn, "grad_w", grad_w, s.T, s.K, false);
-  }
   EpGroupState<Exec>& g = *h.group;
+  const EpShape& s = h.shape;
+  const int H = g.config.hidden;
+  const bool weighted = mode == CombineMode::Weighted;
+  check_on_every_rank(fn, g, [&] {
+    require_layout(fn, h);
+    if (mode != CombineMode::Sum && mode != CombineMode::Weighted)
+      ep_fail(fn, "mode", Rule::ConfigValue, "mode is not a CombineMode enumerator");
+    ep_check_view(fn, "grad_y", grad_y, s.T, H, false);
+    ep_check_view(fn, "grad_out", grad_out, h.recv_rows, H, true);
+    if (weighted) {
+      ep_check_view(fn, "topk_w", w, s.T, s.K, false);
+      ep_check_view(fn, "out", out, h.recv_rows, H, true);
+      ep_check_view(fn, "grad_w", grad_w, s.T, s.K, false);
+    }
+    (void)take_wire(fn, h);
+  });
   EpWire<Exec>& wire = take_wire(fn, h);
   enter_op(fn, g, s);
   const std::size_t row_bytes = static_cast<std::size_t>(H) * sizeof(Scalar);
@@ -1420,17 +1498,20 @@ void dispatch_backward(const Exec& exec, EpHandleState<Exec>& h, const GradRecvX
                     std::is_same<typename GradWView::value_type, float>::value,
                 "KokkosMoE::ep_dispatch_backward: grad_recv_w and grad_w must hold float (grad_w non-const)");
   ScopedRegion region("KokkosMoE::ep_dispatch_backward");
-  require_layout(fn, h);
-  const EpShape& s = h.shape;
-  const int H = h.group->config.hidden;
-  ep_check_view(fn, "grad_recv_x", grad_recv_x, h.recv_rows, H, true);
-  const bool with_w = grad_w.extent(0) > 0 || grad_w.extent(1) > 0;
-  if (with_w) {
-    ep_check_view(fn, "grad_recv_w", grad_recv_w, h.recv_rows, 1, true);
-    ep_check_view(fn, "grad_w", grad_w, s.T, s.K, false);
-  }
-  ep_check_view(fn, "grad_x", grad_x, s.T, H, false);
   EpGroupState<Exec>& g = *h.group;
+  const EpShape& s = h.shape;
+  const int H = g.config.hidden;
+  const bool with_w = grad_w.extent(0) > 0 || grad_w.extent(1) > 0;
+  check_on_every_rank(fn, g, [&] {
+    require_layout(fn, h);
+    ep_check_view(fn, "grad_recv_x", grad_recv_x, h.recv_rows, H, true);
+    if (with_w) {
+      ep_check_view(fn, "grad_recv_w", grad_recv_w, h.recv_rows, 1, true);
+      ep_check_view(fn, "grad_w", grad_w, s.T, s.K, false);
+    }
+    ep_check_view(fn, "grad_x", grad_x, s.T, H, false);
+    (void)take_wire(fn, h);
+  });
   EpWire<Exec>& wire = take_wire(fn, h);
   enter_op(fn, g, s);
   const std::size_t row_bytes = static_cast<std::size_t>(H) * sizeof(Scalar);

@@ -61,6 +61,9 @@ class Transport {
   virtual void alltoall(const char* op, const void* send, void* recv, std::size_t block_bytes, void* stream) = 0;
   /// Every rank's `bytes` from `send` into `recv` in rank order.
   virtual void allgather(const char* op, const void* send, void* recv, std::size_t bytes, void* stream) = 0;
+  /// Every rank's \p bytes of host memory from \p mine into \p all in rank order, at once and bounded by the timeout,
+  /// without touching any stream: the EP layer's per-call validation vote (docs/ep.md §2). Counted as a vote only.
+  virtual void vote(const char* op, const void* mine, void* all, std::size_t bytes) = 0;
   /// Host wait for everything enqueued on `stream` (no-op work on MPI), bounded by the timeout.
   virtual void wait(const char* op, void* stream) = 0;
   /// A new transport over the ranks with the same color, ordered by key (collective over this transport).
@@ -94,7 +97,7 @@ class Transport {
 
   /// Operation counters (docs/ep.md §12 cases 6 and 7): calls into the library and the streams they used.
   std::int64_t calls = 0;
-  std::int64_t exchanges = 0, alltoalls = 0, allgathers = 0, waits = 0;
+  std::int64_t exchanges = 0, alltoalls = 0, allgathers = 0, waits = 0, votes = 0;
   /// Peer memory this process has mapped for the transport's windows (CUDA IPC handles opened), now.
   std::int64_t peer_mappings = 0;
   std::vector<void*> streams_used;

@@ -174,6 +174,15 @@ class LoopbackTransport final : public Transport {
     meet(op);
   }
 
+  void vote(const char* op, const void* mine, void* all, std::size_t bytes) override {
+    check_not_aborted(op);
+    ++votes;
+    m_world->posts[m_rank].send = mine;
+    meet(op);
+    for (int p = 0; p < m_size; ++p) std::memcpy(static_cast<char*>(all) + bytes * p, m_world->posts[p].send, bytes);
+    meet(op);
+  }
+
   void wait(const char* op, void* stream) override {
     check_not_aborted(op);
     ++waits;

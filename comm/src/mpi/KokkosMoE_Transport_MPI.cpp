@@ -131,10 +131,18 @@ class MpiTransport final : public Transport {
     post_and_complete(op, segs);
   }
 
+  void vote(const char* op, const void* mine, void* all, std::size_t bytes) override {
+    check_not_aborted(op);
+    ++votes;
+    std::vector<PeerSegment> segs(static_cast<std::size_t>(m_size));
+    for (int p = 0; p < m_size; ++p) segs[p] = {p, mine, bytes, static_cast<char*>(all) + bytes * p, bytes};
+    post_and_complete(op, segs, false);
+  }
+
  private:
   /// Non-blocking receives (first, so that self-sends find their match) and sends for every segment, then the
   /// bounded wait.
-  void post_and_complete(const char* op, const std::vector<PeerSegment>& segments) {
+  void post_and_complete(const char* op, const std::vector<PeerSegment>& segments, bool count_wait = true) {
     std::vector<MPI_Request> reqs;
     std::vector<int> req_peer;
     auto post = [&](bool is_send, int peer, void* ptr, std::size_t bytes) {
@@ -159,7 +167,7 @@ class MpiTransport final : public Transport {
       if (s.recv_bytes > 0) post(false, s.peer, s.recv, s.recv_bytes);
     for (const PeerSegment& s : segments)
       if (s.send_bytes > 0) post(true, s.peer, const_cast<void*>(s.send), s.send_bytes);
-    complete(op, reqs, req_peer);
+    complete(op, reqs, req_peer, count_wait);
   }
 
  public:
@@ -194,9 +202,9 @@ class MpiTransport final : public Transport {
     }
   }
 
-  void complete(const char* op, std::vector<MPI_Request>& reqs, const std::vector<int>& req_peer) {
+  void complete(const char* op, std::vector<MPI_Request>& reqs, const std::vector<int>& req_peer, bool count_wait) {
     if (reqs.empty()) return;
-    ++waits;
+    if (count_wait) ++waits;
     const auto until = deadline();
     int done = 0;
     for (int spin = 0;; ++spin) {

@@ -175,6 +175,26 @@ class NcclTransport final : public Transport {
     drain(op, static_cast<cudaStream_t>(stream));
   }
 
+  /// Over the host communicator the communicator was bootstrapped with, where it was (no stream, no NCCL call); else
+  /// an NCCL all-gather on a stream of its own, waited for on the host.
+  void vote(const char* op, const void* mine, void* all, std::size_t bytes) override {
+    check_not_aborted(op);
+    ++votes;
+    if (m_votes) {
+      try {
+        m_votes->vote(op, mine, all, bytes);
+      } catch (const CommError&) {
+        abort();
+        throw;
+      }
+      return;
+    }
+    host_allgather_bytes(op, mine, all, bytes);
+  }
+
+  /// The host communicator of the votes (a private split of the bootstrap communicator).
+  void set_vote_transport(std::shared_ptr<Transport> host) { m_votes = std::move(host); }
+
   /// Host wait for \p s and the communicator's asynchronous errors, bounded by the timeout.
   void drain(const char* op, cudaStream_t s) {
     const auto until = deadline();
@@ -237,7 +257,9 @@ class NcclTransport final : public Transport {
     int r = 0, n = 0;
     ncclCommUserRank(sub, &r);
     ncclCommCount(sub, &n);
-    return std::make_shared<NcclTransport>(sub, r, n, m_device, m_timeout, true);
+    auto child = std::make_shared<NcclTransport>(sub, r, n, m_device, m_timeout, true);
+    if (m_votes) child->set_vote_transport(m_votes->split(op, color, key));
+    return child;
   }
 
   std::shared_ptr<PeerWindow> make_window(const char* op, std::size_t bytes) override {
@@ -429,6 +451,7 @@ class NcclTransport final : public Transport {
 
   ncclComm_t m_comm;
   bool m_owned;
+  std::shared_ptr<Transport> m_votes;
 };
 
 NcclWindow::~NcclWindow() { m_t->release(*this); }
@@ -513,7 +536,12 @@ Communicator make_nccl_communicator(const Communicator& host, int device, const 
   if (host.rank() == 0) id = make_nccl_unique_id();
   std::vector<ncclUniqueId> all(static_cast<std::size_t>(host.size()));
   host.impl_transport()->allgather(fn, &id, all.data(), sizeof(ncclUniqueId), nullptr);
-  return make_nccl_communicator(all[0], host.rank(), host.size(), device, config);
+  Communicator c = make_nccl_communicator(all[0], host.rank(), host.size(), device, config);
+  // The per-call validation votes go over a private split of the host communicator: no stream, no NCCL call.
+  std::shared_ptr<Impl::Transport> votes = host.impl_transport()->split(fn, 0, host.rank());
+  votes->set_timeout_seconds(c.timeout_seconds());
+  static_cast<Impl::NcclTransport&>(*c.impl_transport()).set_vote_transport(std::move(votes));
+  return c;
 }
 
 Communicator borrow_nccl_communicator(ncclComm_t comm, int device, const CommConfig& config) {
