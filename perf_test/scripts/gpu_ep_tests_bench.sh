@@ -60,7 +60,8 @@ fi
 if [ "$phase" = ipc ] || [ "$phase" = all ]; then
   launch="$here/unit_test/comm/mpi_launch.sh"
   for np in ${KOKKOSMOE_IPC_NP:-2 3 4}; do
-    for suite in ep_setup ep_layout_outputs ep_dispatch_combine ep_capacity_and_streams ep_interleaved_layers; do
+    for suite in ep_setup ep_layout_outputs ep_dispatch_combine ep_capacity_and_streams ep_interleaved_layers \
+      ep_fail_fast; do
       filter="$suite/*Cuda*"
       [ "$suite" = ep_setup ] && filter="$suite/*Cuda*,cuda_ipc_peer_windows"
       step "CUDA IPC over MPI, np $np, every rank on this GPU: $filter"
