@@ -285,7 +285,7 @@ class NcclTransport final : public Transport {
     }
     if (m_windows != PeerWindows::CudaIpc && m_windows != PeerWindows::Auto) return nullptr;
     return make_cuda_ipc_window(
-        op, *this, n, m_windows == PeerWindows::CudaIpc,
+        op, *this, bytes, m_windows == PeerWindows::CudaIpc,
         [this](const char* o, const void* mine, void* all, std::size_t b) { host_allgather_bytes(o, mine, all, b); });
   }
 
