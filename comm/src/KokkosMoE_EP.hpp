@@ -225,7 +225,8 @@ void ep_dispatch(const ExecSpace& exec, const EpHandle<ExecSpace>& handle, const
   Impl::dispatch_fp8(exec, *handle.impl_state(), x, topk_w, recv.q, recv.scales, recv_w, Fp8QuantizeConfig{});
 }
 
-/// \brief The receive half of a split send (docs/ep.md §14), returned by ep_dispatch_send and ep_combine_send.
+/// \brief The receive half of a split send (docs/ep.md §14), returned by ep_dispatch_send (rows or FP8),
+/// ep_combine_send, ep_combine_backward_send and ep_dispatch_backward_send.
 /// Between the send and its hook the caller's instances are free for other work (the experts of another
 /// micro-batch); the hook must run once, before the handle's next operation.
 template <class ExecSpace>
@@ -269,6 +270,53 @@ template <class ExecSpace, class OutView, class WView, class YView>
 
 /// \brief y[t] = sum over valid k of c(t,k) * out[slot(t,k)] (FP32 accumulation in k order), c = 1 (Sum) or
 /// topk_w[t,k] (Weighted; topk_w may be empty for Sum). out: [>= N, H] expert outputs in the receive layout.
+/// \brief FP8 ep_dispatch in two halves (docs/ep.md §14): the send quantizes, packs and sends as the FP8
+/// ep_dispatch does; the hook receives the peers' codes and scales into recv. As ep_dispatch_send otherwise.
+template <class ExecSpace, class XView, class WView, class RecvQView, class RecvSView, class RecvWView>
+[[nodiscard]] EpReceiveHook<ExecSpace> ep_dispatch_send(const ExecSpace& exec, const EpHandle<ExecSpace>& handle,
+                                                        const XView& x, const WView& topk_w,
+                                                        const Fp8Rows<RecvQView, RecvSView>& recv,
+                                                        const RecvWView& recv_w, const Fp8QuantizeConfig& config = {}) {
+  Impl::dispatch_fp8(exec, *handle.impl_state(), x, topk_w, recv.q, recv.scales, recv_w, config, true);
+  return {handle.impl_state(), handle.impl_state()->sends};
+}
+
+/// \brief The split send of FP8 rows the caller quantized (x = fp8_rows(x_q, x_scales)).
+template <class ExecSpace, class XQView, class XSView, class WView, class RecvQView, class RecvSView, class RecvWView>
+[[nodiscard]] EpReceiveHook<ExecSpace> ep_dispatch_send(const ExecSpace& exec, const EpHandle<ExecSpace>& handle,
+                                                        const Fp8Rows<XQView, XSView>& x, const WView& topk_w,
+                                                        const Fp8Rows<RecvQView, RecvSView>& recv,
+                                                        const RecvWView& recv_w) {
+  Impl::dispatch_fp8(exec, *handle.impl_state(), x, topk_w, recv.q, recv.scales, recv_w, Fp8QuantizeConfig{}, true);
+  return {handle.impl_state(), handle.impl_state()->sends};
+}
+
+/// \brief ep_combine_backward in two halves (docs/ep.md §14). Sum: the send packs grad_y's rows to the experts'
+/// ranks, the hook receives them into grad_out. Weighted: the send also waits for the peers' rows, writes grad_out
+/// and sends the slots' dot products back; the hook receives the dots into grad_w. As ep_combine_backward otherwise.
+template <class ExecSpace, class GradYView, class WView, class OutView, class GradOutView, class GradWView>
+[[nodiscard]] EpReceiveHook<ExecSpace> ep_combine_backward_send(const ExecSpace& exec,
+                                                                const EpHandle<ExecSpace>& handle, CombineMode mode,
+                                                                const GradYView& grad_y, const WView& topk_w,
+                                                                const OutView& out, const GradOutView& grad_out,
+                                                                const GradWView& grad_w) {
+  Impl::combine_backward(exec, *handle.impl_state(), mode, grad_y, topk_w, out, grad_out, grad_w, true);
+  return {handle.impl_state(), handle.impl_state()->sends};
+}
+
+/// \brief ep_dispatch_backward in two halves (docs/ep.md §14): the send reduces this rank's experts' slot gradients
+/// of every arrived token and sends them back; the hook adds the returned partials into grad_x (and grad_w). As
+/// ep_dispatch_backward otherwise.
+template <class ExecSpace, class GradRecvXView, class GradRecvWView, class GradXView, class GradWView>
+[[nodiscard]] EpReceiveHook<ExecSpace> ep_dispatch_backward_send(const ExecSpace& exec,
+                                                                 const EpHandle<ExecSpace>& handle,
+                                                                 const GradRecvXView& grad_recv_x,
+                                                                 const GradRecvWView& grad_recv_w,
+                                                                 const GradXView& grad_x, const GradWView& grad_w) {
+  Impl::dispatch_backward(exec, *handle.impl_state(), grad_recv_x, grad_recv_w, grad_x, grad_w, true);
+  return {handle.impl_state(), handle.impl_state()->sends};
+}
+
 template <class ExecSpace, class OutView, class WView, class YView>
 void ep_combine(const ExecSpace& exec, const EpHandle<ExecSpace>& handle, CombineMode mode, const OutView& out,
                 const WView& topk_w, const YView& y) {

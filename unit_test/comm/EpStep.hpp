@@ -233,9 +233,18 @@ StepOutputs run_step(const Exec& exec, EpGroup<Exec>& group, EpHandle<Exec>& han
     Kokkos::deep_copy(exec, rs2, kSentinel);
     Kokkos::deep_copy(exec, rw8, kSentinel);
     Kokkos::deep_copy(exec, rw8b, kSentinel);
-    ep_dispatch(exec, handle, sv.x, sv.w, fp8_rows(rq, rs), rw8);
     quantize_fp8_rows(exec, sv.x, xq, xs);
-    ep_dispatch(exec, handle, fp8_rows(xq, xs), sv.w, fp8_rows(rq2, rs2), rw8b);
+    if (split) {
+      const auto h1 = ep_dispatch_send(exec, handle, sv.x, sv.w, fp8_rows(rq, rs), rw8);
+      other_work(exec, busy);
+      h1(exec);
+      const auto h2 = ep_dispatch_send(exec, handle, fp8_rows(xq, xs), sv.w, fp8_rows(rq2, rs2), rw8b);
+      other_work(exec, busy);
+      h2(exec);
+    } else {
+      ep_dispatch(exec, handle, sv.x, sv.w, fp8_rows(rq, rs), rw8);
+      ep_dispatch(exec, handle, fp8_rows(xq, xs), sv.w, fp8_rows(rq2, rs2), rw8b);
+    }
     auto codes = [&](const auto& v) {
       auto h = mirror_of(exec, v);
       std::vector<std::uint8_t> out(h.size());
@@ -259,9 +268,21 @@ StepOutputs run_step(const Exec& exec, EpGroup<Exec>& group, EpHandle<Exec>& han
     ep_combine(exec, handle, mode, out, sv.w, y);
   }
   Kokkos::deep_copy(exec, grad_y, hg);
-  ep_combine_backward(exec, handle, mode, grad_y, sv.w, out, grad_out, grad_wc);
+  if (split) {
+    const auto hook = ep_combine_backward_send(exec, handle, mode, grad_y, sv.w, out, grad_out, grad_wc);
+    other_work(exec, busy);
+    hook(exec);
+  } else {
+    ep_combine_backward(exec, handle, mode, grad_y, sv.w, out, grad_out, grad_wc);
+  }
   test_expert_backward(exec, me, L, recv_expert, recv_w, grad_out, grad_recv_x, grad_recv_w);
-  ep_dispatch_backward(exec, handle, grad_recv_x, grad_recv_w, grad_x, grad_wd);
+  if (split) {
+    const auto hook = ep_dispatch_backward_send(exec, handle, grad_recv_x, grad_recv_w, grad_x, grad_wd);
+    other_work(exec, busy);
+    hook(exec);
+  } else {
+    ep_dispatch_backward(exec, handle, grad_recv_x, grad_recv_w, grad_x, grad_wd);
+  }
   o.status = ep_synchronize(exec, handle);
   o.recv_rows = handle.num_recv_rows();
   o.recv_x = to_host_floats(exec, recv_x);

@@ -65,8 +65,9 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(step_matches_oracle, DeviceType, KOKKOSMOE_DEVICE_
     capped.max_sms = 1;
     check_step<Exec, float>(capped, Routing::Uniform, CombineMode::Sum, 321, false, "SM cap 1 on every rank");
   }
-  // Dispatch and combine in their two halves (docs/ep.md §14), other work between each send and its hook.
-  for (auto split : {c2, cap, fixed}) {
+  // Every operation in its two halves (docs/ep.md §14; FP8 dispatch where H allows), other work between each send
+  // and its hook.
+  for (auto split : {c2, cap, fixed, f8}) {
     check_step<Exec, bf16_t>(split, Routing::Skewed, CombineMode::Weighted, 330, true, "split send/receive", true);
     check_step<Exec, float>(split, Routing::WithMinusOne, CombineMode::Sum, 331, false, "split send/receive", true);
   }

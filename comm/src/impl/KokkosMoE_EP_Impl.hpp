@@ -1259,8 +1259,9 @@ const QView& fp8_x_rows(const Fp8Rows<QView, SView>& x) {
 /// ep_dispatch's FP8 forms: x float or bf16 rows (quantized in the pack) or Fp8Rows (sent as they are).
 template <class Exec, class XArg, class WView, class RecvQView, class RecvSView, class RecvWView>
 void dispatch_fp8(const Exec& exec, EpHandleState<Exec>& h, const XArg& x, const WView& w, const RecvQView& recv_q,
-                  const RecvSView& recv_scales, const RecvWView& recv_w, const Fp8QuantizeConfig& config) {
-  constexpr const char* fn = "ep_dispatch";
+                  const RecvSView& recv_scales, const RecvWView& recv_w, const Fp8QuantizeConfig& config,
+                  bool split = false) {
+  const char* fn = split ? "ep_dispatch_send" : "ep_dispatch";
   using Mem = typename Exec::memory_space;
   const auto& xr = fp8_x_rows(x);
   ep_static_view<Exec, typename std::decay<decltype(xr)>::type, 2>();
@@ -1307,11 +1308,20 @@ void dispatch_fp8(const Exec& exec, EpHandleState<Exec>& h, const XArg& x, const
   wire_acquire(exec, fn, g, wire, kRegionFwd);
   pack_fp8_tokens<Exec>(exec, s, src, units, src_w, h.v, rq, rs, rw, PeerRows<Mem>{wire.peers.fwd, h.v.fwd_base, pitch},
                         scales_off, pad16(row_bytes), "KokkosMoE::ep_dispatch::pack_fp8");
-  wire_move(exec, fn, h, wire, kRegionFwd, pitch);
-  expand_arrivals<Exec, fp8_e4m3_t, Chunk16>(exec, s, h.arrivals, h.recv_rows, LocalRows{wire.in_fwd, pitch},
-                                             pad16(row_bytes), h.v, rq, rw, "KokkosMoE::ep_dispatch::expand_fp8",
-                                             scales_off, rs);
-  wire_release(exec, g, wire, kRegionFwd);
+  wire_send(exec, fn, h, wire, kRegionFwd, pitch);
+  EpHandleState<Exec>* hp = &h;
+  EpWire<Exec>* wp = &wire;
+  const LocalRows in{wire.in_fwd, pitch};
+  const std::size_t trailer = pad16(row_bytes);
+  finish_or_defer(
+      exec, h, wire, fn, split,
+      [hp, wp, fn, s, in, trailer, rq, rw, scales_off, rs](const Exec& e) {
+        wire_wait(e, fn, *hp, *wp, kRegionFwd);
+        expand_arrivals<Exec, fp8_e4m3_t, Chunk16>(e, s, hp->arrivals, hp->recv_rows, in, trailer, hp->v, rq, rw,
+                                                   "KokkosMoE::ep_dispatch::expand_fp8", scales_off, rs);
+        wire_release(e, *hp->group, *wp, kRegionFwd);
+      },
+      recv_q, recv_scales, recv_w);
   account(exec, h, kOpDispatch, true, pitch, row_bytes);
 }
 
@@ -1402,8 +1412,9 @@ void combine(const Exec& exec, EpHandleState<Exec>& h, CombineMode mode, const O
 
 template <class Exec, class GradYView, class WView, class OutView, class GradOutView, class GradWView>
 void combine_backward(const Exec& exec, EpHandleState<Exec>& h, CombineMode mode, const GradYView& grad_y,
-                      const WView& w, const OutView& out, const GradOutView& grad_out, const GradWView& grad_w) {
-  constexpr const char* fn = "ep_combine_backward";
+                      const WView& w, const OutView& out, const GradOutView& grad_out, const GradWView& grad_w,
+                      bool split = false) {
+  const char* fn = split ? "ep_combine_backward_send" : "ep_combine_backward";
   using Mem = typename Exec::memory_space;
   using Scalar = typename GradYView::non_const_value_type;
   ep_static_view<Exec, GradYView, 2>();
@@ -1449,14 +1460,23 @@ void combine_backward(const Exec& exec, EpHandleState<Exec>& h, CombineMode mode
     auto go = rows_view<Unit, Mem>(grad_out, H);
     auto gy = rows_view<Unit, Mem>(grad_y, H);
     const PeerRows<Mem> dst{wire.peers.fwd, h.v.fwd_base, pitch};
+    EpHandleState<Exec>* hp = &h;
+    EpWire<Exec>* wp = &wire;
     if (!weighted) {
       wire_acquire(exec, fn, g, wire, kRegionFwd);
       pack_tokens<Exec, Scalar, Unit>(exec, s, gy, Unmanaged2<const float, Mem>(), true, false, h.v, go,
                                       Unmanaged1<float, Mem>(), dst, 0, "KokkosMoE::ep_combine_backward::pack");
-      wire_move(exec, fn, h, wire, kRegionFwd, pitch);
-      expand_arrivals<Exec, Scalar, Unit>(exec, s, h.arrivals, h.recv_rows, LocalRows{wire.in_fwd, pitch}, 0, h.v, go,
-                                          Unmanaged1<float, Mem>(), "KokkosMoE::ep_combine_backward::expand");
-      wire_release(exec, g, wire, kRegionFwd);
+      wire_send(exec, fn, h, wire, kRegionFwd, pitch);
+      const LocalRows in{wire.in_fwd, pitch};
+      finish_or_defer(
+          exec, h, wire, fn, split,
+          [hp, wp, fn, s, in, go](const Exec& e) {
+            wire_wait(e, fn, *hp, *wp, kRegionFwd);
+            expand_arrivals<Exec, Scalar, Unit>(e, s, hp->arrivals, hp->recv_rows, in, 0, hp->v, go,
+                                                Unmanaged1<float, Mem>(), "KokkosMoE::ep_combine_backward::expand");
+            wire_release(e, *hp->group, *wp, kRegionFwd);
+          },
+          grad_out);
       return;
     }
     auto o = rows_view<Unit, Mem>(out, H);
@@ -1469,10 +1489,18 @@ void combine_backward(const Exec& exec, EpHandleState<Exec>& h, CombineMode mode
     expand_with_dots<Exec, Scalar, Unit>(exec, s, h.arrivals, h.recv_rows, LocalRows{wire.in_fwd, pitch},
                                          pad16(row_bytes), o, h.v,
                                          PeerRows<Mem>{wire.peers.ret_f, h.v.ret_base, fpitch}, go);
-    wire_move(exec, fn, h, wire, kRegionRetF, fpitch);
+    wire_send(exec, fn, h, wire, kRegionRetF, fpitch);
     wire_release(exec, g, wire, kRegionFwd);
-    scatter_dots<Exec>(exec, s, LocalRows{wire.in_ret_f, fpitch}, h.v, floats2_out<Mem>(grad_w));
-    wire_release(exec, g, wire, kRegionRetF);
+    const LocalRows dots{wire.in_ret_f, fpitch};
+    const auto gw = floats2_out<Mem>(grad_w);
+    finish_or_defer(
+        exec, h, wire, fn, split,
+        [hp, wp, fn, s, dots, gw](const Exec& e) {
+          wire_wait(e, fn, *hp, *wp, kRegionRetF);
+          scatter_dots<Exec>(e, s, dots, hp->v, gw);
+          wire_release(e, *hp->group, *wp, kRegionRetF);
+        },
+        grad_out, grad_w);
   });
   account(exec, h, kOpCombineBackward, true, pitch, row_bytes);
   if (weighted) account(exec, h, kOpCombineBackward, false, fpitch, 0);
@@ -1482,8 +1510,9 @@ void combine_backward(const Exec& exec, EpHandleState<Exec>& h, CombineMode mode
 
 template <class Exec, class GradRecvXView, class GradRecvWView, class GradXView, class GradWView>
 void dispatch_backward(const Exec& exec, EpHandleState<Exec>& h, const GradRecvXView& grad_recv_x,
-                       const GradRecvWView& grad_recv_w, const GradXView& grad_x, const GradWView& grad_w) {
-  constexpr const char* fn = "ep_dispatch_backward";
+                       const GradRecvWView& grad_recv_w, const GradXView& grad_x, const GradWView& grad_w,
+                       bool split = false) {
+  const char* fn = split ? "ep_dispatch_backward_send" : "ep_dispatch_backward";
   using Mem = typename Exec::memory_space;
   using Scalar = typename GradRecvXView::non_const_value_type;
   ep_static_view<Exec, GradRecvXView, 2>();
@@ -1524,12 +1553,22 @@ void dispatch_backward(const Exec& exec, EpHandleState<Exec>& h, const GradRecvX
     reduce_arrivals<Exec, Scalar, Unit>(exec, s, h.arrivals, grx, LocalRows{}, grw, h.v,
                                         PeerRows<Mem>{wire.peers.ret, h.v.ret_base, pitch}, pad16(row_bytes),
                                         "KokkosMoE::ep_dispatch_backward::reduce_experts");
-    wire_move(exec, fn, h, wire, kRegionRet, pitch);
-    reduce_ranks<Exec, Scalar, Unit>(exec, s, grx, Unmanaged2<const float, Mem>(), grw, LocalRows{wire.in_ret, pitch},
-                                     pad16(row_bytes), h.v, rows_view<Unit, Mem>(grad_x, H),
-                                     with_w ? floats2_out<Mem>(grad_w) : Unmanaged2<float, Mem>(),
-                                     "KokkosMoE::ep_dispatch_backward::reduce_ranks");
-    wire_release(exec, g, wire, kRegionRet);
+    wire_send(exec, fn, h, wire, kRegionRet, pitch);
+    EpHandleState<Exec>* hp = &h;
+    EpWire<Exec>* wp = &wire;
+    const LocalRows ret{wire.in_ret, pitch};
+    const std::size_t trailer = pad16(row_bytes);
+    const auto gx = rows_view<Unit, Mem>(grad_x, H);
+    const auto gw = with_w ? floats2_out<Mem>(grad_w) : Unmanaged2<float, Mem>();
+    finish_or_defer(
+        exec, h, wire, fn, split,
+        [hp, wp, fn, s, grx, grw, ret, trailer, gx, gw](const Exec& e) {
+          wire_wait(e, fn, *hp, *wp, kRegionRet);
+          reduce_ranks<Exec, Scalar, Unit>(e, s, grx, Unmanaged2<const float, Mem>(), grw, ret, trailer, hp->v, gx, gw,
+                                           "KokkosMoE::ep_dispatch_backward::reduce_ranks");
+          wire_release(e, *hp->group, *wp, kRegionRet);
+        },
+        grad_recv_x, grad_recv_w, grad_x, grad_w);
   });
   account(exec, h, kOpDispatchBackward, false, pitch, row_bytes);
   h.backward_done = true;
