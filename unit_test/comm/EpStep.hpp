@@ -50,8 +50,9 @@ struct StepOutputs {
   std::vector<std::uint8_t> token_in_rank, slot_kept;
   // Where the hidden size is a multiple of 128: the same layout's FP8 dispatches (docs/ep.md §3.5), the rows
   // quantized in the pack and the rows quantized first by quantize_fp8_rows (`given`).
-  std::vector<std::uint8_t> recv_q, recv_q_given;
-  std::vector<float> recv_scales, recv_scales_given, recv_w_fp8, recv_w_fp8_given;
+  // And the rows quantized in the pack with power-of-two scales (Fp8ScaleFormat::Ue8m0, `ue8m0`).
+  std::vector<std::uint8_t> recv_q, recv_q_given, recv_q_ue8m0;
+  std::vector<float> recv_scales, recv_scales_given, recv_scales_ue8m0, recv_w_fp8, recv_w_fp8_given;
   EpStatus status;
 };
 
@@ -226,11 +227,15 @@ StepOutputs run_step(const Exec& exec, EpGroup<Exec>& group, EpHandle<Exec>& han
     Kokkos::View<fp8_e4m3_t**, Kokkos::LayoutRight, Mem> rq("recv_q", N, H), rq2("recv_q_given", N, H), xq("x_q", T, H);
     Kokkos::View<float**, Kokkos::LayoutRight, Mem> rs("recv_scales", N, nb), rs2("recv_scales_given", N, nb),
         xs("x_scales", T, nb);
-    Kokkos::View<float*, Mem> rw8("recv_w_fp8", N), rw8b("recv_w_fp8_given", N);
+    Kokkos::View<float*, Mem> rw8("recv_w_fp8", N), rw8b("recv_w_fp8_given", N), rw8c("recv_w_fp8_ue8m0", N);
+    Kokkos::View<fp8_e4m3_t**, Kokkos::LayoutRight, Mem> rq3("recv_q_ue8m0", N, H);
+    Kokkos::View<float**, Kokkos::LayoutRight, Mem> rs3("recv_scales_ue8m0", N, nb);
     Kokkos::deep_copy(exec, rq, fp8_e4m3_t::from_bits(kSentinelCode));
     Kokkos::deep_copy(exec, rq2, fp8_e4m3_t::from_bits(kSentinelCode));
+    Kokkos::deep_copy(exec, rq3, fp8_e4m3_t::from_bits(kSentinelCode));
     Kokkos::deep_copy(exec, rs, kSentinel);
     Kokkos::deep_copy(exec, rs2, kSentinel);
+    Kokkos::deep_copy(exec, rs3, kSentinel);
     Kokkos::deep_copy(exec, rw8, kSentinel);
     Kokkos::deep_copy(exec, rw8b, kSentinel);
     quantize_fp8_rows(exec, sv.x, xq, xs);
@@ -245,6 +250,9 @@ StepOutputs run_step(const Exec& exec, EpGroup<Exec>& group, EpHandle<Exec>& han
       ep_dispatch(exec, handle, sv.x, sv.w, fp8_rows(rq, rs), rw8);
       ep_dispatch(exec, handle, fp8_rows(xq, xs), sv.w, fp8_rows(rq2, rs2), rw8b);
     }
+    Fp8QuantizeConfig pow2;
+    pow2.scale_format = Fp8ScaleFormat::Ue8m0;
+    ep_dispatch(exec, handle, sv.x, sv.w, fp8_rows(rq3, rs3), rw8c, pow2);
     auto codes = [&](const auto& v) {
       auto h = mirror_of(exec, v);
       std::vector<std::uint8_t> out(h.size());
@@ -253,6 +261,8 @@ StepOutputs run_step(const Exec& exec, EpGroup<Exec>& group, EpHandle<Exec>& han
     };
     o.recv_q = codes(rq);
     o.recv_q_given = codes(rq2);
+    o.recv_q_ue8m0 = codes(rq3);
+    o.recv_scales_ue8m0 = to_host_floats(exec, rs3);
     o.recv_scales = to_host_floats(exec, rs);
     o.recv_scales_given = to_host_floats(exec, rs2);
     o.recv_w_fp8 = to_host_floats(exec, rw8);
@@ -320,7 +330,9 @@ inline std::string fp8_differences(const StepOutputs& got, const StepOutputs& wa
       {"recv_w (FP8 dispatch)", first(got.recv_w_fp8, want.recv_w_fp8)},
       {"recv_q (given rows)", first(got.recv_q_given, want.recv_q_given)},
       {"recv_scales (given rows)", first(got.recv_scales_given, want.recv_scales_given)},
-      {"recv_w (given rows)", first(got.recv_w_fp8_given, want.recv_w_fp8_given)}};
+      {"recv_w (given rows)", first(got.recv_w_fp8_given, want.recv_w_fp8_given)},
+      {"recv_q (UE8M0 scales)", first(got.recv_q_ue8m0, want.recv_q_ue8m0)},
+      {"recv_scales (UE8M0 scales)", first(got.recv_scales_ue8m0, want.recv_scales_ue8m0)}};
   for (const auto& [what, d] : checks)
     if (!d.empty()) out += std::string(what) + d + "; ";
   return out;
@@ -366,16 +378,20 @@ inline StepOutputs expected_step(const EpGroupConfig& c, const std::vector<RankI
     // Each kept receive row's codes and scales from its (exact) row; zeros in the slabs' other rows, the sentinels
     // past off(L); recv_w as for the other dispatch.
     const int nb = H / 128;
-    e.recv_q.assign(static_cast<std::size_t>(N) * H, 0);
-    e.recv_scales.assign(static_cast<std::size_t>(N) * nb, 0.0f);
-    for (int r = 0; r < N; ++r) {
-      std::uint8_t* q = e.recv_q.data() + static_cast<std::size_t>(r) * H;
-      float* sc = e.recv_scales.data() + static_cast<std::size_t>(r) * nb;
-      if (r >= o.offsets[me][L]) {
-        std::fill(q, q + H, kSentinelCode);
-        std::fill(sc, sc + nb, kSentinel);
-      } else if (o.recv_expert[me][r] >= 0) {
-        fp8_oracle_quantize_row(e.recv_x.data() + static_cast<std::size_t>(r) * H, H, false, 1e-4f, q, sc);
+    for (const bool ue8m0 : {false, true}) {
+      std::vector<std::uint8_t>& codes = ue8m0 ? e.recv_q_ue8m0 : e.recv_q;
+      std::vector<float>& scales = ue8m0 ? e.recv_scales_ue8m0 : e.recv_scales;
+      codes.assign(static_cast<std::size_t>(N) * H, 0);
+      scales.assign(static_cast<std::size_t>(N) * nb, 0.0f);
+      for (int r = 0; r < N; ++r) {
+        std::uint8_t* q = codes.data() + static_cast<std::size_t>(r) * H;
+        float* sc = scales.data() + static_cast<std::size_t>(r) * nb;
+        if (r >= o.offsets[me][L]) {
+          std::fill(q, q + H, kSentinelCode);
+          std::fill(sc, sc + nb, kSentinel);
+        } else if (o.recv_expert[me][r] >= 0) {
+          fp8_oracle_quantize_row(e.recv_x.data() + static_cast<std::size_t>(r) * H, H, ue8m0, 1e-4f, q, sc);
+        }
       }
     }
     e.recv_q_given = e.recv_q;

@@ -418,6 +418,69 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(load_statistics_accumulate_and_reset, DeviceType, 
   BOOST_TEST(to_host<std::int64_t>(exec, handle.expert_load()) == demand(in), "after the reset: one step's demand");
 }
 
+// A handle whose only forward was an FP8 dispatch (no row dispatch at all) takes both backwards, in eager and
+// capacity mode: the codes, scales and weights equal the oracle's, the gradients too, and the training handle takes
+// its next layout (its backward ran).
+BOOST_AUTO_TEST_CASE_TEMPLATE(fp8_only_forward_then_backwards, DeviceType, KOKKOSMOE_DEVICE_TYPES) {
+  using Exec = typename DeviceType::execution_space;
+  using Mem = typename Exec::memory_space;
+  using Rows = Kokkos::View<float**, Kokkos::LayoutRight, Mem>;
+  Exec exec;
+  const Communicator& comm = ep_comm<Exec>();
+  const int R = comm.size(), me = comm.rank();
+  for (const bool capacity : {false, true}) {
+    BOOST_TEST_CONTEXT((capacity ? "capacity" : "eager") << " mode, " << R << " ranks") {
+      auto c = default_config(R);
+      c.hidden = 256;
+      if (capacity) c.max_recv_tokens_per_rank = c.max_tokens_per_rank * c.top_k * R;
+      const int H = c.hidden, K = c.top_k, nb = H / kFp8BlockChannels;
+      const auto in = group_inputs(c, Routing::Skewed, 515, false, false);
+      const StepOutputs want = expected_step(c, in, me, CombineMode::Sum, false);
+      const int T = in[me].T;
+      EpGroup<Exec> group(exec, comm, c);
+      auto handle = group.make_handle({true, "fp8 only"});
+      StepViews<Exec, float> sv(exec, c, in[me]);
+      ep_layout(exec, handle, sv.idx);
+      const int N = handle.num_recv_rows(), L = group.num_local_experts();
+      Kokkos::View<fp8_e4m3_t**, Kokkos::LayoutRight, Mem> rq("rq", N, H);
+      Rows rs("rs", N, nb), out("out", N, H), grad_out("grad_out", N, H), grad_recv_x("grad_recv_x", N, H),
+          y("y", T, H), grad_y("grad_y", T, H), grad_x("grad_x", T, H), grad_wc("grad_wc", T, K),
+          grad_wd("grad_wd", T, K);
+      Kokkos::View<float*, Mem> rw("rw", N), grad_recv_w("grad_recv_w", N);
+      Kokkos::deep_copy(exec, rq, fp8_e4m3_t::from_bits(kSentinelCode));
+      Kokkos::deep_copy(exec, rs, kSentinel);
+      Kokkos::deep_copy(exec, rw, kSentinel);
+      Kokkos::deep_copy(exec, grad_out, kSentinel);
+      Kokkos::deep_copy(exec, grad_x, kSentinel);
+      Kokkos::deep_copy(exec, grad_wd, kSentinel);
+      ep_dispatch(exec, handle, sv.x, sv.w, fp8_rows(rq, rs), rw);
+      ep_combine(exec, handle, CombineMode::Sum, out, sv.w, y);  // the experts' rows: zeros here
+      auto hg = Kokkos::create_mirror_view(grad_y);
+      for (int t = 0; t < T; ++t)
+        for (int h = 0; h < H; ++h) hg(t, h) = upstream_grad(me, t, h, false);
+      Kokkos::deep_copy(exec, grad_y, hg);
+      ep_combine_backward(exec, handle, CombineMode::Sum, grad_y, sv.w, out, grad_out, grad_wc);
+      test_expert_backward(exec, me, L, handle.recv_expert(), rw, grad_out, grad_recv_x, grad_recv_w);
+      ep_dispatch_backward(exec, handle, grad_recv_x, grad_recv_w, grad_x, grad_wd);
+      ep_synchronize(exec, handle);
+      std::vector<std::uint8_t> codes(static_cast<std::size_t>(N) * H);
+      {
+        auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), rq);
+        for (std::size_t i = 0; i < codes.size(); ++i) codes[i] = h.data()[i].bits;
+      }
+      BOOST_TEST(codes == want.recv_q, boost::test_tools::per_element());
+      compare("recv_scales", to_host_floats(exec, rs), want.recv_scales, false, want.recv_scales.size());
+      compare("recv_w", to_host_floats(exec, rw), want.recv_w_fp8, false, want.recv_w_fp8.size());
+      compare("grad_out", to_host_floats(exec, grad_out), want.grad_out, false,
+              static_cast<std::size_t>(want.recv_rows) * H);
+      compare("grad_x", to_host_floats(exec, grad_x), want.grad_x, false, want.grad_x.size());
+      compare("grad_w (dispatch)", to_host_floats(exec, grad_wd), want.grad_w_dispatch, false,
+              want.grad_w_dispatch.size());
+      BOOST_CHECK_NO_THROW(ep_layout(exec, handle, sv.idx));  // the training step is complete
+    }
+  }
+}
+
 BOOST_AUTO_TEST_SUITE_END()
 
 // ----- cases 6, 7, 8 and 10 ----------------------------------------------------------------------------------------
