@@ -1,0 +1,185 @@
+/*
+ * KokkosMoE: Mixture-of-Experts routing for Kokkos. SPDX-License-Identifier: Apache-2.0
+ */
+#ifndef KOKKOSMOE_EP_KERNELBASE_HPP
+#define KOKKOSMOE_EP_KERNELBASE_HPP
+
+// What every EP kernel shares (docs/ep.md §3): the step's shape, the layer's device metadata, the launch helpers
+// under the SM cap (§13) and the address tables of token rows.
+
+#include <KokkosMoE_Fp8Quantize.hpp>
+
+#include <Kokkos_Core.hpp>
+#include <kokkos_ext/KokkosMoE_Float16.hpp>
+
+#include <impl/KokkosMoE_RowChunks.hpp>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace KokkosMoE {
+namespace Impl {
+
+/// Tokens per layout team: at most 32, and at most 2048 slots, so that a chunk's ids fit in team scratch.
+KOKKOS_INLINE_FUNCTION constexpr int layout_chunk(int top_k) {
+  return top_k >= 2048 ? 1 : (2048 / top_k < 32 ? 2048 / top_k : 32);
+}
+
+/// Every EP launch passes its functor as a kernel argument (Kokkos' light-weight launch): the functors are small,
+/// and a launch through constant memory (a host staging buffer, an event wait) or global memory (a per-instance
+/// buffer that may be reallocated) is not safe to capture into a CUDA graph and replay (docs/ep.md §6).
+template <class Policy>
+auto light(const Policy& p) {
+  return Kokkos::Experimental::require(p, Kokkos::Experimental::WorkItemProperty::HintLightWeight);
+}  ///< tokens per layout team: the in-chunk rank is a serial loop of chunk*K steps
+
+template <class T, class Mem>
+using Unmanaged1 = Kokkos::View<T*, Kokkos::LayoutRight, Mem, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
+template <class T, class Mem>
+using Unmanaged2 = Kokkos::View<T**, Kokkos::LayoutRight, Mem, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
+
+/// Device-side metadata of one layer (the EpHandle's memory). Extents are the group's maxima; "arrival index" a is
+/// the position of a token row from a peer in this rank's arrival space ([0, R * B)).
+template <class Mem>
+struct EpLayoutViews {
+  Kokkos::View<int*, Mem> local_pos;               // [B*K] rank of the slot among this chunk's slots of its expert
+  Kokkos::View<int*, Mem> chunk_prefix;            // [nchunks*E] exclusive prefix over chunks, per expert
+  Kokkos::View<int*, Mem> chunk_tokens;            // [nchunks*R] tokens of the chunk sending to rank r, then prefix
+  Kokkos::View<int*, Mem> chunk_bad;               // [nchunks] invalid ids in the chunk
+  Kokkos::View<int*, Mem> tok_local;               // [B*R] rank of token t among its chunk's tokens for rank r
+  Kokkos::View<int*, Mem> gather_send;             // [E+1+R] slots per expert, invalid ids, tokens per rank
+  Kokkos::View<int*, Mem> gathered;                // [R*(E+1+R)] every rank's gather_send
+  Kokkos::View<std::uint8_t*, Mem> token_in_rank;  // [B*R]
+  Kokkos::View<int*, Mem> tok_pos;                 // [B*R] position of token t among this rank's tokens for r, -1
+  Kokkos::View<int*, Mem> counts;                  // [R*(E+1)] slots from rank i to expert e: counts(i*(E+1) + e)
+  Kokkos::View<int*, Mem> dest_base;               // [E] receive row on rank e/L of this rank's first slot of expert e
+  Kokkos::View<int*, Mem> dest_limit;              // [E] rows >= this are dropped (capacity)
+  Kokkos::View<int*, Mem> expert_offsets;          // [L+1] receive rows of local expert l: [off(l), off(l) + count(l))
+  Kokkos::View<int*, Mem> recv_count;              // [L] slots received per local expert (demand, before any drop)
+  Kokkos::View<int*, Mem> send_base;               // [R] this rank's source-stage index of its first token for r
+  Kokkos::View<int*, Mem> fwd_base;                // [R] index of its first token row for r at r's end of the wire
+  Kokkos::View<int*, Mem> arrive_base;             // [R] arrival index of the first token row from rank i
+  Kokkos::View<int*, Mem> arrive_count;            // [R] token rows from rank i (0 for this rank)
+  Kokkos::View<int*, Mem> ret_base;                // [R] index of the first return row for rank i at i's end
+  Kokkos::View<int*, Mem> slot_row;   // [B*K] receive row of the slot on its expert's rank; -1: none or dropped
+  Kokkos::View<int*, Mem> slot_rank;  // [B*K] rank of the slot's expert, -1 for an empty or invalid slot
+  Kokkos::View<std::uint8_t*, Mem> slot_kept;    // [B*K] 1 iff the slot has an expert and was not dropped
+  Kokkos::View<int*, Mem> fwd_rows;              // [R*B*K] per arrival index, the K receive rows it feeds (-1 none)
+  Kokkos::View<int*, Mem> arrive_rank;           // [R*B] source rank of each arrival index, -1 unused
+  Kokkos::View<int*, Mem> recv_expert;           // [N] local expert of each receive row, -1 for padding and drops
+  Kokkos::View<int*, Mem> recv_src;              // [N] arrival index feeding receive row q, -1: local or none
+  Kokkos::View<int*, Mem> recv_k;                // [N] the slot k of that arrival
+  Kokkos::View<int*, Mem> sent_rows;             // [R] token rows this rank writes for rank r (a kept slot there)
+  Kokkos::View<int*, Mem> ret_rows;              // [R] return rows this rank writes for rank i
+  Kokkos::View<std::int64_t*, Mem> traffic;      // [2 * kEpOps] logical and wire bytes per operation since the sync
+  Kokkos::View<std::int64_t*, Mem> expert_load;  // [L] slots addressed to each local expert since creation or reset
+  Kokkos::View<int*, Mem> status;                // [4] invalid ids, dropped slots, receive demand (rows), unused
+  Kokkos::View<int*, Mem> rank_status;  // [2R] every rank's receive demand and receive-side drops: (2j, 2j + 1)
+};
+
+/// The operations whose bytes are counted (CommStats::bytes), in the order of EpLayoutViews::traffic.
+enum EpOp : int { kOpLayout = 0, kOpDispatch, kOpCombine, kOpCombineBackward, kOpDispatchBackward, kEpOps };
+constexpr const char* kEpOpNames[kEpOps] = {"ep_layout", "ep_dispatch", "ep_combine", "ep_combine_backward",
+                                            "ep_dispatch_backward"};
+
+/// The shape facts every layout kernel needs, by value.
+struct EpShape {
+  int T = 0, K = 0, E = 0, L = 0, R = 0, me = 0;
+  int B = 0;                   // max_tokens_per_rank: token rows per peer at most
+  int align = 1;               // A
+  bool fixed = false;          // ExpertMajorFixed: expert l owns rows [l*slab, (l+1)*slab)
+  int slab = 0;                // fixed: R*B
+  int capacity = 0;            // > 0: receive rows of the padded layout (capacity mode); 0: eager
+  int chunk = 32;              // tokens per layout team (layout_chunk(K))
+  bool capacity_mode = false;  // capacity or fixed: peer blocks of B token rows (index i * B + p)
+  bool windows = false;        // direct writes into the peers' windows
+  int max_teams = -1;          // > 0: the SM cap (EpGroupConfig::max_sms), teams per kernel at most; -1: none
+  bool unique_ids = false;     // decode contract (docs/ep.md §15): an id repeated within a token counts as invalid
+  KOKKOS_INLINE_FUNCTION bool eager() const { return !capacity_mode; }
+};
+
+KOKKOS_INLINE_FUNCTION int pad_to(int n, int a) { return a <= 1 ? n : (n + a - 1) / a * a; }
+
+template <class Exec>
+using TeamScratch = typename Exec::scratch_memory_space;
+
+/// An EP kernel over n work items: one team per item, or under the SM cap (EpShape::max_teams) at most that many
+/// teams, each taking the items league_rank, + max_teams, ... in turn (a barrier between two: they reuse the team's
+/// scratch). A Cuda block runs on one SM, so a capped kernel occupies at most max_teams SMs (docs/ep.md §13).
+/// f(m, item, scratch): \p scratch is the team's shmem bytes of scratch, afresh for every item (Kokkos's
+/// team_scratch only ever advances, and a team of a capped kernel takes several items).
+template <class Exec, class F>
+void team_items(const Exec& exec, const EpShape& s, const char* label, std::int64_t n, std::size_t shmem, const F& f,
+                int vector = 1) {
+  using Team = typename Kokkos::TeamPolicy<Exec>::member_type;
+  using Scratch = typename Exec::scratch_memory_space;
+  if (n <= 0) return;
+  if (s.max_teams <= 0 || n <= s.max_teams) {
+    // One team per item: the kernel as written without a cap (a loop around the item costs the reduces registers).
+    Kokkos::TeamPolicy<Exec> policy(exec, static_cast<int>(n), Kokkos::AUTO, vector);
+    Kokkos::parallel_for(
+        label, light(policy.set_scratch_size(0, Kokkos::PerTeam(shmem))),
+        KOKKOS_LAMBDA(const Team& m) { f(m, m.league_rank(), m.team_scratch(0)); });
+    return;
+  }
+  const std::int64_t league = s.max_teams;
+  const auto body = KOKKOS_LAMBDA(const Team& m) {
+    void* buf = shmem > 0 ? m.team_scratch(0).get_shmem(shmem) : nullptr;
+    for (std::int64_t i = m.league_rank(); i < n; i += league) {
+      if (i != m.league_rank()) m.team_barrier();
+      f(m, i, Scratch(buf, shmem));
+    }
+  };
+  Kokkos::TeamPolicy<Exec> policy(exec, static_cast<int>(league), Kokkos::AUTO, vector);
+  Kokkos::parallel_for(label, light(policy.set_scratch_size(0, Kokkos::PerTeam(shmem))), body);
+}
+
+/// Flat work items per team of a capped flat kernel.
+constexpr int kRangeItemsPerTeam = 256;
+
+/// A flat EP kernel over [0, n): a RangePolicy, or under the SM cap at most max_teams teams over chunks of
+/// kRangeItemsPerTeam items.
+template <class Exec, class F>
+void range_items(const Exec& exec, const EpShape& s, const char* label, std::int64_t n, const F& f) {
+  using Team = typename Kokkos::TeamPolicy<Exec>::member_type;
+  if (n <= 0) return;
+  if (s.max_teams <= 0) {
+    Kokkos::parallel_for(label, light(Kokkos::RangePolicy<Exec>(exec, 0, n)), f);
+    return;
+  }
+  team_items(
+      exec, s, label, (n + kRangeItemsPerTeam - 1) / kRangeItemsPerTeam, 0,
+      KOKKOS_LAMBDA(const Team& m, std::int64_t c, const TeamScratch<Exec>&) {
+        const std::int64_t i0 = c * kRangeItemsPerTeam;
+        const int len = static_cast<int>(n - i0 < kRangeItemsPerTeam ? n - i0 : kRangeItemsPerTeam);
+        Kokkos::parallel_for(Kokkos::TeamThreadRange(m, len), [&](int j) { f(i0 + j); });
+      });
+}
+
+/// A peer address table: rows for rank r go to peer(r) + (base(r) + p) * pitch bytes (the sender's source stage for
+/// the message transports, the peer's window for direct writes).
+template <class Mem>
+struct PeerRows {
+  Kokkos::View<const std::uintptr_t*, Mem> peer;
+  Kokkos::View<const int*, Mem> base;
+  std::size_t pitch = 0;
+  template <class T>
+  KOKKOS_INLINE_FUNCTION T* at(int r, int p) const {
+    return reinterpret_cast<T*>(peer(r) + (static_cast<std::size_t>(base(r)) + static_cast<std::size_t>(p)) * pitch);
+  }
+};
+
+/// Rows in this rank's memory, `pitch` bytes apart (arrivals, returned rows).
+struct LocalRows {
+  const char* base = nullptr;
+  std::size_t pitch = 0;
+  template <class T>
+  KOKKOS_INLINE_FUNCTION const T* at(std::int64_t i) const {
+    return reinterpret_cast<const T*>(base + static_cast<std::size_t>(i) * pitch);
+  }
+};
+
+}  // namespace Impl
+}  // namespace KokkosMoE
+
+#endif

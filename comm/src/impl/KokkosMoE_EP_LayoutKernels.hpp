@@ -1,0 +1,453 @@
+/*
+ * KokkosMoE: Mixture-of-Experts routing for Kokkos. SPDX-License-Identifier: Apache-2.0
+ */
+#ifndef KOKKOSMOE_EP_LAYOUTKERNELS_HPP
+#define KOKKOSMOE_EP_LAYOUTKERNELS_HPP
+
+// The layout kernels of the EP layer (docs/ep.md §3.1): counts, offsets, slots and the meta every receiver needs,
+// and the traffic counters of §9. No atomics decide a position, so the layout is deterministic.
+
+#include <impl/KokkosMoE_EP_KernelBase.hpp>
+
+#include <cstdint>
+
+namespace KokkosMoE {
+namespace Impl {
+
+/// K1 + K2 of the layout: per-chunk ranks and histograms, then the prefix over chunks (docs/ep.md §3.1).
+template <class Exec, class IdxView>
+void layout_count(const Exec& exec, const EpShape s, const IdxView& idx,
+                  const EpLayoutViews<typename Exec::memory_space>& v) {
+  using Team = typename Kokkos::TeamPolicy<Exec>::member_type;
+  using Scratch = Kokkos::View<int*, typename Exec::scratch_memory_space, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
+  const int nch = (s.T + s.chunk - 1) / s.chunk;
+  auto local_pos = v.local_pos;
+  auto chunk_prefix = v.chunk_prefix;
+  auto chunk_tokens = v.chunk_tokens;
+  auto chunk_bad = v.chunk_bad;
+  auto token_in_rank = v.token_in_rank;
+  auto tok_local = v.tok_local;
+  if (nch > 0) {
+    // The chunk's ids are staged in scratch; each slot's rank among the chunk's slots of its expert is a count of
+    // earlier equal ids there (no serial walk through global memory), and the histogram takes scratch atomics.
+    const int n_max = s.chunk * s.K;
+    const std::size_t shmem = Scratch::shmem_size(s.E) + Scratch::shmem_size(s.R) + Scratch::shmem_size(n_max);
+    team_items(
+        exec, s, "KokkosMoE::ep_layout::count", nch, shmem,
+        KOKKOS_LAMBDA(const Team& m, std::int64_t item, const TeamScratch<Exec>& sp) {
+          const int c = static_cast<int>(item);
+          Scratch cnt(sp, s.E);
+          Scratch tok(sp, s.R);
+          Scratch ids(sp, n_max);
+          const int t0 = c * s.chunk;
+          const int t1 = t0 + s.chunk < s.T ? t0 + s.chunk : s.T;
+          const int n = (t1 - t0) * s.K;
+          Kokkos::parallel_for(Kokkos::TeamThreadRange(m, s.E), [&](int e) { cnt(e) = 0; });
+          Kokkos::parallel_for(Kokkos::TeamThreadRange(m, s.R), [&](int r) { tok(r) = 0; });
+          int bad = 0;
+          Kokkos::parallel_reduce(
+              Kokkos::TeamThreadRange(m, n),
+              [&](int j, int& acc) {
+                const long long e = static_cast<long long>(idx(t0 + j / s.K, j % s.K));
+                bool ok = e >= 0 && e < s.E;
+                if (ok && s.unique_ids)
+                  for (int k2 = 0; k2 < j % s.K; ++k2) ok = ok && static_cast<long long>(idx(t0 + j / s.K, k2)) != e;
+                if (!ok && e != -1) ++acc;
+                ids(j) = ok ? static_cast<int>(e) : -1;
+              },
+              bad);
+          m.team_barrier();
+          Kokkos::parallel_for(Kokkos::TeamThreadRange(m, n), [&](int j) {
+            const int e = ids(j);
+            int pos = -1;
+            if (e >= 0) {
+              pos = 0;
+              for (int i = 0; i < j; ++i) pos += ids(i) == e ? 1 : 0;
+              Kokkos::atomic_add(&cnt(e), 1);
+            }
+            local_pos(static_cast<std::int64_t>(t0) * s.K + j) = pos;
+          });
+          Kokkos::parallel_for(Kokkos::TeamThreadRange(m, t1 - t0), [&](int jt) {
+            for (int r = 0; r < s.R; ++r) {
+              bool any = false;
+              for (int k = 0; k < s.K; ++k) {
+                const int e = ids(jt * s.K + k);
+                any = any || (e >= 0 && e / s.L == r);
+              }
+              token_in_rank(static_cast<std::int64_t>(t0 + jt) * s.R + r) = any ? 1 : 0;
+              if (any) Kokkos::atomic_add(&tok(r), 1);
+            }
+          });
+          m.team_barrier();
+          // A token's rank among the chunk's tokens for rank r: a count of earlier tokens of the chunk (no atomics).
+          Kokkos::parallel_for(Kokkos::TeamThreadRange(m, (t1 - t0) * s.R), [&](int j) {
+            const int jt = j / s.R, r = j % s.R;
+            const std::int64_t at = static_cast<std::int64_t>(t0 + jt) * s.R + r;
+            int pos = -1;
+            if (token_in_rank(at)) {
+              pos = 0;
+              for (int i = 0; i < jt; ++i) pos += token_in_rank(static_cast<std::int64_t>(t0 + i) * s.R + r);
+            }
+            tok_local(at) = pos;
+          });
+          Kokkos::single(Kokkos::PerTeam(m), [&]() { chunk_bad(c) = bad; });
+          Kokkos::parallel_for(Kokkos::TeamThreadRange(m, s.E),
+                               [&](int e) { chunk_prefix(static_cast<std::int64_t>(c) * s.E + e) = cnt(e); });
+          Kokkos::parallel_for(Kokkos::TeamThreadRange(m, s.R),
+                               [&](int r) { chunk_tokens(static_cast<std::int64_t>(c) * s.R + r) = tok(r); });
+        });
+  }
+  // K2: exclusive prefix over chunks per expert (teams e < E) and per destination rank (teams E..E+R), invalid ids
+  // (the last team). A team scan, so that no thread walks the chunks serially through global memory. The totals form
+  // the vector every rank all-gathers: slots per expert, invalid ids, tokens per rank.
+  auto send = v.gather_send;
+  auto status = v.status;
+  team_items(
+      exec, s, "KokkosMoE::ep_layout::prefix", s.E + s.R + 1, 0,
+      KOKKOS_LAMBDA(const Team& m, std::int64_t item, const TeamScratch<Exec>& sp) {
+        const int i = static_cast<int>(item);
+        if (i < s.E + s.R) {
+          const bool expert = i < s.E;
+          const int stride = expert ? s.E : s.R, col = expert ? i : i - s.E;
+          auto& prefix = expert ? chunk_prefix : chunk_tokens;
+          const int out = expert ? i : s.E + 1 + col;
+          if (nch == 0) {
+            Kokkos::single(Kokkos::PerTeam(m), [&]() { send(out) = 0; });
+            return;
+          }
+          Kokkos::parallel_scan(Kokkos::TeamThreadRange(m, nch), [&](int c, int& part, bool final) {
+            const std::int64_t at = static_cast<std::int64_t>(c) * stride + col;
+            const int n = prefix(at);
+            if (final) {
+              prefix(at) = part;
+              if (c == nch - 1) send(out) = part + n;
+            }
+            part += n;
+          });
+        } else {
+          int bad = 0;
+          Kokkos::parallel_reduce(
+              Kokkos::TeamThreadRange(m, nch), [&](int c, int& acc) { acc += chunk_bad(c); }, bad);
+          Kokkos::single(Kokkos::PerTeam(m), [&]() {
+            status(0) = bad;
+            status(1) = 0;
+            status(3) = 0;
+            send(s.E) = bad;  // travels with the counts: every rank learns of every rank's invalid ids
+          });
+        }
+      });
+}
+
+/// Direct writes: this rank's gather vector into slot `me` of every rank's counts area (its own included).
+template <class Exec>
+void gather_pack(const Exec& exec, const EpShape s, const EpLayoutViews<typename Exec::memory_space>& v,
+                 const Kokkos::View<std::uintptr_t*, typename Exec::memory_space>& peers) {
+  const int W = s.E + 1 + s.R;
+  auto send = v.gather_send;
+  range_items(
+      exec, s, "KokkosMoE::ep_layout::gather", static_cast<std::int64_t>(s.R) * W, KOKKOS_LAMBDA(std::int64_t i) {
+        const int r = static_cast<int>(i / W), j = static_cast<int>(i % W);
+        reinterpret_cast<int*>(peers(r))[static_cast<std::int64_t>(s.me) * W + j] = send(j);
+      });
+}
+
+/// The layout's demand per local expert (recv_count, dropped slots included) joins the handle's cumulative load; on
+/// the device only, so a captured layout keeps counting at every replay.
+template <class Exec>
+void accumulate_load(const Exec& exec, const EpShape s, const EpLayoutViews<typename Exec::memory_space>& v) {
+  auto load = v.expert_load;
+  auto recv_count = v.recv_count;
+  range_items(
+      exec, s, "KokkosMoE::ep_layout::load", s.L, KOKKOS_LAMBDA(std::int64_t l) { load(l) += recv_count(l); });
+}
+
+/// K3: offsets from the all-gathered vectors (every rank derives every peer's offsets: no second count exchange).
+/// One team per destination rank j; the prefixes over its local experts are team scans in scratch memory.
+template <class Exec>
+void layout_offsets(const Exec& exec, const EpShape s, const EpLayoutViews<typename Exec::memory_space>& v) {
+  using Team = typename Kokkos::TeamPolicy<Exec>::member_type;
+  using Scratch = Kokkos::View<int*, typename Exec::scratch_memory_space, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
+  auto gathered = v.gathered;
+  auto counts = v.counts;
+  auto dest_base = v.dest_base;
+  auto dest_limit = v.dest_limit;
+  auto expert_offsets = v.expert_offsets;
+  auto recv_count = v.recv_count;
+  auto send_base = v.send_base;
+  auto fwd_base = v.fwd_base;
+  auto arrive_base = v.arrive_base;
+  auto arrive_count = v.arrive_count;
+  auto ret_base = v.ret_base;
+  auto sent_rows = v.sent_rows;
+  auto ret_rows = v.ret_rows;
+  auto status = v.status;
+  auto rank_status = v.rank_status;
+  const std::size_t shmem = 4 * Scratch::shmem_size(s.L);
+  team_items(
+      exec, s, "KokkosMoE::ep_layout::offsets", s.R, shmem,
+      KOKKOS_LAMBDA(const Team& m, std::int64_t item, const TeamScratch<Exec>& sp) {
+        const int j = static_cast<int>(item), L = s.L, E = s.E, W = s.E + 1 + s.R;
+        constexpr int kNone = 2147483647;
+        auto count = [&](int i, int ee) { return gathered(static_cast<std::int64_t>(i) * W + ee); };
+        auto tok = [&](int i, int r) { return gathered(static_cast<std::int64_t>(i) * W + E + 1 + r); };
+        // Index of source i's first token row for rank r in i's source stage (S) and in r's arrival space (A).
+        auto S = [&](int i, int r) {
+          if (!s.eager()) return r * s.B;
+          int n = 0;
+          for (int q = 0; q < r; ++q) n += q == i ? 0 : tok(i, q);
+          return n;
+        };
+        auto A = [&](int r, int i) {
+          if (!s.eager()) return i * s.B;
+          int n = 0;
+          for (int q = 0; q < i; ++q) n += q == r ? 0 : tok(q, r);
+          return n;
+        };
+        Scratch tot(sp, L), off(sp, L), run(sp, L), unused(sp, L);
+        Kokkos::parallel_for(Kokkos::TeamThreadRange(m, E + 1),
+                             [&](int ee) { counts(static_cast<std::int64_t>(j) * (E + 1) + ee) = count(j, ee); });
+        Kokkos::parallel_for(Kokkos::TeamThreadRange(m, L), [&](int l) {
+          int n = 0;
+          for (int i = 0; i < s.R; ++i) n += count(i, j * L + l);
+          tot(l) = n;
+          run(l) = 0;
+          unused(l) = 0;
+        });
+        m.team_barrier();
+        Kokkos::parallel_scan(Kokkos::TeamThreadRange(m, L), [&](int l, int& part, bool final) {
+          const int n = s.fixed ? s.slab : pad_to(tot(l), s.align);
+          if (final) off(l) = part;
+          part += n;
+        });
+        m.team_barrier();
+        Kokkos::parallel_for(Kokkos::TeamThreadRange(m, L), [&](int l) {
+          const int e = j * L + l;
+          int before_me = 0;
+          for (int i = 0; i < s.me; ++i) before_me += count(i, e);
+          dest_base(e) = off(l) + before_me;
+          dest_limit(e) = s.fixed ? off(l) + s.slab : (s.capacity > 0 ? s.capacity : kNone);
+          if (j == s.me) {
+            recv_count(l) = tot(l);
+            // Capacity mode: offsets never point past the receive rows (docs/ep.md §4).
+            expert_offsets(l) = s.capacity > 0 && off(l) > s.capacity ? s.capacity : off(l);
+          }
+        });
+        Kokkos::single(Kokkos::PerTeam(m), [&]() {
+          send_base(j) = S(s.me, j);
+          fwd_base(j) = s.windows ? A(j, s.me) : S(s.me, j);
+          arrive_base(j) = A(s.me, j);
+          arrive_count(j) = j == s.me ? 0 : tok(j, s.me);
+          ret_base(j) = s.windows ? S(j, s.me) : A(s.me, j);
+          sent_rows(j) = 0;
+          ret_rows(j) = 0;
+        });
+        // Every rank learns every rank's demand and receive-side drops from the same counts, so that an overflow is
+        // reported on every rank of the group (docs/ep.md §5), not only where it happened.
+        int largest = 0, dropped = 0;
+        Kokkos::parallel_reduce(
+            Kokkos::TeamThreadRange(m, L), [&](int l, int& acc) { acc = tot(l) > acc ? tot(l) : acc; },
+            Kokkos::Max<int>(largest));
+        Kokkos::parallel_reduce(
+            Kokkos::TeamThreadRange(m, L),
+            [&](int l, int& acc) {
+              int kept = tot(l);
+              if (s.fixed) {
+                kept = kept < s.slab ? kept : s.slab;
+              } else if (s.capacity > 0) {
+                const int room = s.capacity - off(l);
+                kept = room <= 0 ? 0 : (room < kept ? room : kept);
+              }
+              acc += tot(l) - kept;
+            },
+            dropped);
+        const int end = s.fixed ? L * s.slab : off(L - 1) + pad_to(tot(L - 1), s.align);
+        // Demand: rows the layout needs (padded) before any drop; for the fixed layout the largest expert.
+        const int demand = s.fixed ? largest : end;
+        Kokkos::single(Kokkos::PerTeam(m), [&]() {
+          rank_status(2 * j) = demand;
+          rank_status(2 * j + 1) = dropped;
+          if (j == s.me) {
+            expert_offsets(L) = s.capacity > 0 && end > s.capacity ? s.capacity : end;
+            status(2) = demand;
+          }
+        });
+      });
+}
+
+/// K4: each slot's receive row on its expert's rank, each token's position per destination rank, and this rank's
+/// receive rows' expert ids (their arrival sources are cleared for meta_scatter).
+template <class Exec, class IdxView>
+void layout_slots(const Exec& exec, const EpShape s, const IdxView& idx,
+                  const EpLayoutViews<typename Exec::memory_space>& v, int recv_rows) {
+  auto local_pos = v.local_pos;
+  auto chunk_prefix = v.chunk_prefix;
+  auto chunk_tokens = v.chunk_tokens;
+  auto tok_local = v.tok_local;
+  auto tok_pos = v.tok_pos;
+  auto dest_base = v.dest_base;
+  auto dest_limit = v.dest_limit;
+  auto slot_row = v.slot_row;
+  auto slot_rank = v.slot_rank;
+  auto slot_kept = v.slot_kept;
+  auto recv_expert = v.recv_expert;
+  auto recv_src = v.recv_src;
+  auto expert_offsets = v.expert_offsets;
+  auto recv_count = v.recv_count;
+  auto status = v.status;
+  const std::int64_t slots = static_cast<std::int64_t>(s.T) * s.K;
+  const std::int64_t pairs = static_cast<std::int64_t>(s.T) * s.R;
+  std::int64_t n = slots;
+  n = recv_rows > n ? recv_rows : n;
+  n = pairs > n ? pairs : n;
+  range_items(
+      exec, s, "KokkosMoE::ep_layout::slots", n, KOKKOS_LAMBDA(std::int64_t q) {
+        const int L = s.L;
+        if (q < slots) {
+          const int pos = local_pos(q);
+          int row = -1, rank = -1;
+          if (pos >= 0) {
+            const int e = static_cast<int>(idx(q / s.K, q % s.K));
+            const int c = static_cast<int>(q / s.K) / s.chunk;
+            const int dest = dest_base(e) + chunk_prefix(static_cast<std::int64_t>(c) * s.E + e) + pos;
+            rank = e / L;
+            row = dest >= dest_limit(e) ? -1 : dest;
+            if (row < 0) Kokkos::atomic_add(&status(1), 1);
+          }
+          slot_row(q) = row;
+          slot_rank(q) = rank;
+          slot_kept(q) = row >= 0 ? 1 : 0;
+        }
+        if (q < pairs) {
+          const int local = tok_local(q);
+          const int t = static_cast<int>(q / s.R), r = static_cast<int>(q % s.R);
+          tok_pos(q) = local < 0 ? -1 : chunk_tokens(static_cast<std::int64_t>(t / s.chunk) * s.R + r) + local;
+        }
+        if (q < recv_rows) {
+          int owner = -1;
+          if (q < expert_offsets(L)) {
+            int lo = 0, hi = L;  // expert_offsets(lo) <= q < expert_offsets(hi)
+            while (hi - lo > 1) {
+              const int mid = (lo + hi) / 2;
+              if (expert_offsets(mid) <= q) {
+                lo = mid;
+              } else {
+                hi = mid;
+              }
+            }
+            const int e = s.me * L + lo;
+            const int row_end = expert_offsets(lo) + recv_count(lo);
+            if (q < row_end && q < dest_limit(e)) owner = lo;
+          }
+          recv_expert(q) = owner;
+          recv_src(q) = -1;
+        }
+      });
+}
+
+/// K5 (sender): for every token and remote rank it reaches, the K receive rows of its slots there (-1 where the slot
+/// is elsewhere, empty or dropped): what the peer needs to expand and reduce the token's row.
+template <class Exec>
+void meta_pack(const Exec& exec, const EpShape s, const EpLayoutViews<typename Exec::memory_space>& v,
+               const PeerRows<typename Exec::memory_space>& dst) {
+  const std::int64_t pairs = static_cast<std::int64_t>(s.T) * s.R;
+  if (pairs == 0 || s.R == 1) return;
+  auto tok_pos = v.tok_pos;
+  auto slot_row = v.slot_row;
+  auto slot_rank = v.slot_rank;
+  auto sent_rows = v.sent_rows;
+  range_items(
+      exec, s, "KokkosMoE::ep_layout::meta", pairs, KOKKOS_LAMBDA(std::int64_t q) {
+        const int t = static_cast<int>(q / s.R), r = static_cast<int>(q % s.R);
+        const int p = tok_pos(q);
+        if (r == s.me || p < 0) return;
+        int* out = dst.template at<int>(r, p);
+        bool kept = false;
+        for (int k = 0; k < s.K; ++k) {
+          const std::int64_t sq = static_cast<std::int64_t>(t) * s.K + k;
+          const int row = slot_rank(sq) == r ? slot_row(sq) : -1;
+          out[k] = row;
+          kept = kept || row >= 0;
+        }
+        if (kept) Kokkos::atomic_add(&sent_rows(r), 1);  // a count, not a position
+      });
+}
+
+/// K6 (receiver): the arrival index and slot of every remotely fed receive row, and the source of every arrival
+/// index, from the arrived meta (fwd_rows). Each receive row has exactly one slot, so the scatter has no conflicts.
+template <class Exec>
+void meta_scatter(const Exec& exec, const EpShape s, const EpLayoutViews<typename Exec::memory_space>& v) {
+  const std::int64_t n = static_cast<std::int64_t>(s.R) * s.B;
+  if (s.R == 1) return;
+  auto arrive_base = v.arrive_base;
+  auto arrive_count = v.arrive_count;
+  auto arrive_rank = v.arrive_rank;
+  auto fwd_rows = v.fwd_rows;
+  auto recv_src = v.recv_src;
+  auto recv_k = v.recv_k;
+  auto ret_rows = v.ret_rows;
+  range_items(
+      exec, s, "KokkosMoE::ep_layout::expand_map", n, KOKKOS_LAMBDA(std::int64_t a) {
+        // The last source whose arrival block starts at or before a (bases ascend with the source rank).
+        int lo = 0, hi = s.R;
+        while (hi - lo > 1) {
+          const int mid = (lo + hi) / 2;
+          if (arrive_base(mid) <= a) {
+            lo = mid;
+          } else {
+            hi = mid;
+          }
+        }
+        const bool valid = a >= arrive_base(lo) && a < arrive_base(lo) + arrive_count(lo);
+        arrive_rank(a) = valid ? lo : -1;
+        if (!valid) return;
+        bool kept = false;
+        for (int k = 0; k < s.K; ++k) {
+          const int row = fwd_rows(a * s.K + k);
+          if (row < 0) continue;
+          kept = true;
+          recv_src(row) = static_cast<int>(a);
+          recv_k(row) = k;
+        }
+        if (kept) Kokkos::atomic_add(&ret_rows(lo), 1);
+      });
+}
+
+/// Adds one transfer of an operation to the traffic counters: forward (token rows this rank sent) or return (rows
+/// it sent back); \p block_rows > 0 where the transport moves whole blocks of that many rows per peer, \p signals
+/// the bytes of the window counters it raised.
+template <class Exec>
+void account_transfer(const Exec& exec, const EpShape s, const EpLayoutViews<typename Exec::memory_space>& v, int op,
+                      bool forward, std::int64_t pitch, std::int64_t row_bytes, std::int64_t block_rows,
+                      std::int64_t signals) {
+  if (s.R == 1) return;
+  auto rows = forward ? v.sent_rows : v.ret_rows;
+  auto traffic = v.traffic;
+  Kokkos::parallel_for(
+      "KokkosMoE::ep::account", light(Kokkos::RangePolicy<Exec>(exec, 0, 1)), KOKKOS_LAMBDA(int) {
+        std::int64_t n = 0;
+        for (int r = 0; r < s.R; ++r) n += r == s.me ? 0 : rows(r);
+        traffic(2 * op) += n * row_bytes;
+        traffic(2 * op + 1) += (block_rows > 0 ? static_cast<std::int64_t>(s.R - 1) * block_rows : n) * pitch + signals;
+      });
+}
+
+/// The layout's bytes: the count all-gather and the meta (K ints per token row, every token a peer receives).
+template <class Exec>
+void account_layout(const Exec& exec, const EpShape s, const EpLayoutViews<typename Exec::memory_space>& v,
+                    std::int64_t block_rows, std::int64_t signals) {
+  if (s.R == 1) return;
+  auto send = v.gather_send;
+  auto traffic = v.traffic;
+  Kokkos::parallel_for(
+      "KokkosMoE::ep::account_layout", light(Kokkos::RangePolicy<Exec>(exec, 0, 1)), KOKKOS_LAMBDA(int) {
+        std::int64_t n = 0;
+        for (int r = 0; r < s.R; ++r) n += r == s.me ? 0 : send(s.E + 1 + r);
+        const std::int64_t meta = (block_rows > 0 ? static_cast<std::int64_t>(s.R - 1) * block_rows : n) * s.K * 4;
+        traffic(2 * kOpLayout + 1) += static_cast<std::int64_t>(s.R - 1) * (s.E + 1 + s.R) * 4 + meta + signals;
+      });
+}
+
+}  // namespace Impl
+}  // namespace KokkosMoE
+
+#endif
