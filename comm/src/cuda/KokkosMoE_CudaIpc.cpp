@@ -44,21 +44,23 @@ std::uint64_t node_id() {
   return std::hash<std::string>{}(id);
 }
 
-/// A window of cudaMalloc'd parts. Released collectively: every rank meets first, so no peer still writes into a part
-/// being freed. After an abort (a peer may be gone or stalled, and a stalled peer may still write into this rank's
-/// part) the mappings of the peers' parts are closed and this rank's part stays allocated until the process ends.
+/// A window of cudaMalloc'd parts. A complete window (handed to the caller) is released collectively: every rank meets
+/// first, so no peer still writes into a part being freed. After an abort (a peer may be gone or stalled, and a
+/// stalled peer may still write into this rank's part) the mappings of the peers' parts are closed and this rank's
+/// part stays allocated until the process ends. A window abandoned while it is made (an error, ranks on several
+/// nodes) was never written by anyone: it is freed at once, without a meeting its peers might not come to.
 class CudaIpcWindow final : public PeerWindow {
  public:
   CudaIpcWindow(Transport& t, HostAllgather meet) : m_t(t), m_meet(std::move(meet)) {}
   ~CudaIpcWindow() override {
     CudaDeviceGuard guard(m_t.device());
-    bool met = false;
-    if (!m_t.aborted()) {
+    bool free_mine = !m_complete;  // abandoned while made: nobody wrote into it
+    if (m_complete && !m_t.aborted()) {
       try {
         const int one = 1;
         std::vector<int> all(static_cast<std::size_t>(m_t.size()));
         m_meet("~EpGroup", &one, all.data(), sizeof(int));
-        met = true;
+        free_mine = true;
       } catch (...) {
       }
     }
@@ -66,7 +68,7 @@ class CudaIpcWindow final : public PeerWindow {
       cudaIpcCloseMemHandle(q);
       --m_t.peer_mappings;
     }
-    if (met && m_mine != nullptr) cudaFree(m_mine);
+    if (free_mine && m_mine != nullptr) cudaFree(m_mine);
   }
   CudaIpcWindow(const CudaIpcWindow&) = delete;
   CudaIpcWindow& operator=(const CudaIpcWindow&) = delete;
@@ -75,6 +77,7 @@ class CudaIpcWindow final : public PeerWindow {
   HostAllgather m_meet;
   void* m_mine = nullptr;
   std::vector<void*> m_opened;  // parts of ranks in other processes
+  bool m_complete = false;      // handed to the caller
 };
 
 }  // namespace
@@ -86,18 +89,6 @@ std::shared_ptr<PeerWindow> make_cuda_ipc_window(const char* op, Transport& t, s
   CudaDeviceGuard guard(t.device());
   auto w = std::make_shared<CudaIpcWindow>(t, allgather);
   w->bytes = bytes;
-  // Until the window is complete, a failure frees this rank's part at once: no peer has mapped it yet, or the
-  // failure is an exception every rank sees in the same collective.
-  struct FreeUnlessKept {
-    void*& p;
-    bool keep = false;
-    ~FreeUnlessKept() {
-      if (!keep && p != nullptr) {
-        cudaFree(p);
-        p = nullptr;
-      }
-    }
-  } own{w->m_mine};
   // Every part starts on a 16-byte row boundary at least: cudaMalloc aligns to 256 bytes.
   cuda(cudaMalloc(&w->m_mine, std::max<std::size_t>(bytes, 1)), "cudaMalloc (window)");
   IpcProbe mine;
@@ -159,7 +150,7 @@ std::shared_ptr<PeerWindow> make_cuda_ipc_window(const char* op, Transport& t, s
                     "rank(s) " + bad +
                         " could not map every part of the window (their CommError names the CUDA "
                         "error)");
-  own.keep = true;
+  w->m_complete = true;
   return w;
 }
 
