@@ -77,6 +77,9 @@ class EpGroup {
   std::size_t buffer_bytes() const { return Impl::buffer_bytes(*m_state); }
   /// Whether token rows go straight into the peers' windows (shm, loopback) rather than through stages and messages.
   bool direct_writes() const noexcept { return m_state->windows; }
+  /// SMs of the group's SM partition (docs/ep.md §13: SmCap::Partition, or Auto where the device makes one); 0 when
+  /// the operations run on the caller's instance (no cap, SmCap::Teams, a host space).
+  int partition_sms() const noexcept { return m_state->lane.partition_sms(); }
   /// [R] nanoseconds this rank's operations spent waiting for each peer's signal since creation or the last
   /// ep_reset_statistics (device memory, updated on the device; direct writes only: 0 over messages).
   Kokkos::View<const std::int64_t*, memory_space> peer_wait_ns() const { return m_state->wait_ns; }
@@ -171,7 +174,8 @@ CommStats EpGroup<ExecSpace>::stats() const {
 /// CommError on a communication failure
 template <class ExecSpace, class IdxView>
 void ep_layout(const ExecSpace& exec, EpHandle<ExecSpace>& handle, const IdxView& topk_idx) {
-  Impl::layout(exec, *handle.impl_state(), topk_idx);
+  Impl::EpLaneScope<ExecSpace> lane(handle.impl_state()->group->lane, exec);
+  Impl::layout(lane.exec(), *handle.impl_state(), topk_idx);
 }
 
 /// \brief Sends each token row x[t] ([T, H], float or bf16_t) to the expert of every valid slot; the slot's
@@ -182,7 +186,8 @@ void ep_layout(const ExecSpace& exec, EpHandle<ExecSpace>& handle, const IdxView
 template <class ExecSpace, class XView, class WView, class RecvXView, class RecvWView>
 void ep_dispatch(const ExecSpace& exec, const EpHandle<ExecSpace>& handle, const XView& x, const WView& topk_w,
                  const RecvXView& recv_x, const RecvWView& recv_w) {
-  Impl::dispatch(exec, *handle.impl_state(), x, topk_w, recv_x, recv_w);
+  Impl::EpLaneScope<ExecSpace> lane(handle.impl_state()->group->lane, exec);
+  Impl::dispatch(lane.exec(), *handle.impl_state(), x, topk_w, recv_x, recv_w);
 }
 
 /// \brief The decode path (docs/ep.md §15): ep_layout and ep_dispatch in one step whose counts travel with the rows
@@ -199,7 +204,8 @@ void ep_dispatch(const ExecSpace& exec, const EpHandle<ExecSpace>& handle, const
 template <class ExecSpace, class IdxView, class XView, class WView, class RecvXView, class RecvWView>
 void ep_decode_dispatch(const ExecSpace& exec, EpHandle<ExecSpace>& handle, const IdxView& topk_idx, const XView& x,
                         const WView& topk_w, const RecvXView& recv_x, const RecvWView& recv_w) {
-  Impl::decode_dispatch(exec, *handle.impl_state(), topk_idx, x, topk_w, recv_x, recv_w);
+  Impl::EpLaneScope<ExecSpace> lane(handle.impl_state()->group->lane, exec);
+  Impl::decode_dispatch(lane.exec(), *handle.impl_state(), topk_idx, x, topk_w, recv_x, recv_w);
 }
 
 /// \brief FP8 dispatch (docs/ep.md §3.5): as above, but each token row travels as FP8 E4M3 codes with one FP32 scale
@@ -214,7 +220,8 @@ template <class ExecSpace, class XView, class WView, class RecvQView, class Recv
 void ep_dispatch(const ExecSpace& exec, const EpHandle<ExecSpace>& handle, const XView& x, const WView& topk_w,
                  const Fp8Rows<RecvQView, RecvSView>& recv, const RecvWView& recv_w,
                  const Fp8QuantizeConfig& config = {}) {
-  Impl::dispatch_fp8(exec, *handle.impl_state(), x, topk_w, recv.q, recv.scales, recv_w, config);
+  Impl::EpLaneScope<ExecSpace> lane(handle.impl_state()->group->lane, exec);
+  Impl::dispatch_fp8(lane.exec(), *handle.impl_state(), x, topk_w, recv.q, recv.scales, recv_w, config);
 }
 
 /// \brief FP8 dispatch of rows the caller quantized: x = fp8_rows(x_q, x_scales) ([T, H] fp8_e4m3_t, 16-byte
@@ -222,7 +229,8 @@ void ep_dispatch(const ExecSpace& exec, const EpHandle<ExecSpace>& handle, const
 template <class ExecSpace, class XQView, class XSView, class WView, class RecvQView, class RecvSView, class RecvWView>
 void ep_dispatch(const ExecSpace& exec, const EpHandle<ExecSpace>& handle, const Fp8Rows<XQView, XSView>& x,
                  const WView& topk_w, const Fp8Rows<RecvQView, RecvSView>& recv, const RecvWView& recv_w) {
-  Impl::dispatch_fp8(exec, *handle.impl_state(), x, topk_w, recv.q, recv.scales, recv_w, Fp8QuantizeConfig{});
+  Impl::EpLaneScope<ExecSpace> lane(handle.impl_state()->group->lane, exec);
+  Impl::dispatch_fp8(lane.exec(), *handle.impl_state(), x, topk_w, recv.q, recv.scales, recv_w, Fp8QuantizeConfig{});
 }
 
 /// \brief The receive half of a split send (docs/ep.md §14), returned by ep_dispatch_send (rows or FP8),
@@ -238,7 +246,10 @@ class EpReceiveHook {
   /// the dispatch's expansion of the arrived rows, the combine's reduction of the returned ones. \p exec must be
   /// ordered after the send's instance (that instance, or one that waited for it).
   /// \throws InvalidArgument (Rule::HandleState) when this hook already ran; CommError on a peer's timeout
-  void operator()(const ExecSpace& exec) const { Impl::run_receive(exec, *m_state, m_ticket); }
+  void operator()(const ExecSpace& exec) const {
+    Impl::EpLaneScope<ExecSpace> lane(m_state->group->lane, exec);
+    Impl::run_receive(lane.exec(), *m_state, m_ticket);
+  }
 
  private:
   std::shared_ptr<Impl::EpHandleState<ExecSpace>> m_state;
@@ -254,7 +265,8 @@ template <class ExecSpace, class XView, class WView, class RecvXView, class Recv
 [[nodiscard]] EpReceiveHook<ExecSpace> ep_dispatch_send(const ExecSpace& exec, const EpHandle<ExecSpace>& handle,
                                                         const XView& x, const WView& topk_w, const RecvXView& recv_x,
                                                         const RecvWView& recv_w) {
-  Impl::dispatch(exec, *handle.impl_state(), x, topk_w, recv_x, recv_w, true);
+  Impl::EpLaneScope<ExecSpace> lane(handle.impl_state()->group->lane, exec);
+  Impl::dispatch(lane.exec(), *handle.impl_state(), x, topk_w, recv_x, recv_w, true);
   return {handle.impl_state(), handle.impl_state()->sends};
 }
 
@@ -264,7 +276,8 @@ template <class ExecSpace, class OutView, class WView, class YView>
 [[nodiscard]] EpReceiveHook<ExecSpace> ep_combine_send(const ExecSpace& exec, const EpHandle<ExecSpace>& handle,
                                                        CombineMode mode, const OutView& out, const WView& topk_w,
                                                        const YView& y) {
-  Impl::combine(exec, *handle.impl_state(), mode, out, topk_w, y, true);
+  Impl::EpLaneScope<ExecSpace> lane(handle.impl_state()->group->lane, exec);
+  Impl::combine(lane.exec(), *handle.impl_state(), mode, out, topk_w, y, true);
   return {handle.impl_state(), handle.impl_state()->sends};
 }
 
@@ -277,7 +290,8 @@ template <class ExecSpace, class XView, class WView, class RecvQView, class Recv
                                                         const XView& x, const WView& topk_w,
                                                         const Fp8Rows<RecvQView, RecvSView>& recv,
                                                         const RecvWView& recv_w, const Fp8QuantizeConfig& config = {}) {
-  Impl::dispatch_fp8(exec, *handle.impl_state(), x, topk_w, recv.q, recv.scales, recv_w, config, true);
+  Impl::EpLaneScope<ExecSpace> lane(handle.impl_state()->group->lane, exec);
+  Impl::dispatch_fp8(lane.exec(), *handle.impl_state(), x, topk_w, recv.q, recv.scales, recv_w, config, true);
   return {handle.impl_state(), handle.impl_state()->sends};
 }
 
@@ -287,7 +301,9 @@ template <class ExecSpace, class XQView, class XSView, class WView, class RecvQV
                                                         const Fp8Rows<XQView, XSView>& x, const WView& topk_w,
                                                         const Fp8Rows<RecvQView, RecvSView>& recv,
                                                         const RecvWView& recv_w) {
-  Impl::dispatch_fp8(exec, *handle.impl_state(), x, topk_w, recv.q, recv.scales, recv_w, Fp8QuantizeConfig{}, true);
+  Impl::EpLaneScope<ExecSpace> lane(handle.impl_state()->group->lane, exec);
+  Impl::dispatch_fp8(lane.exec(), *handle.impl_state(), x, topk_w, recv.q, recv.scales, recv_w, Fp8QuantizeConfig{},
+                     true);
   return {handle.impl_state(), handle.impl_state()->sends};
 }
 
@@ -300,7 +316,8 @@ template <class ExecSpace, class GradYView, class WView, class OutView, class Gr
                                                                 const GradYView& grad_y, const WView& topk_w,
                                                                 const OutView& out, const GradOutView& grad_out,
                                                                 const GradWView& grad_w) {
-  Impl::combine_backward(exec, *handle.impl_state(), mode, grad_y, topk_w, out, grad_out, grad_w, true);
+  Impl::EpLaneScope<ExecSpace> lane(handle.impl_state()->group->lane, exec);
+  Impl::combine_backward(lane.exec(), *handle.impl_state(), mode, grad_y, topk_w, out, grad_out, grad_w, true);
   return {handle.impl_state(), handle.impl_state()->sends};
 }
 
@@ -313,14 +330,16 @@ template <class ExecSpace, class GradRecvXView, class GradRecvWView, class GradX
                                                                  const GradRecvXView& grad_recv_x,
                                                                  const GradRecvWView& grad_recv_w,
                                                                  const GradXView& grad_x, const GradWView& grad_w) {
-  Impl::dispatch_backward(exec, *handle.impl_state(), grad_recv_x, grad_recv_w, grad_x, grad_w, true);
+  Impl::EpLaneScope<ExecSpace> lane(handle.impl_state()->group->lane, exec);
+  Impl::dispatch_backward(lane.exec(), *handle.impl_state(), grad_recv_x, grad_recv_w, grad_x, grad_w, true);
   return {handle.impl_state(), handle.impl_state()->sends};
 }
 
 template <class ExecSpace, class OutView, class WView, class YView>
 void ep_combine(const ExecSpace& exec, const EpHandle<ExecSpace>& handle, CombineMode mode, const OutView& out,
                 const WView& topk_w, const YView& y) {
-  Impl::combine(exec, *handle.impl_state(), mode, out, topk_w, y);
+  Impl::EpLaneScope<ExecSpace> lane(handle.impl_state()->group->lane, exec);
+  Impl::combine(lane.exec(), *handle.impl_state(), mode, out, topk_w, y);
 }
 
 /// \brief Backward of ep_combine: grad_out[slot(t,k)] = c(t,k) * grad_y[t]; Weighted also gives
@@ -331,7 +350,8 @@ template <class ExecSpace, class GradYView, class WView, class OutView, class Gr
 void ep_combine_backward(const ExecSpace& exec, const EpHandle<ExecSpace>& handle, CombineMode mode,
                          const GradYView& grad_y, const WView& topk_w, const OutView& out, const GradOutView& grad_out,
                          const GradWView& grad_w) {
-  Impl::combine_backward(exec, *handle.impl_state(), mode, grad_y, topk_w, out, grad_out, grad_w);
+  Impl::EpLaneScope<ExecSpace> lane(handle.impl_state()->group->lane, exec);
+  Impl::combine_backward(lane.exec(), *handle.impl_state(), mode, grad_y, topk_w, out, grad_out, grad_w);
 }
 
 /// \brief Backward of ep_dispatch: grad_x[t] = sum over kept k, in k order, of grad_recv_x[slot(t,k)] (FP32
@@ -340,7 +360,8 @@ void ep_combine_backward(const ExecSpace& exec, const EpHandle<ExecSpace>& handl
 template <class ExecSpace, class GradRecvXView, class GradRecvWView, class GradXView, class GradWView>
 void ep_dispatch_backward(const ExecSpace& exec, const EpHandle<ExecSpace>& handle, const GradRecvXView& grad_recv_x,
                           const GradRecvWView& grad_recv_w, const GradXView& grad_x, const GradWView& grad_w) {
-  Impl::dispatch_backward(exec, *handle.impl_state(), grad_recv_x, grad_recv_w, grad_x, grad_w);
+  Impl::EpLaneScope<ExecSpace> lane(handle.impl_state()->group->lane, exec);
+  Impl::dispatch_backward(lane.exec(), *handle.impl_state(), grad_recv_x, grad_recv_w, grad_x, grad_w);
 }
 
 /// \brief The natural synchronization of a step (docs/ep.md §5): waits for \p exec (bounded by the timeout),
@@ -352,7 +373,8 @@ void ep_dispatch_backward(const ExecSpace& exec, const EpHandle<ExecSpace>& hand
 /// communication failure or timeout
 template <class ExecSpace>
 EpStatus ep_synchronize(const ExecSpace& exec, const EpHandle<ExecSpace>& handle) {
-  return Impl::synchronize(exec, *handle.impl_state());
+  Impl::EpLaneScope<ExecSpace> lane(handle.impl_state()->group->lane, exec);
+  return Impl::synchronize(lane.exec(), *handle.impl_state());
 }
 
 /// \brief Zeroes \p handle's expert_load() on \p exec (ordered after the work already enqueued there).

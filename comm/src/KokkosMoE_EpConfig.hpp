@@ -25,6 +25,14 @@ enum class CombineMode : int {
   Weighted = 1,  ///< y[t] = sum over valid k of topk_w[t,k] * out[slot(t,k)]
 };
 
+/// \brief How EpGroupConfig::max_sms bounds the EP kernels of a group (docs/ep.md §13).
+enum class SmCap : int {
+  Auto = 0,       ///< Partition where the device makes SM partitions, else Teams
+  Partition = 1,  ///< Kokkos::Cuda: the group's kernels run on its own stream in an SM partition (a CUDA green
+                  ///< context) of at most max_sms SMs, each with its uncapped grid, so every SM given runs full
+  Teams = 2,      ///< every kernel launches at most max_sms teams, each taking several work items in turn
+};
+
 /// \brief The shapes and mode of an EP group. Every rank of the group must pass the same values.
 struct EpGroupConfig {
   int ep_size = 0;                   ///< R: ranks of the group (= the communicator's size)
@@ -41,6 +49,9 @@ struct EpGroupConfig {
   /// most this many threads. In [1, the execution space's count] (SMs of the device, or concurrency()); -1: no cap.
   /// A per-rank resource setting: the ranks may pass different caps.
   int max_sms = -1;
+  /// How the cap is kept (per rank, as max_sms). Partition throws InvalidArgument (Rule::ConfigValue, naming sm_cap)
+  /// where the execution space or the driver has no SM partitions or max_sms is below their granularity.
+  SmCap sm_cap = SmCap::Auto;
   /// Sets of the group's buffers for remote rows (window regions or message stages; docs/ep.md §14), in [1, 8]. Every
   /// operation of the group's handles that moves rows takes a free set for its duration; a split send holds its set
   /// until its hook runs. So with n sets, at most n split operations of different handles are pending at once, and an
@@ -76,6 +87,10 @@ struct EpStatus {
 /// \brief "expert-major", "expert-major-fixed".
 inline const char* to_string(RecvLayout l) noexcept {
   return l == RecvLayout::ExpertMajor ? "expert-major" : "expert-major-fixed";
+}
+/// \brief "auto", "partition", "teams".
+inline const char* to_string(SmCap c) noexcept {
+  return c == SmCap::Auto ? "auto" : c == SmCap::Partition ? "partition" : "teams";
 }
 /// \brief "sum", "weighted".
 inline const char* to_string(CombineMode m) noexcept { return m == CombineMode::Sum ? "sum" : "weighted"; }

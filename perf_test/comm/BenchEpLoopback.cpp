@@ -94,7 +94,9 @@ struct Rank {
   double remote_slots = 0;  // kept slots whose expert is on another rank (what one row per slot would send)
   double planner_rows = 0;  // make_plan's model: tokens times the expected number of other ranks a token reaches
 
-  Rank(const Exec& e, const Communicator& comm, int T, LMode mode, int max_sms, Meeting& meet) : exec(e) {
+  Rank(const Exec& e, const Communicator& comm, int T, LMode mode, int max_sms, Meeting& meet,
+       SmCap sm_cap = SmCap::Auto, int wire_buffers = 1)
+      : exec(e) {
     const RouterPreset preset = router_preset("deepseek-v3");
     const int E = preset.num_experts, K = preset.config.topk, H = 7168, R = comm.size(), me = comm.rank();
     cfg.ep_size = R;
@@ -108,6 +110,8 @@ struct Rank {
     cfg.drop_on_overflow = capacity;
     if (mode == LMode::Fixed) cfg.layout = RecvLayout::ExpertMajorFixed;
     cfg.max_sms = max_sms;
+    cfg.sm_cap = sm_cap;
+    cfg.wire_buffers = wire_buffers;
     Kokkos::View<float**, Kokkos::LayoutRight, Mem> logits("logits", T, E);
     Kokkos::View<float*, Mem> bias("bias", E);
     fill_normal(logits, 17 + me, 0.0f, 1.0f);
@@ -202,7 +206,8 @@ struct Rank {
   }
 };
 
-void BM_Loopback(benchmark::State& state, LOp op, int R, int T, LMode mode, PeerWindows windows, int max_sms) {
+void BM_Loopback(benchmark::State& state, LOp op, int R, int T, LMode mode, PeerWindows windows, int max_sms,
+                 SmCap sm_cap) {
   const int device = Exec().cuda_device();
   CommConfig cc;
   cc.peer_windows = windows;
@@ -213,12 +218,13 @@ void BM_Loopback(benchmark::State& state, LOp op, int R, int T, LMode mode, Peer
   std::vector<double> move(static_cast<std::size_t>(R), 0.0);
   std::vector<std::string> errors(static_cast<std::size_t>(R));
   double seconds = 0, dev = 0, wire = 0, remote_slots = 0, planner_rows = 0;
+  int partition_sms = 0;
   {
     std::vector<std::thread> peers;
     for (int r = 1; r < R; ++r)
       peers.emplace_back([&, r] {
         try {
-          Rank rank(Exec(streams[r]), comms[r], T, mode, max_sms, meet);
+          Rank rank(Exec(streams[r]), comms[r], T, mode, max_sms, meet, sm_cap);
           move[r] = rank.move_bytes(op);
           for (int i = 0; i < 2 * kIters + kIters; ++i) rank.run(op);  // rank 0's timed loop, device time, warm-up
           ep_synchronize(rank.exec, *rank.handle);
@@ -228,8 +234,9 @@ void BM_Loopback(benchmark::State& state, LOp op, int R, int T, LMode mode, Peer
         }
       });
     try {
-      Rank rank(Exec(streams[0]), comms[0], T, mode, max_sms, meet);
+      Rank rank(Exec(streams[0]), comms[0], T, mode, max_sms, meet, sm_cap);
       move[0] = rank.move_bytes(op);
+      partition_sms = rank.group->partition_sms();
       remote_slots = rank.remote_slots;
       planner_rows = rank.planner_rows;
       for (int i = 0; i < kIters; ++i) rank.run(op);  // warm-up
@@ -266,6 +273,7 @@ void BM_Loopback(benchmark::State& state, LOp op, int R, int T, LMode mode, Peer
   state.counters["T"] = T;
   state.counters["ranks"] = R;
   if (max_sms > 0) state.counters["max_sms"] = max_sms;
+  if (partition_sms > 0) state.counters["partition_sms"] = partition_sms;
   state.counters["wire_bytes_per_token"] = wire / T;
   // Beside it: the bytes one row per (token, expert) slot would send, and the planner's prediction (docs/planner.md
   // §4), both for rank 0's tokens and bare rows (the wire adds each row's trailer).
@@ -278,6 +286,13 @@ void BM_Loopback(benchmark::State& state, LOp op, int R, int T, LMode mode, Peer
   if (dev > 0 && bytes > 0) {
     state.counters["device_agg_move_GBps"] = bytes / (dev * 1e-6) / 1e9;
     state.counters["frac_copy"] = bytes / (dev * 1e-6) / 1e9 / copy_bandwidth_GBps();
+    // Per SM of the budget (docs/ep.md §13): every rank's cap (its partition's SMs), or the whole device uncapped.
+    int device_sms = 0;
+    cudaDeviceGetAttribute(&device_sms, cudaDevAttrMultiProcessorCount, device);
+    const int budget =
+        max_sms > 0 ? std::min(device_sms, R * (partition_sms > 0 ? partition_sms : max_sms)) : device_sms;
+    state.counters["sm_budget"] = budget;
+    state.counters["device_GBps_per_sm"] = bytes / (dev * 1e-6) / 1e9 / budget;
   }
   state.SetItemsProcessed(static_cast<std::int64_t>(T) * R * state.iterations());
 }
@@ -386,6 +401,163 @@ void BM_Overlap(benchmark::State& state, int R, int T, int max_sms) {
   state.counters["ep_step_us"] = step_us;  // dispatch + combine, wall time per step with the compute beside
 }
 
+/// The stand-in for a micro-batch's expert GEMMs in the training step: bound by the ALUs as a GEMM is, with a GEMM's
+/// data dependence but not its memory traffic, and a GEMM's many short blocks (64 waves of a full device, 132 x 2048
+/// threads each), so that a block of the communication's kernels finds a free slot within microseconds. Every thread
+/// reads one element of the received rows, runs four chains of \p fmas dependent FMAs on registers (ComputeKernel's
+/// loop) and writes one element of the expert output, so the compute waits for its dispatch and its combine for it.
+struct ExpertKernel {
+  static constexpr int kThreads = 132 * 2048 * 64;
+  Kokkos::View<const Row**, Kokkos::LayoutRight, Mem> in;
+  Kokkos::View<Row**, Kokkos::LayoutRight, Mem> out;
+  int fmas = 1;
+  KOKKOS_INLINE_FUNCTION void operator()(int i) const {
+    // Neighbouring threads read neighbouring elements (one coalesced pass over the first rows).
+    const std::int64_t H = static_cast<std::int64_t>(in.extent(1)),
+                       e = i % (static_cast<std::int64_t>(in.extent(0)) * H);
+    const std::int64_t q = e / H, h = e % H;
+    float x0 = static_cast<float>(in(q, h)), x1 = x0 * 0.5f, x2 = x0 * 0.25f, x3 = x0 * 0.125f;
+    for (int k = 0; k < fmas; ++k) {
+      x0 = x0 * 0.9999f + 1e-4f;
+      x1 = x1 * 0.9998f + 2e-4f;
+      x2 = x2 * 0.9997f + 3e-4f;
+      x3 = x3 * 0.9996f + 4e-4f;
+    }
+    out(q, h) = Row(x0 + x1 + x2 + x3);
+  }
+  void run(const Exec& exec) const {
+    if (in.extent(0) == 0) return;
+    Kokkos::parallel_for("KokkosMoE::perf::expert_gemm_like", Kokkos::RangePolicy<Exec>(exec, 0, kThreads), *this);
+  }
+};
+
+/// A training step of two micro-batches in flight (docs/ep.md §13, §14), R loopback ranks: on every rank micro-batch
+/// i's expert compute runs on the compute instance while micro-batch i+1's dispatch and i-1's combine run on the
+/// communication instance under the SM cap (sm_cap: by teams or by SM partitions; max_sms = -1: uncapped), ordered by
+/// events (the expert compute waits for its dispatch, the combine for its compute). kMicroBatches micro-batches per
+/// step, alternating two handles of one group (wire_buffers = 2). Measured on rank 0 in one run: the step with the
+/// compute alone, with EP alone, and overlapped; the compute's FMA chain is calibrated first so that compute alone
+/// takes about what EP alone takes (where overlap has the most to win). Medians of kReps.
+void BM_TrainStep(benchmark::State& state, int R, int T, int max_sms, SmCap sm_cap) {
+  constexpr int kMicroBatches = 8, kReps = 5;
+  const int device = Exec().cuda_device();
+  std::vector<Communicator> comms = make_loopback_communicators(R, device, CommConfig{});
+  std::vector<cudaStream_t> ep_streams(static_cast<std::size_t>(R)), compute_streams(static_cast<std::size_t>(R));
+  for (auto& s : ep_streams) cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+  for (auto& s : compute_streams) cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+  Meeting meet(R);
+  std::vector<std::string> errors(static_cast<std::size_t>(R));
+  std::atomic<int> fmas{64};
+  double ep_us = 0, compute_us_alone = 0, step_us = 0;
+  int partition_sms = 0;
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < R; ++r)
+    ranks.emplace_back([&, r] {
+      bool ok = true;
+      try {
+        const Exec eexec(ep_streams[static_cast<std::size_t>(r)]), cexec(compute_streams[static_cast<std::size_t>(r)]);
+        Rank rank(eexec, comms[r], T, LMode::Eager, max_sms, meet, sm_cap, 2);
+        if (r == 0) partition_sms = rank.group->partition_sms();
+        EpHandle<Exec> hb = rank.group->make_handle({false, "micro-batch B"});
+        ep_layout(eexec, hb, rank.ids);
+        const int N = rank.handle->num_recv_rows(), H = rank.cfg.hidden;
+        using Rows = Kokkos::View<Row**, Kokkos::LayoutRight, Mem>;
+        const EpHandle<Exec>* handles[2] = {rank.handle.get(), &hb};
+        Rows recv_x[2] = {rank.recv_x, Rows("recv_x_b", N, H)}, out[2] = {rank.out, Rows("out_b", N, H)},
+             y[2] = {rank.y, Rows("y_b", rank.x.extent(0), H)};
+        Kokkos::View<float*, Mem> recv_w[2] = {rank.recv_w, Kokkos::View<float*, Mem>("recv_w_b", N)};
+        cudaEvent_t disp[2], comp[2], t0, t1, join;
+        for (int i = 0; i < 2; ++i) {
+          cudaEventCreateWithFlags(&disp[i], cudaEventDisableTiming);
+          cudaEventCreateWithFlags(&comp[i], cudaEventDisableTiming);
+        }
+        cudaEventCreate(&t0);
+        cudaEventCreate(&t1);
+        cudaEventCreateWithFlags(&join, cudaEventDisableTiming);
+        eexec.fence();
+        // mode 0: the compute alone; 1: EP alone; 2: both, overlapped. Returns this rank's step in us.
+        const auto step = [&](int mode) {
+          meet.wait();
+          cudaEventRecord(t0, eexec.cuda_stream());
+          cudaStreamWaitEvent(cexec.cuda_stream(), t0, 0);
+          const auto combine = [&](int i) {
+            if (mode == 2) cudaStreamWaitEvent(eexec.cuda_stream(), comp[i % 2], 0);
+            ep_combine(eexec, *handles[i % 2], CombineMode::Weighted, out[i % 2], rank.w, y[i % 2]);
+          };
+          for (int i = 0; i < kMicroBatches; ++i) {
+            const int b = i % 2;
+            if (mode != 0) {
+              ep_dispatch(eexec, *handles[b], rank.x, rank.w, recv_x[b], recv_w[b]);
+              cudaEventRecord(disp[b], eexec.cuda_stream());
+            }
+            if (mode != 1) {
+              if (mode == 2) cudaStreamWaitEvent(cexec.cuda_stream(), disp[b], 0);
+              ExpertKernel{recv_x[b], out[b], fmas.load()}.run(cexec);
+              cudaEventRecord(comp[b], cexec.cuda_stream());
+            }
+            if (mode != 0 && i >= 1) combine(i - 1);
+          }
+          if (mode != 0) combine(kMicroBatches - 1);
+          cudaEventRecord(join, cexec.cuda_stream());
+          cudaStreamWaitEvent(eexec.cuda_stream(), join, 0);
+          cudaEventRecord(t1, eexec.cuda_stream());
+          cudaEventSynchronize(t1);
+          float ms = 0;
+          cudaEventElapsedTime(&ms, t0, t1);
+          return 1e3 * static_cast<double>(ms);
+        };
+        const auto median = [&](int mode) {
+          std::vector<double> t;
+          for (int k = 0; k < kReps; ++k) t.push_back(step(mode));
+          std::sort(t.begin(), t.end());
+          return t[t.size() / 2];
+        };
+        step(1);  // warm-up
+        const double ep = median(1);
+        if (r == 0) ep_us = ep;
+        for (int round = 0; round < 3; ++round) {  // the compute's time is not quite linear in its chain: three rounds
+          const double c0 = median(0);
+          meet.wait();
+          if (r == 0) fmas = std::max(1, static_cast<int>(fmas.load() * ep / c0 + 0.5));
+          meet.wait();
+        }
+        const double c = median(0);
+        const double both = median(2);
+        if (r == 0) compute_us_alone = c, step_us = both;
+        ep_synchronize(eexec, *rank.handle);
+        ep_synchronize(eexec, hb);
+        for (int i = 0; i < 2; ++i) cudaEventDestroy(disp[i]), cudaEventDestroy(comp[i]);
+        cudaEventDestroy(t0);
+        cudaEventDestroy(t1);
+        cudaEventDestroy(join);
+      } catch (const std::exception& e) {
+        errors[static_cast<std::size_t>(r)] = e.what();
+        ok = false;
+      }
+      (void)ok;
+    });
+  for (auto& t : ranks) t.join();
+  for (auto& s : ep_streams) cudaStreamDestroy(s);
+  for (auto& s : compute_streams) cudaStreamDestroy(s);
+  for (int r = 0; r < R; ++r)
+    if (!errors[static_cast<std::size_t>(r)].empty()) {
+      state.SkipWithError(("rank " + std::to_string(r) + ": " + errors[static_cast<std::size_t>(r)]).c_str());
+      return;
+    }
+  for (auto _ : state) state.SetIterationTime(step_us * 1e-6);
+  state.counters["ranks"] = R;
+  state.counters["T"] = T;
+  state.counters["micro_batches"] = kMicroBatches;
+  if (max_sms > 0) state.counters["max_sms"] = max_sms;
+  if (partition_sms > 0) state.counters["partition_sms"] = partition_sms;
+  state.counters["expert_fmas"] = fmas.load();
+  state.counters["compute_alone_us"] = compute_us_alone;
+  state.counters["ep_alone_us"] = ep_us;
+  state.counters["step_us"] = step_us;
+  state.counters["step_over_max"] = step_us / std::max(compute_us_alone, ep_us);
+  state.counters["step_over_sum"] = step_us / (compute_us_alone + ep_us);
+}
+
 }  // namespace
 #endif
 
@@ -396,8 +568,9 @@ void register_loopback_benchmarks(const std::vector<int>& tokens) {
       {LOp::Dispatch, "dispatch"},           {LOp::Combine, "combine"},
       {LOp::CombineBackward, "combine_bwd"}, {LOp::DispatchBackward, "dispatch_bwd"},
       {LOp::DispatchFp8, "dispatch_fp8"},    {LOp::Layout, "layout"}};
-  auto add = [](const std::string& label, LOp op, int R, int T, LMode mode, PeerWindows windows, int max_sms = -1) {
-    benchmark::RegisterBenchmark(label.c_str(), BM_Loopback, op, R, T, mode, windows, max_sms)
+  auto add = [](const std::string& label, LOp op, int R, int T, LMode mode, PeerWindows windows, int max_sms = -1,
+                SmCap sm_cap = SmCap::Auto) {
+    benchmark::RegisterBenchmark(label.c_str(), BM_Loopback, op, R, T, mode, windows, max_sms, sm_cap)
         ->UseManualTime()
         ->Iterations(kIters)
         ->Unit(benchmark::kMicrosecond);
@@ -419,11 +592,35 @@ void register_loopback_benchmarks(const std::vector<int>& tokens) {
     for (int i = 0; i < 2; ++i)
       add(std::string("ep_loopback/") + ops[i].second + "/eager/R8/" + shape + "/messages", ops[i].first, 8, T,
           LMode::Eager, PeerWindows::Off);
-    // Against the SM cap (EpGroupConfig::max_sms, docs/ep.md §13): every rank's kernels at most that many SMs.
-    for (int sms : {4, 8, 16, 32})
-      for (int i = 0; i < 2; ++i)
-        add(std::string("ep_loopback/") + ops[i].second + "/eager/R8/" + shape + "/sms" + std::to_string(sms),
-            ops[i].first, 8, T, LMode::Eager, PeerWindows::Auto, sms);
+    // Against the SM cap (EpGroupConfig::max_sms, docs/ep.md §13): every rank's kernels at most that many SMs, kept
+    // by teams and by SM partitions, beside the uncapped kernels (device_GBps_per_sm compares them): one rank (the
+    // local path) and R = 4 (the remote path; 4 x 32 SMs fit the device).
+    for (int R : {1, 4})
+      for (int i = 0; i < 2; ++i) {
+        const std::string base =
+            std::string("ep_sm_cap/") + ops[i].second + "/eager/R" + std::to_string(R) + "/" + shape;
+        add(base + "/all", ops[i].first, R, T, LMode::Eager, PeerWindows::Auto);
+        for (int sms : {8, 16, 24, 32}) {
+          add(base + "/teams" + std::to_string(sms), ops[i].first, R, T, LMode::Eager, PeerWindows::Auto, sms,
+              SmCap::Teams);
+          add(base + "/partition" + std::to_string(sms), ops[i].first, R, T, LMode::Eager, PeerWindows::Auto, sms,
+              SmCap::Partition);
+        }
+      }
+    // The training step of two micro-batches in flight at R = 4: EP uncapped, and capped by teams and by partitions.
+    if (T >= 1024) {
+      const auto train = [&](const std::string& cap, int sms, SmCap how) {
+        benchmark::RegisterBenchmark(("ep_train_step/R4/" + shape + "/" + cap).c_str(), BM_TrainStep, 4, T, sms, how)
+            ->UseManualTime()
+            ->Iterations(1)
+            ->Unit(benchmark::kMicrosecond);
+      };
+      train("all", -1, SmCap::Auto);
+      for (int sms : {4, 8, 16, 24, 32}) {
+        train("teams" + std::to_string(sms), sms, SmCap::Teams);
+        train("partition" + std::to_string(sms), sms, SmCap::Partition);
+      }
+    }
     // A compute kernel beside the EP steps, alone and with dispatch + combine at R = 8 under each cap.
     if (T >= 1024)
       for (int sms : {8, 16, 32, -1})

@@ -75,11 +75,13 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(bootstrap_errors, DeviceType, KOKKOSMOE_DEVICE_TYP
   c.layout = RecvLayout::ExpertMajorFixed;
   c.max_recv_tokens_per_rank = 16;
   BOOST_TEST(static_cast<int>(rule_of([&] { EpGroup<Exec>(exec, comm, c); })) == static_cast<int>(Rule::ConfigValue));
-  // The SM cap: 0, below -1, and above the execution space's count (SMs, or concurrency on a host space).
-  const int processors = is_cuda<Exec>() ? 1 << 16 : exec.concurrency();
-  for (int cap : {0, -2, processors + 1}) {
+  // The SM cap: 0, below -1, and above the execution space's count (SMs, or concurrency on a host space); how it is
+  // kept: an unknown SmCap, and SM partitions where the space makes none (a host space). Each is ConfigValue naming
+  // its field.
+  const auto cap_refused = [&](const char* field, int cap, SmCap how) {
     c = default_config(R);
     c.max_sms = cap;
+    c.sm_cap = how;
     std::string msg;
     try {
       EpGroup<Exec>(exec, comm, c);
@@ -87,8 +89,13 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(bootstrap_errors, DeviceType, KOKKOSMOE_DEVICE_TYP
       msg = e.what();
       BOOST_TEST(static_cast<int>(e.rule()) == static_cast<int>(Rule::ConfigValue), msg);
     }
-    BOOST_TEST(msg.find("max_sms") != std::string::npos, "max_sms = " << cap << ": " << msg);
-  }
+    BOOST_TEST(msg.find(field) != std::string::npos,
+               "max_sms = " << cap << ", sm_cap = " << static_cast<int>(how) << ": " << msg);
+  };
+  const int processors = is_cuda<Exec>() ? 1 << 16 : exec.concurrency();
+  for (int cap : {0, -2, processors + 1}) cap_refused("max_sms", cap, SmCap::Auto);
+  cap_refused("sm_cap", 1, static_cast<SmCap>(7));
+  if (!is_cuda<Exec>()) cap_refused("sm_cap", 1, SmCap::Partition);
   BOOST_CHECK_THROW(comm.split(-1, 0), InvalidArgument);
   // A malformed timeout in the environment is refused when a communicator is made.
   setenv("KOKKOSMOE_COMM_TIMEOUT", "soon", 1);
@@ -624,7 +631,7 @@ void expect_fences(const std::string& op, const std::vector<ToolsEvent>& events,
 /// One step of every EP operation on \p exec, in eager and in capacity mode and on the decode path, at the EP
 /// group's size: check(operation, fence documented, events) gets the Kokkos Tools events of each call.
 template <class Exec, class Check>
-void each_ep_operation(const Exec& exec, Check&& check) {
+void each_ep_operation(const Exec& exec, Check&& check, int max_sms = -1) {
   using Mem = typename Exec::memory_space;
   const Communicator& comm = ep_comm<Exec>();
   const int R = comm.size();
@@ -637,6 +644,10 @@ void each_ep_operation(const Exec& exec, Check&& check) {
       c.hidden = kFp8BlockChannels;  // one FP8 scale block per row: the FP8 dispatch runs too
       if (capacity) c.max_recv_tokens_per_rank = c.max_tokens_per_rank * c.top_k * R;
       if (decode) c.layout = RecvLayout::ExpertMajorFixed;
+      if (max_sms > 0) {
+        c.max_sms = max_sms;
+        c.sm_cap = SmCap::Partition;
+      }
       const RankInputs in = make_inputs(c, Routing::Uniform, comm.rank(), c.max_tokens_per_rank, 5, false);
       const StepViews<Exec, float> sv(exec, c, in);
       EpGroup<Exec> group(exec, comm, c);
@@ -645,7 +656,7 @@ void each_ep_operation(const Exec& exec, Check&& check) {
       RecordToolsEvents rec;
       auto run = [&](const std::string& op, const auto& call) {
         const std::vector<ToolsEvent> events = rec.during(call);
-        check(op, documented_fence<Exec>(op, eager, R, group.direct_writes()), events);
+        check(op, documented_fence<Exec>(op, eager, R, group.direct_writes()), events, group);
       };
       if (!decode) run("ep_layout", [&] { ep_layout(exec, handle, sv.idx); });
       // The Views of the step (EpStep.hpp's types), allocated outside the recorded calls.
@@ -687,7 +698,7 @@ BOOST_AUTO_TEST_SUITE(ep_tools_instances)
 BOOST_AUTO_TEST_CASE_TEMPLATE(kernels_on_the_user_backend, DeviceType, KOKKOSMOE_DEVICE_TYPES) {
   using Exec = typename DeviceType::execution_space;
   const Exec exec = Impl::partitioned_instance(Exec());
-  each_ep_operation(exec, [&](const std::string& op, bool, const std::vector<ToolsEvent>& events) {
+  each_ep_operation(exec, [&](const std::string& op, bool, const std::vector<ToolsEvent>& events, const auto&) {
     expect_on_instance(op, events, exec, /*whole_id=*/false, /*fences_allowed=*/true);
     if (op == "ep_dispatch" || op == "ep_combine") BOOST_TEST(kernel_count(events) > 0, op << ": no kernel seen");
   });
@@ -698,7 +709,7 @@ BOOST_TEST_DECORATOR(*boost::unit_test::precondition(KokkosMoETest::OwnInstanceI
 BOOST_AUTO_TEST_CASE_TEMPLATE(kernels_on_the_user_instance, DeviceType, KOKKOSMOE_DEVICE_TYPES) {
   using Exec = typename DeviceType::execution_space;
   const Exec exec = Impl::partitioned_instance(Exec());
-  each_ep_operation(exec, [&](const std::string& op, bool, const std::vector<ToolsEvent>& events) {
+  each_ep_operation(exec, [&](const std::string& op, bool, const std::vector<ToolsEvent>& events, const auto&) {
     expect_on_instance(op, events, exec, /*whole_id=*/true, /*fences_allowed=*/true);
   });
 }
@@ -708,9 +719,39 @@ BOOST_TEST_DECORATOR(*boost::unit_test::precondition(KokkosMoETest::fences_are_r
 BOOST_AUTO_TEST_CASE_TEMPLATE(only_the_documented_fences, DeviceType, KOKKOSMOE_DEVICE_TYPES) {
   using Exec = typename DeviceType::execution_space;
   const Exec exec = Impl::partitioned_instance(Exec());
-  each_ep_operation(exec, [&](const std::string& op, bool fence, const std::vector<ToolsEvent>& events) {
+  each_ep_operation(exec, [&](const std::string& op, bool fence, const std::vector<ToolsEvent>& events, const auto&) {
     expect_fences(op, events, exec, fence);
   });
 }
+
+#if defined(KOKKOS_ENABLE_CUDA) && defined(KOKKOSMOE_HAVE_SM_PARTITION)
+// Under an SM partition (docs/ep.md §13) every kernel of every operation runs on the group's partition instance, not
+// on the caller's, and no operation fences the caller's instance: the eager layout and ep_synchronize wait for the
+// partition's instance, which the operation ordered after the caller's earlier work.
+BOOST_TEST_DECORATOR(*boost::unit_test::precondition(KokkosMoETest::OwnInstanceIds{}))
+BOOST_AUTO_TEST_CASE(cuda_kernels_on_the_partition_instance) {
+  using Exec = Kokkos::Cuda;
+  const Exec exec = Impl::partitioned_instance(Exec());
+  if (Impl::sm_partition_size(exec.cuda_device(), 16) == 0) {
+    BOOST_TEST_MESSAGE("skipped: the driver makes no SM partition (green context) on this device");
+    return;
+  }
+  const std::uint32_t caller = Kokkos::Tools::Experimental::device_id(exec);
+  each_ep_operation(
+      exec,
+      [&](const std::string& op, bool, const std::vector<ToolsEvent>& events, const EpGroup<Exec>& group) {
+        BOOST_TEST(group.partition_sms() > 0);
+        if (group.partition_sms() == 0) return;
+        const Exec& lane = group.impl_state()->lane.exec();
+        BOOST_TEST(Kokkos::Tools::Experimental::device_id(lane) != caller);
+        expect_on_instance(op, events, lane, /*whole_id=*/true, /*fences_allowed=*/true);
+        for (const ToolsEvent& e : events)
+          BOOST_TEST(!(e.kind == ToolsEvent::Kind::Fence && !is_tools_own_fence(e) && e.device_id == caller),
+                     op << ": fence \"" << e.name << "\" of the caller's instance");
+        if (op == "ep_dispatch" || op == "ep_combine") BOOST_TEST(kernel_count(events) > 0, op << ": no kernel seen");
+      },
+      16);
+}
+#endif
 
 BOOST_AUTO_TEST_SUITE_END()

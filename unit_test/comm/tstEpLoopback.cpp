@@ -157,6 +157,7 @@ struct Case {
   int max_sms = -1;     // the SM cap (docs/ep.md §13)
   bool split = false;   // dispatch and combine in two halves (docs/ep.md §14)
   bool decode = false;  // ep_decode_dispatch instead of ep_layout + ep_dispatch (docs/ep.md §15; layout 3)
+  SmCap sm_cap = SmCap::Auto;  // how the cap is kept: on Cuda, Auto takes an SM partition where the device makes one
 };
 
 EpGroupConfig case_config(int R, const Case& k) {
@@ -174,6 +175,7 @@ EpGroupConfig case_config(int R, const Case& k) {
   }
   if (k.layout == 3) c.layout = RecvLayout::ExpertMajorFixed;
   c.max_sms = k.max_sms;
+  c.sm_cap = k.sm_cap;
   return c;
 }
 
@@ -222,6 +224,10 @@ void steps_match_oracle() {
       {"capacity drops fp32 weighted, FP8 rows", Routing::Duplicates, CombineMode::Weighted, false, 2, 128},
       {"eager skewed bf16 weighted, FP8 rows, SM cap 1", Routing::Skewed, CombineMode::Weighted, true, 0, 256, 1},
       {"capacity drops bf16 weighted, SM cap 2", Routing::Duplicates, CombineMode::Weighted, true, 2, 40, 2},
+      {"eager uniform bf16 weighted, SM cap 16 by teams, split", Routing::Uniform, CombineMode::Weighted, true, 0, 256,
+       16, true, false, SmCap::Teams},
+      {"eager uniform bf16 weighted, SM cap 16, split", Routing::Uniform, CombineMode::Weighted, true, 0, 256, 16,
+       true},
       {"eager skewed fp32 weighted, split send/receive", Routing::Skewed, CombineMode::Weighted, false, 0, 40, -1,
        true},
       {"capacity bf16 sum, split send/receive", Routing::Uniform, CombineMode::Sum, true, 1, 40, -1, true},
@@ -462,12 +468,15 @@ BOOST_AUTO_TEST_CASE(cuda_peer_that_never_signals) { peer_that_never_signals<Kok
 BOOST_AUTO_TEST_CASE(cuda_peer_whose_device_stalls) { peer_that_never_signals<Kokkos::Cuda>(Fault::DeviceStall); }
 
 /// Capacity mode at R = 8: layout, dispatch and combine captured once per rank, replayed with new routing; \p decode:
-/// the fixed layout's decode dispatch (docs/ep.md §15) and combine.
-static void graph_capture_replays_new_routing(bool decode) {
+/// the fixed layout's decode dispatch (docs/ep.md §15) and combine. \p max_sms > 0: under an SM partition of that many
+/// SMs per rank (SmCap::Partition), whose stream joins the capture through the operations' fork and join events.
+static void graph_capture_replays_new_routing(bool decode, int max_sms = -1) {
   using Exec = Kokkos::Cuda;
   using Mem = Exec::memory_space;
   const int R = 8;
   auto c = case_config(R, Case{"", Routing::Uniform, CombineMode::Weighted, false, decode ? 3 : 1});
+  c.max_sms = max_sms;
+  if (max_sms > 0) c.sm_cap = SmCap::Partition;
   std::vector<RankInputs> in1, in2;
   for (int r = 0; r < R; ++r) {
     in1.push_back(make_inputs(c, Routing::Uniform, r, c.max_tokens_per_rank, 601, false));
@@ -476,6 +485,8 @@ static void graph_capture_replays_new_routing(bool decode) {
   Meeting meet(R);
   const auto found = on_ranks<Exec>(R, CommConfig{}, [&](int me, const Exec& exec, const Communicator& comm) {
     EpGroup<Exec> group(exec, comm, c);
+    if (max_sms > 0 && (group.partition_sms() < 1 || group.partition_sms() > max_sms))
+      return "partition of " + std::to_string(group.partition_sms()) + " SMs under a cap of " + std::to_string(max_sms);
     auto handle = group.make_handle({false, "graph"});
     StepViews<Exec, float> s(exec, c, in1[me]), s2(exec, c, in2[me]);
     const int N = group.capacity_rows();
@@ -537,6 +548,16 @@ static void graph_capture_replays_new_routing(bool decode) {
 
 BOOST_AUTO_TEST_CASE(cuda_graph_capture_replays_new_routing) { graph_capture_replays_new_routing(false); }
 BOOST_AUTO_TEST_CASE(cuda_graph_capture_replays_decode) { graph_capture_replays_new_routing(true); }
+#if defined(KOKKOSMOE_HAVE_SM_PARTITION)
+BOOST_AUTO_TEST_CASE(cuda_graph_capture_under_sm_partitions) {
+  if (Impl::sm_partition_size(Kokkos::Cuda().cuda_device(), 16) == 0) {
+    BOOST_TEST_MESSAGE("skipped: the driver makes no SM partition (green context) on this device");
+    return;
+  }
+  graph_capture_replays_new_routing(false, 16);
+  graph_capture_replays_new_routing(true, 16);
+}
+#endif
 #endif
 
 #if defined(KOKKOSMOE_HAVE_SERIAL_INSTANCES)

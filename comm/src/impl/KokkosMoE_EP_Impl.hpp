@@ -18,6 +18,7 @@
 
 #include <impl/KokkosMoE_EP_Decode.hpp>
 #include <impl/KokkosMoE_EP_Kernels.hpp>
+#include <impl/KokkosMoE_EP_Lane.hpp>
 #include <impl/KokkosMoE_EP_Signal.hpp>
 #include <impl/KokkosMoE_Transport.hpp>
 
@@ -228,6 +229,7 @@ struct EpGroupState {
   // The group's error word (a peer that never signalled, in any set's window) and the per-peer wait times.
   Kokkos::View<std::int64_t*, Mem> err;
   Kokkos::View<std::int64_t*, Mem> wait_ns;
+  EpLane<Exec> lane;  // where the operations run (docs/ep.md §13)
   bool capacity_mode() const {
     return config.max_recv_tokens_per_rank > 0 || config.layout == RecvLayout::ExpertMajorFixed;
   }
@@ -444,6 +446,8 @@ inline void check_group_config(const char* fn, const EpGroupConfig& c, int comm_
     ep_fail(fn, "max_sms", Rule::ConfigValue,
             "max_sms (" + std::to_string(c.max_sms) + ") must be -1 (no cap) or in [1, " + std::to_string(processors) +
                 "], the execution space's " + processor_name);
+  if (c.sm_cap != SmCap::Auto && c.sm_cap != SmCap::Partition && c.sm_cap != SmCap::Teams)
+    ep_fail(fn, "sm_cap", Rule::ConfigValue, "sm_cap is not an SmCap enumerator");
   if (c.layout == RecvLayout::ExpertMajorFixed) {
     if (c.max_recv_tokens_per_rank != 0)
       ep_fail(fn, "max_recv_tokens_per_rank", Rule::ConfigValue,
@@ -533,9 +537,13 @@ std::shared_ptr<EpGroupState<Exec>> make_group_state(const Exec& exec, const Com
   // until their timeout: the rank still takes part, with an "invalid" marker, and every rank throws at once
   // (docs/ep.md §2). Errors above this point need the communicator itself and stay local.
   std::exception_ptr invalid;
+  EpLane<Exec> lane;
   try {
     check_group_config(fn, config, t->size(), ExecTraits<Exec>::processors(exec), ExecTraits<Exec>::processor_name);
+    lane = EpLane<Exec>::make(fn, exec, config);
   } catch (const InvalidArgument&) {
+    invalid = std::current_exception();
+  } catch (const DeviceError&) {
     invalid = std::current_exception();
   }
   {
@@ -572,6 +580,7 @@ std::shared_ptr<EpGroupState<Exec>> make_group_state(const Exec& exec, const Com
   auto g = std::make_shared<EpGroupState<Exec>>();
   g->config = config;
   g->transport = t;
+  g->lane = std::move(lane);
   EpShape& s = g->shape;
   s.K = config.top_k;
   s.chunk = layout_chunk(config.top_k);
@@ -584,7 +593,8 @@ std::shared_ptr<EpGroupState<Exec>> make_group_state(const Exec& exec, const Com
   s.slab = s.fixed ? s.R * config.max_tokens_per_rank : 0;
   s.capacity = s.fixed ? 0 : config.max_recv_tokens_per_rank;
   s.B = config.max_tokens_per_rank;
-  s.max_teams = config.max_sms;
+  // Under an SM partition every kernel launches its uncapped grid on the partition's stream.
+  s.max_teams = g->lane.partitioned() ? -1 : config.max_sms;
   s.capacity_mode = g->capacity_mode();
   if (s.capacity_mode) g->recv_rows_fixed = s.fixed ? s.L * s.slab : config.max_recv_tokens_per_rank;
   g->stage_pitch_max = token_pitch(static_cast<std::size_t>(config.hidden) * sizeof(float), s.K, true);
