@@ -64,6 +64,10 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(step_matches_oracle, DeviceType, KOKKOSMOE_DEVICE_
     check_step<Exec, bf16_t>(capped, Routing::Skewed, CombineMode::Weighted, 320, true, "SM cap 1 on rank 0");
     capped.max_sms = 1;
     check_step<Exec, float>(capped, Routing::Uniform, CombineMode::Sum, 321, false, "SM cap 1 on every rank");
+    // On Cuda a cap of 16 is an SM partition (SmCap::Auto) whose stream carries the transport's calls too.
+    if (!is_cuda<Exec>()) continue;
+    capped.max_sms = 16;
+    check_step<Exec, bf16_t>(capped, Routing::Skewed, CombineMode::Weighted, 322, true, "SM cap 16 on every rank");
   }
   // Every operation in its two halves (docs/ep.md §14; FP8 dispatch where H allows), other work between each send
   // and its hook.
