@@ -22,11 +22,12 @@
 /// Host execution spaces run over an MPI communicator, Kokkos::Cuda over an NCCL communicator. Operations enqueue on
 /// the instance; nothing allocates per call in capacity mode. Fences (docs/ep.md §7.4):
 /// fence-rule:
-/// No EP operation fences, except the eager layout and `ep_synchronize`, which wait for the caller's instance. On
-/// host execution spaces in a group of two or more ranks, every operation that moves rows (the layout, every
-/// dispatch and combine, both backwards, the send of a split form) also fences the caller's instance before MPI or
-/// a peer reads what its kernels wrote, and over shared windows so does the hook of a split send.
-/// `ep_reset_statistics` never fences. No operation fences another instance or all of them.
+/// No EP operation fences, except the eager layout and `ep_synchronize`, which wait for the caller's instance (under an
+/// SM partition, for the group's partition instance, which the operation ordered after the caller's). On host execution
+/// spaces in a group of two or more ranks, every operation that moves rows (the layout, every dispatch and combine,
+/// both backwards, the send of a split form) also fences the caller's instance before MPI or a peer reads what its
+/// kernels wrote, and over shared windows so does the hook of a split send. `ep_reset_statistics` never fences. No
+/// operation fences another instance or all of them.
 /// (end of fence-rule)
 
 #include <KokkosMoE_Communicator.hpp>

@@ -591,11 +591,12 @@ namespace {
 /// Whether \p op fences, by docs/ep.md §7.4's rule (the same words in the README and KokkosMoE_EP.hpp; the
 /// KokkosMoE_FenceRule test compares them):
 /// fence-rule:
-/// No EP operation fences, except the eager layout and `ep_synchronize`, which wait for the caller's instance. On
-/// host execution spaces in a group of two or more ranks, every operation that moves rows (the layout, every
-/// dispatch and combine, both backwards, the send of a split form) also fences the caller's instance before MPI or
-/// a peer reads what its kernels wrote, and over shared windows so does the hook of a split send.
-/// `ep_reset_statistics` never fences. No operation fences another instance or all of them.
+/// No EP operation fences, except the eager layout and `ep_synchronize`, which wait for the caller's instance (under an
+/// SM partition, for the group's partition instance, which the operation ordered after the caller's). On host execution
+/// spaces in a group of two or more ranks, every operation that moves rows (the layout, every dispatch and combine,
+/// both backwards, the send of a split form) also fences the caller's instance before MPI or a peer reads what its
+/// kernels wrote, and over shared windows so does the hook of a split send. `ep_reset_statistics` never fences. No
+/// operation fences another instance or all of them.
 /// (end of fence-rule)
 template <class Exec>
 bool documented_fence(const std::string& op, bool eager, int ranks, bool windows) {
