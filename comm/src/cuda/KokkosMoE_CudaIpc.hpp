@@ -10,6 +10,7 @@
 // fallback where NCCL has no symmetric windows) and by the CUDA-IPC transport over MPI. Every CUDA IPC call of the
 // library is in KokkosMoE_CudaIpc.cpp; a HIP port replaces that file (hipIpc*).
 
+#include <cuda/KokkosMoE_CudaDevice.hpp>
 #include <cuda_runtime.h>
 #include <impl/KokkosMoE_Transport.hpp>
 
@@ -20,21 +21,6 @@
 
 namespace KokkosMoE {
 namespace Impl {
-
-/// Makes \p device current for the scope (a negative device leaves the current one).
-class CudaDeviceGuard {
- public:
-  explicit CudaDeviceGuard(int device) {
-    cudaGetDevice(&m_old);
-    if (device >= 0 && device != m_old) cudaSetDevice(device);
-  }
-  ~CudaDeviceGuard() { cudaSetDevice(m_old); }
-  CudaDeviceGuard(const CudaDeviceGuard&) = delete;
-  CudaDeviceGuard& operator=(const CudaDeviceGuard&) = delete;
-
- private:
-  int m_old = 0;
-};
 
 /// CommError (Device) naming \p what unless \p e is cudaSuccess.
 inline void check_cuda(const char* op, int rank, int size, cudaError_t e, const char* what) {

@@ -9,6 +9,7 @@
 
 #include <KokkosMoE_EpEvent.hpp>
 
+#include <cuda/KokkosMoE_CudaDevice.hpp>
 #include <cuda_runtime.h>
 
 #include <memory>
@@ -25,13 +26,13 @@ class EpEvent<Kokkos::Cuda> {
   cudaEvent_t native() const noexcept { return m_event ? m_event.get() : nullptr; }
   /// Implementation access; not part of the API.
   static EpEvent record(const Kokkos::Cuda& exec) {
-    int old = 0;
-    cudaGetDevice(&old);
-    if (old != exec.cuda_device()) cudaSetDevice(exec.cuda_device());
     cudaEvent_t e = nullptr;
-    cudaError_t r = cudaEventCreateWithFlags(&e, cudaEventDisableTiming);
-    if (r == cudaSuccess) r = cudaEventRecord(e, exec.cuda_stream());
-    if (old != exec.cuda_device()) cudaSetDevice(old);
+    cudaError_t r = cudaSuccess;
+    {
+      Impl::CudaDeviceGuard guard(exec.cuda_device());
+      r = cudaEventCreateWithFlags(&e, cudaEventDisableTiming);
+      if (r == cudaSuccess) r = cudaEventRecord(e, exec.cuda_stream());
+    }
     if (r != cudaSuccess) {
       if (e != nullptr) cudaEventDestroy(e);
       throw DeviceError(std::string("KokkosMoE::ep_record_event: ") + cudaGetErrorString(r));

@@ -5,7 +5,7 @@
 #include <KokkosMoE_Error.hpp>
 
 #include <cuda.h>
-#include <cuda/KokkosMoE_CudaIpc.hpp>
+#include <cuda/KokkosMoE_CudaDevice.hpp>
 #include <cuda/KokkosMoE_SmPartition.hpp>
 
 #include <map>
