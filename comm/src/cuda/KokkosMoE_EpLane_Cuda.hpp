@@ -9,6 +9,7 @@
 
 #include <Kokkos_Core.hpp>
 
+#include <cuda/KokkosMoE_CudaDevice.hpp>
 #include <cuda/KokkosMoE_SmPartition.hpp>
 #include <cuda_runtime.h>
 #include <impl/KokkosMoE_EP_Lane.hpp>
@@ -38,6 +39,7 @@ class EpLane<Kokkos::Cuda> {
       return l;
     }
     l.m_exec.emplace(l.m_part->stream);
+    CudaDeviceGuard guard(caller.cuda_device());  // the events live on the device of the streams they order
     l.m_fork = event();
     l.m_join = event();
     return l;
