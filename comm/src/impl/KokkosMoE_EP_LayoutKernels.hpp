@@ -101,6 +101,8 @@ void layout_count(const Exec& exec, const EpShape s, const IdxView& idx,
   // (the last team). A team scan, so that no thread walks the chunks serially through global memory. The totals form
   // the vector every rank all-gathers: slots per expert, invalid ids, tokens per rank.
   auto send = v.gather_send;
+  auto own = v.gathered;  // at one rank the gathered vectors are this rank's own: no exchange follows
+  const bool alone = s.R == 1;
   auto status = v.status;
   team_items(
       exec, s, "KokkosMoE::ep_layout::prefix", s.E + s.R + 1, 0,
@@ -112,7 +114,10 @@ void layout_count(const Exec& exec, const EpShape s, const IdxView& idx,
           auto& prefix = expert ? chunk_prefix : chunk_tokens;
           const int out = expert ? i : s.E + 1 + col;
           if (nch == 0) {
-            Kokkos::single(Kokkos::PerTeam(m), [&]() { send(out) = 0; });
+            Kokkos::single(Kokkos::PerTeam(m), [&]() {
+              send(out) = 0;
+              if (alone) own(out) = 0;
+            });
             return;
           }
           Kokkos::parallel_scan(Kokkos::TeamThreadRange(m, nch), [&](int c, int& part, bool final) {
@@ -120,7 +125,10 @@ void layout_count(const Exec& exec, const EpShape s, const IdxView& idx,
             const int n = prefix(at);
             if (final) {
               prefix(at) = part;
-              if (c == nch - 1) send(out) = part + n;
+              if (c == nch - 1) {
+                send(out) = part + n;
+                if (alone) own(out) = part + n;
+              }
             }
             part += n;
           });
@@ -133,6 +141,7 @@ void layout_count(const Exec& exec, const EpShape s, const IdxView& idx,
             status(1) = 0;
             status(3) = 0;
             send(s.E) = bad;  // travels with the counts: every rank learns of every rank's invalid ids
+            if (alone) own(s.E) = bad;
           });
         }
       });

@@ -66,8 +66,10 @@ void run_layout(const Exec& exec, EpHandleState<Exec>& h, const IdxView& idx, co
 
   EpWire<Exec>& wire = take_wire(fn, h);
   enter_op(fn, g, s);
-  layout_count(exec, s, idx, h.v);
-  if (g.windows) {
+  layout_count(exec, s, idx, h.v);  // at one rank it writes the gathered vector too
+  if (s.R == 1) {
+    // Nothing to exchange.
+  } else if (g.windows) {
     // The counts travel through the windows too, so that capacity mode waits on the device only.
     wire_acquire(exec, fn, g, wire, kRegionCounts);
     gather_pack(exec, s, h.v, wire.peers.counts);
@@ -77,16 +79,15 @@ void run_layout(const Exec& exec, EpHandleState<Exec>& h, const IdxView& idx, co
                       Unmanaged(reinterpret_cast<const int*>(wire.in_counts), h.v.gathered.extent(0)));
     wire_release(exec, g, wire, kRegionCounts);
   } else {
-    // MPI reads what the kernels wrote. One rank's all-gather is a copy on this thread, after the kernels: host
-    // execution spaces (Serial, OpenMP) have finished a kernel when its launch returns.
-    if (ExecTraits<Exec>::transport == CommTransport::Mpi && s.R > 1) exec.fence();
+    // MPI reads what the kernels wrote.
+    if (ExecTraits<Exec>::transport == CommTransport::Mpi) exec.fence();
     g.transport->allgather(fn, h.v.gather_send.data(), h.v.gathered.data(), sizeof(int) * W, stream);
   }
 
   if (!s.capacity_mode) {
     // Eager: the one host wait of the step, bounded by the communicator's timeout.
     g.transport->wait(fn, stream);
-    if (g.windows) check_window_word(exec, fn, g);
+    if (g.windows && s.R > 1) check_window_word(exec, fn, g);  // one rank waits for nobody: no error word to read
     auto m = to_host(exec, h.v.gathered);
     auto cnt = [&](int i, int e) { return static_cast<std::int64_t>(m(static_cast<std::size_t>(i) * W + e)); };
     auto tok = [&](int i, int r) { return cnt(i, s.E + 1 + r); };

@@ -116,6 +116,7 @@ KOKKOS_INLINE_FUNCTION bool each_region(RegionMask mask, const F& f) {
 /// Before writing regions: every peer freed the previous epoch's rows of each.
 template <class Exec>
 void window_acquire_regions(const Exec& exec, const WindowSignals<typename Exec::memory_space>& w, RegionMask mask) {
+  if (w.R <= 1) return;  // no peer to wait for or to signal: stream order suffices
   Kokkos::parallel_for(
       "KokkosMoE::ep::window_acquire", Kokkos::RangePolicy<Exec>(exec, 0, 1), KOKKOS_LAMBDA(int) {
         if (w.err(0) != 0) return;
@@ -126,6 +127,7 @@ void window_acquire_regions(const Exec& exec, const WindowSignals<typename Exec:
 /// After writing regions: raise this rank's arrive counters in every peer, then wait for every peer's.
 template <class Exec>
 void window_post_regions(const Exec& exec, const WindowSignals<typename Exec::memory_space>& w, RegionMask mask) {
+  if (w.R <= 1) return;  // no peer to wait for or to signal: stream order suffices
   Kokkos::parallel_for(
       "KokkosMoE::ep::window_post", Kokkos::RangePolicy<Exec>(exec, 0, 1), KOKKOS_LAMBDA(int) {
         if (w.err(0) != 0) return;
@@ -144,6 +146,7 @@ void window_post_regions(const Exec& exec, const WindowSignals<typename Exec::me
 /// After consuming regions: tell every peer its rows there may be overwritten.
 template <class Exec>
 void window_release_regions(const Exec& exec, const WindowSignals<typename Exec::memory_space>& w, RegionMask mask) {
+  if (w.R <= 1) return;  // no peer to wait for or to signal: stream order suffices
   Kokkos::parallel_for(
       "KokkosMoE::ep::window_release", Kokkos::RangePolicy<Exec>(exec, 0, 1), KOKKOS_LAMBDA(int) {
         if (w.err(0) != 0) return;
@@ -167,6 +170,7 @@ void window_post(const Exec& exec, const WindowSignals<typename Exec::memory_spa
 /// The send half of window_post (split operations, docs/ep.md §14): raise this rank's arrive counter in every peer.
 template <class Exec>
 void window_raise(const Exec& exec, const WindowSignals<typename Exec::memory_space>& w, int region) {
+  if (w.R <= 1) return;
   Kokkos::parallel_for(
       "KokkosMoE::ep::window_raise", Kokkos::RangePolicy<Exec>(exec, 0, 1), KOKKOS_LAMBDA(int) {
         if (w.err(0) != 0) return;
@@ -177,6 +181,7 @@ void window_raise(const Exec& exec, const WindowSignals<typename Exec::memory_sp
 /// The receive half of window_post: wait for every peer's arrive counter of the next epoch.
 template <class Exec>
 void window_wait(const Exec& exec, const WindowSignals<typename Exec::memory_space>& w, int region) {
+  if (w.R <= 1) return;
   Kokkos::parallel_for(
       "KokkosMoE::ep::window_wait", Kokkos::RangePolicy<Exec>(exec, 0, 1), KOKKOS_LAMBDA(int) {
         if (w.err(0) != 0) return;
