@@ -353,6 +353,206 @@ void layout_slots(const Exec& exec, const EpShape s, const IdxView& idx,
       });
 }
 
+/// Slots, token pairs and receive rows per team of layout_place.
+constexpr int kPlaceItemsPerTeam = 512;
+
+/// K3 + K4 in one kernel (docs/ep.md §3.1). Every team derives every expert's offsets from the all-gathered vectors
+/// into scratch (E + R columns of R counts: little against its share of the slots); team 0 writes them out with the
+/// per-rank bases, demands and drops and adds the demand to the load; then every team places its share of the slots
+/// (receive row on the expert's rank), of the (token, rank) pairs (position among the tokens for that rank) and of
+/// this rank's receive rows (their expert, their arrival sources cleared for meta_scatter).
+template <class Exec, class IdxView>
+void layout_place(const Exec& exec, const EpShape s, const IdxView& idx,
+                  const EpLayoutViews<typename Exec::memory_space>& v, int recv_rows) {
+  using Team = typename Kokkos::TeamPolicy<Exec>::member_type;
+  using Scratch = Kokkos::View<int*, typename Exec::scratch_memory_space, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
+  auto gathered = v.gathered;
+  auto counts = v.counts;
+  auto dest_base = v.dest_base;
+  auto dest_limit = v.dest_limit;
+  auto expert_offsets = v.expert_offsets;
+  auto recv_count = v.recv_count;
+  auto load = v.expert_load;
+  auto send_base = v.send_base;
+  auto fwd_base = v.fwd_base;
+  auto arrive_base = v.arrive_base;
+  auto arrive_count = v.arrive_count;
+  auto ret_base = v.ret_base;
+  auto sent_rows = v.sent_rows;
+  auto ret_rows = v.ret_rows;
+  auto rank_status = v.rank_status;
+  auto status = v.status;
+  auto local_pos = v.local_pos;
+  auto chunk_prefix = v.chunk_prefix;
+  auto chunk_tokens = v.chunk_tokens;
+  auto tok_local = v.tok_local;
+  auto tok_pos = v.tok_pos;
+  auto slot_row = v.slot_row;
+  auto slot_rank = v.slot_rank;
+  auto slot_kept = v.slot_kept;
+  auto recv_expert = v.recv_expert;
+  auto recv_src = v.recv_src;
+  const std::int64_t slots = static_cast<std::int64_t>(s.T) * s.K;
+  const std::int64_t pairs = static_cast<std::int64_t>(s.T) * s.R;
+  std::int64_t n = slots;
+  n = recv_rows > n ? recv_rows : n;
+  n = pairs > n ? pairs : n;
+  const std::int64_t items = (n + kPlaceItemsPerTeam - 1) / kPlaceItemsPerTeam;
+  std::int64_t league = s.max_teams > 0 && items > s.max_teams ? s.max_teams : items;
+  league = league < 1 ? 1 : league;  // team 0 writes the offsets even where nothing is placed
+  const std::size_t shmem = 3 * Scratch::shmem_size(s.E) + Scratch::shmem_size(s.E + 1) + 2 * Scratch::shmem_size(s.R);
+  Kokkos::TeamPolicy<Exec> policy(exec, static_cast<int>(league), Kokkos::AUTO);
+  Kokkos::parallel_for(
+      "KokkosMoE::ep_layout::place", light(policy.set_scratch_size(0, Kokkos::PerTeam(shmem))),
+      KOKKOS_LAMBDA(const Team& m) {
+        const int E = s.E, L = s.L, R = s.R, me = s.me, W = s.E + 1 + s.R;
+        constexpr int kNone = 2147483647;
+        const bool lead = m.league_rank() == 0;
+        Scratch tot(m.team_scratch(0), E), base(m.team_scratch(0), E), limit(m.team_scratch(0), E);
+        Scratch ex(m.team_scratch(0), E + 1), drops(m.team_scratch(0), R), big(m.team_scratch(0), R);
+        auto count = [&](int i, int e) { return gathered(static_cast<std::int64_t>(i) * W + e); };
+        auto tok = [&](int i, int r) { return gathered(static_cast<std::int64_t>(i) * W + E + 1 + r); };
+        // Capacity mode: offsets never point past the receive rows (docs/ep.md §4).
+        auto clamp = [&](int o) { return s.capacity > 0 && o > s.capacity ? s.capacity : o; };
+        // Index of source i's first token row for rank r in i's source stage (S) and in r's arrival space (A).
+        auto S = [&](int i, int r) {
+          if (!s.eager()) return r * s.B;
+          int k = 0;
+          for (int q = 0; q < r; ++q) k += q == i ? 0 : tok(i, q);
+          return k;
+        };
+        auto A = [&](int r, int i) {
+          if (!s.eager()) return i * s.B;
+          int k = 0;
+          for (int q = 0; q < i; ++q) k += q == r ? 0 : tok(q, r);
+          return k;
+        };
+        // Slots per expert from every rank, and this rank's slots of it before its own (ranks below it come first).
+        Kokkos::parallel_for(Kokkos::TeamThreadRange(m, E), [&](int e) {
+          int all = 0, before = 0;
+          for (int i = 0; i < R; ++i) {
+            const int c = count(i, e);
+            all += c;
+            before += i < me ? c : 0;
+          }
+          tot(e) = all;
+          base(e) = before;
+        });
+        if (lead)
+          Kokkos::parallel_for(Kokkos::TeamThreadRange(m, R), [&](int j) {
+            drops(j) = 0;
+            big(j) = 0;
+          });
+        m.team_barrier();
+        // Padded rows per expert, scanned over all experts: expert e's rows on its rank start at ex(e) - ex(e/L*L).
+        Kokkos::parallel_scan(Kokkos::TeamThreadRange(m, E), [&](int e, int& part, bool final) {
+          const int rows = s.fixed ? s.slab : pad_to(tot(e), s.align);
+          if (final) {
+            ex(e) = part;
+            if (e == E - 1) ex(E) = part + rows;
+          }
+          part += rows;
+        });
+        m.team_barrier();
+        Kokkos::parallel_for(Kokkos::TeamThreadRange(m, E), [&](int e) {
+          const int j = e / L, off = ex(e) - ex(j * L);
+          base(e) += off;
+          limit(e) = s.fixed ? off + s.slab : (s.capacity > 0 ? s.capacity : kNone);
+          if (!lead) return;
+          dest_base(e) = base(e);
+          dest_limit(e) = limit(e);
+          // Every rank learns every rank's demand and receive-side drops from the same counts, so that an overflow is
+          // reported on every rank of the group (docs/ep.md §5), not only where it happened.
+          int kept = tot(e);
+          if (s.fixed) {
+            kept = kept < s.slab ? kept : s.slab;
+          } else if (s.capacity > 0) {
+            const int room = s.capacity - off;
+            kept = room <= 0 ? 0 : (room < kept ? room : kept);
+          }
+          Kokkos::atomic_add(&drops(j), tot(e) - kept);
+          Kokkos::atomic_fetch_max(&big(j), tot(e));
+          if (j == me) {
+            const int l = e - me * L;
+            recv_count(l) = tot(e);
+            expert_offsets(l) = clamp(off);
+            load(l) += tot(e);  // on the device only, so that a captured layout keeps counting at every replay
+          }
+        });
+        m.team_barrier();
+        if (lead) {
+          Kokkos::parallel_for(Kokkos::TeamThreadRange(m, R * (E + 1)),
+                               [&](int i) { counts(i) = count(i / (E + 1), i % (E + 1)); });
+          Kokkos::parallel_for(Kokkos::TeamThreadRange(m, R), [&](int j) {
+            // Demand: rows the layout needs (padded) before any drop; for the fixed layout the largest expert.
+            const int end = ex((j + 1) * L) - ex(j * L);
+            const int demand = s.fixed ? big(j) : end;
+            rank_status(2 * j) = demand;
+            rank_status(2 * j + 1) = drops(j);
+            if (j == me) {
+              expert_offsets(L) = clamp(end);
+              status(2) = demand;
+            }
+            send_base(j) = S(me, j);
+            fwd_base(j) = s.windows ? A(j, me) : S(me, j);
+            arrive_base(j) = A(me, j);
+            arrive_count(j) = j == me ? 0 : tok(j, me);
+            ret_base(j) = s.windows ? S(j, me) : A(me, j);
+            sent_rows(j) = 0;
+            ret_rows(j) = 0;
+          });
+        }
+        const int first = ex(me * L);
+        auto own_offset = [&](int l) { return clamp(l == L ? ex((me + 1) * L) - first : ex(me * L + l) - first); };
+        for (std::int64_t item = m.league_rank(); item < items; item += league) {
+          const std::int64_t q0 = item * kPlaceItemsPerTeam;
+          const int len = static_cast<int>(n - q0 < kPlaceItemsPerTeam ? n - q0 : kPlaceItemsPerTeam);
+          Kokkos::parallel_for(Kokkos::TeamThreadRange(m, len), [&](int jq) {
+            const std::int64_t q = q0 + jq;
+            if (q < slots) {
+              const int pos = local_pos(q);
+              int row = -1, rank = -1;
+              if (pos >= 0) {
+                const int e = static_cast<int>(idx(q / s.K, q % s.K));
+                const int c = static_cast<int>(q / s.K) / s.chunk;
+                const int dest = base(e) + chunk_prefix(static_cast<std::int64_t>(c) * E + e) + pos;
+                rank = e / L;
+                row = dest >= limit(e) ? -1 : dest;
+                if (row < 0) Kokkos::atomic_add(&status(1), 1);
+              }
+              slot_row(q) = row;
+              slot_rank(q) = rank;
+              slot_kept(q) = row >= 0 ? 1 : 0;
+            }
+            if (q < pairs) {
+              const int local = tok_local(q);
+              const int t = static_cast<int>(q / R), r = static_cast<int>(q % R);
+              tok_pos(q) = local < 0 ? -1 : chunk_tokens(static_cast<std::int64_t>(t / s.chunk) * R + r) + local;
+            }
+            if (q < recv_rows) {
+              int owner = -1;
+              if (q < own_offset(L)) {
+                int lo = 0, hi = L;  // own_offset(lo) <= q < own_offset(hi)
+                while (hi - lo > 1) {
+                  const int mid = (lo + hi) / 2;
+                  if (own_offset(mid) <= q) {
+                    lo = mid;
+                  } else {
+                    hi = mid;
+                  }
+                }
+                const int e = me * L + lo;
+                const int row_end = own_offset(lo) + tot(e);
+                if (q < row_end && q < limit(e)) owner = lo;
+              }
+              recv_expert(q) = owner;
+              recv_src(q) = -1;
+            }
+          });
+        }
+      });
+}
+
 /// K5 (sender): for every token and remote rank it reaches, the K receive rows of its slots there (-1 where the slot
 /// is elsewhere, empty or dropped): what the peer needs to expand and reduce the token's row.
 template <class Exec>

@@ -131,9 +131,7 @@ void run_layout(const Exec& exec, EpHandleState<Exec>& h, const IdxView& idx, co
     h.recv_rows = g.recv_rows_fixed;
     h.arrivals = g.stage_rows;
   }
-  layout_offsets(exec, s, h.v);
-  accumulate_load(exec, s, h.v);
-  layout_slots(exec, s, idx, h.v, h.recv_rows);
+  layout_place(exec, s, idx, h.v, h.recv_rows);
   // The receivers learn which of their rows each arriving token feeds: K ints per token row, one transfer.
   const std::size_t meta_pitch = static_cast<std::size_t>(s.K) * sizeof(int);
   wire_acquire(exec, fn, g, wire, kRegionMeta);
