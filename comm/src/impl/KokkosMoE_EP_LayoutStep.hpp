@@ -85,11 +85,22 @@ void run_layout(const Exec& exec, EpHandleState<Exec>& h, const IdxView& idx, co
   }
 
   if (!s.capacity_mode) {
-    // Eager: the one host wait of the step, bounded by the communicator's timeout.
-    g.transport->wait(fn, stream);
-    if (g.windows && s.R > 1) check_window_word(exec, fn, g);  // one rank waits for nobody: no error word to read
-    auto m = to_host(exec, h.v.gathered);
-    auto cnt = [&](int i, int e) { return static_cast<std::int64_t>(m(static_cast<std::size_t>(i) * W + e)); };
+    // Eager: the one host wait of the step, bounded by the communicator's timeout. The counts (and the error word
+    // of the windows' waits; one rank waits for nobody) come back in that wait: copies into pinned host memory.
+    const bool err_word = g.windows && s.R > 1;
+    const int* m = h.v.gathered.data();
+    if constexpr (Kokkos::SpaceAccessibility<Kokkos::HostSpace, typename Exec::memory_space>::accessible) {
+      g.transport->wait(fn, stream);
+      exec.fence();
+      if (err_word && g.err(0) != 0) throw_window_error(fn, g, g.err.data());
+    } else {
+      Kokkos::deep_copy(exec, h.gathered_host, h.v.gathered);
+      if (err_word) Kokkos::deep_copy(exec, h.err_host, g.err);
+      g.transport->wait(fn, stream);
+      if (err_word && h.err_host(0) != 0) throw_window_error(fn, g, h.err_host.data());
+      m = h.gathered_host.data();
+    }
+    auto cnt = [&](int i, int e) { return static_cast<std::int64_t>(m[static_cast<std::size_t>(i) * W + e]); };
     auto tok = [&](int i, int r) { return cnt(i, s.E + 1 + r); };
     std::string bad;
     for (int i = 0; i < s.R; ++i)

@@ -48,6 +48,8 @@ struct ExecTraits {
   /// What EpGroupConfig::max_sms counts: the threads the instance runs.
   static int processors(const Exec& e) { return e.concurrency(); }
   static constexpr const char* processor_name = "threads";
+  /// Host memory the instance copies into asynchronously (the eager layout's counts); host spaces read theirs.
+  using staging_space = Kokkos::HostSpace;
 };
 #if defined(KOKKOS_ENABLE_CUDA)
 template <>
@@ -65,6 +67,7 @@ struct ExecTraits<Kokkos::Cuda> {
     return n;
   }
   static constexpr const char* processor_name = "SMs";
+  using staging_space = Kokkos::CudaHostPinnedSpace;
 };
 #endif
 
@@ -248,6 +251,10 @@ struct EpHandleState {
   bool decoded = false;  // the last layout was the decode path's (ids repeated within a token count as invalid)
   std::int64_t recv_rows_alloc = 0;
   std::vector<Kokkos::View<int*, Mem>> outgrown;  // receive maps the eager layout replaced: freed with the handle
+  // The eager layout's host view of the gathered counts and of the group's error word (device memory spaces only:
+  // one asynchronous copy each behind the kernels, then one bounded wait).
+  Kokkos::View<int*, typename ExecTraits<Exec>::staging_space> gathered_host;
+  Kokkos::View<std::int64_t*, typename ExecTraits<Exec>::staging_space> err_host;
   /// The receive half of a split operation (docs/ep.md §14) until its hook runs: it owns the Views it writes.
   std::function<void(const Exec&)> receive;
   EpWire<Exec>* held = nullptr;      // the set of wire buffers the pending receive holds
@@ -278,6 +285,11 @@ struct EpHandleState {
     v.tok_local = a("tok_local", B * s.R);
     v.gather_send = a("gather_send", s.E + 1 + s.R);
     v.gathered = a("gathered", static_cast<std::int64_t>(s.R) * (s.E + 1 + s.R));
+    if (!group->capacity_mode() && !Kokkos::SpaceAccessibility<Kokkos::HostSpace, Mem>::accessible) {
+      using Staging = typename ExecTraits<Exec>::staging_space;
+      gathered_host = Kokkos::View<int*, Staging>("KokkosMoE::ep::gathered_host", v.gathered.extent(0));
+      err_host = Kokkos::View<std::int64_t*, Staging>("KokkosMoE::ep::err_host", kErrWords);
+    }
     v.token_in_rank = bytes("token_in_rank", B * s.R);
     v.tok_pos = a("tok_pos", B * s.R);
     v.counts = a("counts", static_cast<std::int64_t>(s.R) * (s.E + 1));
