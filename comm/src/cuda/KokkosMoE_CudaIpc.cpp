@@ -8,6 +8,7 @@
 #include <KokkosMoE_Communicator_CudaIpc.hpp>
 
 #include <cuda/KokkosMoE_CudaIpc.hpp>
+#include <cuda/KokkosMoE_CudaStreamWait.hpp>
 #include <unistd.h>
 
 #include <algorithm>
@@ -295,22 +296,18 @@ class CudaIpcTransport final : public Transport {
   /// Host wait for \p stream, bounded by the timeout.
   void drain(const char* op, void* stream) {
     CudaDeviceGuard guard(m_device);
-    const auto s = static_cast<cudaStream_t>(stream);
-    const auto until = deadline();
-    for (int spin = 0;; ++spin) {
-      const cudaError_t q = cudaStreamQuery(s);
-      if (q == cudaSuccess) return;
-      if (q != cudaErrorNotReady) {
+    cudaError_t q = cudaSuccess;
+    switch (wait_stream(static_cast<cudaStream_t>(stream), deadline(), q, [] {})) {
+      case StreamWait::Done:
+        return;
+      case StreamWait::Failed:
         abort();
         fail(op, CommFailure::Device, std::string("cudaStreamQuery: ") + cudaGetErrorString(q));
-      }
-      if (std::chrono::steady_clock::now() >= until) {
+      case StreamWait::Expired:
         abort();
         fail(op, CommFailure::Timeout,
              "the stream did not finish within " + std::to_string(m_timeout) +
                  " s (a kernel waiting for a stalled or dead peer); the communicator was aborted");
-      }
-      if (spin > 64) std::this_thread::sleep_for(std::chrono::microseconds(20));
     }
   }
 

@@ -11,6 +11,7 @@
 #include <impl/KokkosMoE_Transport.hpp>
 
 #if defined(KOKKOSMOE_LOOPBACK_CUDA)
+#include <cuda/KokkosMoE_CudaStreamWait.hpp>
 #include <cuda_runtime.h>
 #endif
 
@@ -264,21 +265,18 @@ class LoopbackTransport final : public Transport {
   void drain(const char* op, void* stream) {
 #if defined(KOKKOSMOE_LOOPBACK_CUDA)
     if (m_device < 0) return;
-    const auto until = deadline() + std::chrono::seconds(1);
-    for (;;) {
-      const cudaError_t e = cudaStreamQuery(static_cast<cudaStream_t>(stream));
-      if (e == cudaSuccess) return;
-      if (e != cudaErrorNotReady) {
+    cudaError_t e = cudaSuccess;
+    switch (wait_stream(static_cast<cudaStream_t>(stream), deadline() + std::chrono::seconds(1), e, []{})) {
+      case StreamWait::Done:
+        return;
+      case StreamWait::Failed:
         m_aborted = true;
         fail(op, CommFailure::Library, std::string("cudaStreamQuery: ") + cudaGetErrorString(e));
-      }
-      if (std::chrono::steady_clock::now() >= until) {
+      case StreamWait::Expired:
         m_aborted = true;
         fail(op, CommFailure::Timeout,
              "the rank's stream did not finish within " + std::to_string(m_timeout) +
                  " s (+ 1 s of grace); the communicator is aborted");
-      }
-      std::this_thread::sleep_for(std::chrono::microseconds(20));
     }
 #else
     (void)op;

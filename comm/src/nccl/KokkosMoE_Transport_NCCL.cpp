@@ -16,6 +16,7 @@
 #include <KokkosMoE_Communicator_NCCL.hpp>
 
 #include <cuda/KokkosMoE_CudaIpc.hpp>
+#include <cuda/KokkosMoE_CudaStreamWait.hpp>
 #include <cuda_runtime.h>
 #include <dlfcn.h>
 #include <impl/KokkosMoE_Transport.hpp>
@@ -197,27 +198,26 @@ class NcclTransport final : public Transport {
 
   /// Host wait for \p s and the communicator's asynchronous errors, bounded by the timeout.
   void drain(const char* op, cudaStream_t s) {
-    const auto until = deadline();
-    for (int spin = 0;; ++spin) {
-      const cudaError_t q = cudaStreamQuery(s);
-      if (q == cudaSuccess) break;
-      if (q != cudaErrorNotReady) {
-        abort();
-        fail(op, CommFailure::Device, std::string("cudaStreamQuery: ") + cudaGetErrorString(q));
-      }
+    cudaError_t q = cudaSuccess;
+    const auto poll = [&] {
       ncclResult_t async = ncclSuccess;
       ncclCommGetAsyncError(m_comm, &async);
       if (async != ncclSuccess && async != ncclInProgress) {
         abort();
         fail(op, CommFailure::PeerFailure, "NCCL reported an asynchronous error: " + nccl_text(async));
       }
-      if (std::chrono::steady_clock::now() >= until) {
+    };
+    switch (wait_stream(s, deadline(), q, poll)) {
+      case StreamWait::Done:
+        return;
+      case StreamWait::Failed:
+        abort();
+        fail(op, CommFailure::Device, std::string("cudaStreamQuery: ") + cudaGetErrorString(q));
+      case StreamWait::Expired:
         abort();
         fail(op, CommFailure::Timeout,
              "the communication stream did not finish within " + std::to_string(m_timeout) +
                  " s (stalled or dead peer); the communicator was aborted (ncclCommAbort)");
-      }
-      if (spin > 64) std::this_thread::sleep_for(std::chrono::microseconds(20));
     }
   }
 
