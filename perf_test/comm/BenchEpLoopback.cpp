@@ -582,12 +582,15 @@ void register_loopback_benchmarks(const std::vector<int>& tokens) {
         for (const auto& [op, name] : ops)
           add(std::string("ep_loopback/") + name + "/" + lmode_name(mode) + "/R" + std::to_string(R) + "/" + shape, op,
               R, T, mode, PeerWindows::Auto);
-    // The decode path (docs/ep.md §15) on the fixed layout, beside that layout's separate layout + dispatch.
+    // The decode path (docs/ep.md §15) on the fixed layout, beside that layout's separate layout + dispatch: eight
+    // ranks, and one (no peer: the kernels alone).
     if (T <= EpDecodeLimits::max_tokens_per_rank)
-      for (const auto& [op, name] :
-           {std::make_pair(LOp::Decode, "decode"), std::make_pair(LOp::Layout, "layout"),
-            std::make_pair(LOp::Dispatch, "dispatch"), std::make_pair(LOp::Combine, "combine")})
-        add(std::string("ep_loopback/") + name + "/fixed/R8/" + shape, op, 8, T, LMode::Fixed, PeerWindows::Auto);
+      for (int R : {8, 1})
+        for (const auto& [op, name] :
+             {std::make_pair(LOp::Decode, "decode"), std::make_pair(LOp::Layout, "layout"),
+              std::make_pair(LOp::Dispatch, "dispatch"), std::make_pair(LOp::Combine, "combine")})
+          add(std::string("ep_loopback/") + name + "/fixed/R" + std::to_string(R) + "/" + shape, op, R, T, LMode::Fixed,
+              PeerWindows::Auto);
     // The message path over the same ranks (staging rows, host-driven copies): the baseline of the direct writes.
     for (int i = 0; i < 2; ++i)
       add(std::string("ep_loopback/") + ops[i].second + "/eager/R8/" + shape + "/messages", ops[i].first, 8, T,
