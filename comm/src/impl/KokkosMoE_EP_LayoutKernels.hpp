@@ -30,8 +30,11 @@ void layout_count(const Exec& exec, const EpShape s, const IdxView& idx,
   if (nch > 0) {
     // The chunk's ids are staged in scratch; each slot's rank among the chunk's slots of its expert is a count of
     // earlier equal ids there (no serial walk through global memory), and the histogram takes scratch atomics.
+    using Bytes =
+        Kokkos::View<std::uint8_t*, typename Exec::scratch_memory_space, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
     const int n_max = s.chunk * s.K;
-    const std::size_t shmem = Scratch::shmem_size(s.E) + Scratch::shmem_size(s.R) + Scratch::shmem_size(n_max);
+    const std::size_t shmem = Scratch::shmem_size(s.E) + Scratch::shmem_size(s.R) + Scratch::shmem_size(n_max) +
+                              Bytes::shmem_size(static_cast<std::size_t>(s.chunk) * s.R);
     team_items(
         exec, s, "KokkosMoE::ep_layout::count", nch, shmem,
         KOKKOS_LAMBDA(const Team& m, std::int64_t item, const TeamScratch<Exec>& sp) {
@@ -39,6 +42,7 @@ void layout_count(const Exec& exec, const EpShape s, const IdxView& idx,
           Scratch cnt(sp, s.E);
           Scratch tok(sp, s.R);
           Scratch ids(sp, n_max);
+          Bytes in_rank(sp, static_cast<std::size_t>(s.chunk) * s.R);  // token_in_rank of the chunk's tokens
           const int t0 = c * s.chunk;
           const int t1 = t0 + s.chunk < s.T ? t0 + s.chunk : s.T;
           const int n = (t1 - t0) * s.K;
@@ -75,20 +79,21 @@ void layout_count(const Exec& exec, const EpShape s, const IdxView& idx,
                 any = any || (e >= 0 && e / s.L == r);
               }
               token_in_rank(static_cast<std::int64_t>(t0 + jt) * s.R + r) = any ? 1 : 0;
+              in_rank(jt * s.R + r) = any ? 1 : 0;
               if (any) Kokkos::atomic_add(&tok(r), 1);
             }
           });
           m.team_barrier();
-          // A token's rank among the chunk's tokens for rank r: a count of earlier tokens of the chunk (no atomics).
+          // A token's rank among the chunk's tokens for rank r: a count of earlier tokens of the chunk in scratch (no
+          // atomics, no serial walk through global memory).
           Kokkos::parallel_for(Kokkos::TeamThreadRange(m, (t1 - t0) * s.R), [&](int j) {
             const int jt = j / s.R, r = j % s.R;
-            const std::int64_t at = static_cast<std::int64_t>(t0 + jt) * s.R + r;
             int pos = -1;
-            if (token_in_rank(at)) {
+            if (in_rank(j)) {
               pos = 0;
-              for (int i = 0; i < jt; ++i) pos += token_in_rank(static_cast<std::int64_t>(t0 + i) * s.R + r);
+              for (int i = 0; i < jt; ++i) pos += in_rank(i * s.R + r);
             }
-            tok_local(at) = pos;
+            tok_local(static_cast<std::int64_t>(t0 + jt) * s.R + r) = pos;
           });
           Kokkos::single(Kokkos::PerTeam(m), [&]() { chunk_bad(c) = bad; });
           Kokkos::parallel_for(Kokkos::TeamThreadRange(m, s.E),

@@ -97,6 +97,7 @@ void run_layout(const Exec& exec, EpHandleState<Exec>& h, const IdxView& idx, co
       Kokkos::deep_copy(exec, h.gathered_host, h.v.gathered);
       if (err_word) Kokkos::deep_copy(exec, h.err_host, g.err);
       g.transport->wait(fn, stream);
+      exec.fence();  // the instance is idle by now: the documented fence (docs/ep.md §7.4) costs no wait
       if (err_word && h.err_host(0) != 0) throw_window_error(fn, g, h.err_host.data());
       m = h.gathered_host.data();
     }
