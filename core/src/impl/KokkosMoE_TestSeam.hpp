@@ -40,7 +40,7 @@ struct CudaBackwardKernel {
 /// The current setting (default: the library's own choice).
 inline CudaBackwardKernel cuda_backward_kernel{};
 
-/// Device geometry of the portable kernels (impl/KokkosMoE_Router_PortableTopk.hpp, TokenGeometry).
+/// Device geometry of the portable kernels (impl/KokkosMoE_Router_PortableTokens.hpp, TokenGeometry).
 struct PortableDeviceTokens {
   /// Route every token on a team thread's vector lanes (the ThreadVector variant), also where the library would put
   /// a token of at most 16 experts on one thread. Tests compare the two variants: the same bits, except the forward
