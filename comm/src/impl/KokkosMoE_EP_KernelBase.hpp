@@ -100,6 +100,21 @@ struct EpShape {
 
 KOKKOS_INLINE_FUNCTION int pad_to(int n, int a) { return a <= 1 ? n : (n + a - 1) / a * a; }
 
+/// The last i in [0, n) with start(i) <= q, for starts that ascend with i and start(0) <= q (a binary search).
+template <class Start>
+KOKKOS_INLINE_FUNCTION int last_start_at_or_below(int n, std::int64_t q, const Start& start) {
+  int lo = 0, hi = n;  // start(lo) <= q < start(hi)
+  while (hi - lo > 1) {
+    const int mid = (lo + hi) / 2;
+    if (start(mid) <= q) {
+      lo = mid;
+    } else {
+      hi = mid;
+    }
+  }
+  return lo;
+}
+
 template <class Exec>
 using TeamScratch = typename Exec::scratch_memory_space;
 

@@ -346,15 +346,7 @@ void layout_place(const Exec& exec, const EpShape s, const IdxView& idx,
             if (q < recv_rows) {
               int owner = -1;
               if (q < own_offset(L)) {
-                int lo = 0, hi = L;  // own_offset(lo) <= q < own_offset(hi)
-                while (hi - lo > 1) {
-                  const int mid = (lo + hi) / 2;
-                  if (own_offset(mid) <= q) {
-                    lo = mid;
-                  } else {
-                    hi = mid;
-                  }
-                }
+                const int lo = last_start_at_or_below(L, q, own_offset);
                 const int e = me * L + lo;
                 const int row_end = own_offset(lo) + tot(e);
                 if (q < row_end && q < limit(e)) owner = lo;
@@ -411,15 +403,7 @@ void meta_scatter(const Exec& exec, const EpShape s, const EpLayoutViews<typenam
   range_items(
       exec, s, "KokkosMoE::ep_layout::expand_map", n, KOKKOS_LAMBDA(std::int64_t a) {
         // The last source whose arrival block starts at or before a (bases ascend with the source rank).
-        int lo = 0, hi = s.R;
-        while (hi - lo > 1) {
-          const int mid = (lo + hi) / 2;
-          if (arrive_base(mid) <= a) {
-            lo = mid;
-          } else {
-            hi = mid;
-          }
-        }
+        const int lo = last_start_at_or_below(s.R, a, [&](int r) { return arrive_base(r); });
         const bool valid = a >= arrive_base(lo) && a < arrive_base(lo) + arrive_count(lo);
         arrive_rank(a) = valid ? lo : -1;
         if (!valid) return;
