@@ -236,6 +236,12 @@ void steps_match_oracle() {
       {"decode -1 bf16 weighted, SM cap 1", Routing::WithMinusOne, CombineMode::Weighted, true, 3, 40, 1, false, true},
       {"decode all-to-one fp32 weighted, split combine", Routing::AllToOneExpert, CombineMode::Weighted, false, 3, 40,
        -1, true, true},
+      // Rows the per-token kernels split into column blocks at decode sizes (RowSplit): two blocks of bf16 Chunk16
+      // units; float units (an unaligned row) in blocks whose last is short.
+      {"decode skewed bf16 weighted, wide rows", Routing::Skewed, CombineMode::Weighted, true, 3, 2048, -1, false,
+       true},
+      {"decode -1 fp32 sum, wide unaligned rows", Routing::WithMinusOne, CombineMode::Sum, false, 3, 1030, -1, false,
+       true},
   };
   // Direct writes at every R; messages (the staged path, peer_windows = off) at R = 3.
   const std::pair<int, PeerWindows> runs[] = {{1, PeerWindows::Auto}, {2, PeerWindows::Auto}, {3, PeerWindows::Auto},

@@ -97,6 +97,15 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(step_matches_oracle, DeviceType, KOKKOSMOE_DEVICE_
                           true);
   check_step<Exec, bf16_t>(fixed, Routing::WithMinusOne, CombineMode::Weighted, 362, true, "decode, split combine",
                            true, true);
+  // Rows the per-token kernels split into column blocks at decode sizes (RowSplit): two blocks of bf16 Chunk16 units;
+  // float units (an unaligned row) in blocks whose last is short. The combine of both splits too (T < 1024).
+  auto wide = fixed;
+  wide.hidden = 2048;
+  check_step<Exec, bf16_t>(wide, Routing::Skewed, CombineMode::Weighted, 363, true, "decode, wide rows", false, true);
+  auto wide_odd = odd_fixed;
+  wide_odd.hidden = 1030;
+  check_step<Exec, float>(wide_odd, Routing::WithMinusOne, CombineMode::Sum, 364, false, "decode, wide unaligned rows",
+                          false, true);
 }
 
 BOOST_AUTO_TEST_CASE_TEMPLATE(decode_rules_are_typed, DeviceType, KOKKOSMOE_DEVICE_TYPES) {

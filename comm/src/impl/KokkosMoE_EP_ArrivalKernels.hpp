@@ -263,9 +263,11 @@ void reduce_ranks(const Exec& exec, const EpShape s, const Unmanaged2<const Unit
   auto send_base = v.send_base;
   const std::size_t shmem =
       3 * SInt::shmem_size(s.K + 1) + SInt::shmem_size(2 * s.K) + SFlt::shmem_size(s.K) + SInt::shmem_size(s.R);
+  const RowSplit split = row_split(s.T, units);  // decode sizes: a team per column block of a token
   team_items(
-      exec, s, label, s.T, shmem, KOKKOS_LAMBDA(const Team& m, std::int64_t item, const TeamScratch<Exec>& sp) {
-        const int t = static_cast<int>(item);
+      exec, s, label, static_cast<std::int64_t>(s.T) * split.blocks, shmem,
+      KOKKOS_LAMBDA(const Team& m, std::int64_t item, const TeamScratch<Exec>& sp) {
+        const int t = static_cast<int>(item / split.blocks), c = static_cast<int>(item % split.blocks);
         const std::int64_t q0 = static_cast<std::int64_t>(t) * s.K;
         // The distinct ranks of the kept slots, ascending (count last); per rank the returned row's index, -1 for
         // this rank, whose kept rows and coefficients follow in k order (count last).
@@ -311,7 +313,9 @@ void reduce_ranks(const Exec& exec, const EpShape s, const Unmanaged2<const Unit
         });
         m.team_barrier();
         const int nd = order(s.K), nl = lrow(s.K);
-        Kokkos::parallel_for(Kokkos::TeamThreadRange(m, units), [&](int u) {
+        const int u0 = split.begin(c);
+        Kokkos::parallel_for(Kokkos::TeamThreadRange(m, split.end(c, units) - u0), [&](int ju) {
+          const int u = u0 + ju;
           // This rank's partial (FP32 in k order, rounded to the row type), then the ranks' partials in ascending
           // rank order, the returned ones read kReduceGather at a time.
           float mine[Ops::n];
@@ -342,7 +346,7 @@ void reduce_ranks(const Exec& exec, const EpShape s, const Unmanaged2<const Unit
           }
           Ops::store(acc, y(t, u));
         });
-        if (with_f) {
+        if (with_f && c == 0) {
           Kokkos::parallel_for(Kokkos::TeamThreadRange(m, s.K), [&](int k) {
             const int row = slots(k), r = slots(s.K + k);
             float f = 0.0f;

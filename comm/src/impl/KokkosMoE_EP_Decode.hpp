@@ -42,6 +42,116 @@ KOKKOS_INLINE_FUNCTION int decode_id(const IdxView& idx, int E, int t, int k) {
   return static_cast<int>(e);
 }
 
+/// Token t's slots as the decode path numbers them, into team scratch: slots(k) the slot's expert (-1 none), slots(K +
+/// k) its rank among this rank's slots of that expert, the tokens before t that chose it (a token chooses an expert at
+/// most once; -1 for an empty slot). Ends with a barrier.
+template <class Member, class IdxView, class Ints>
+KOKKOS_INLINE_FUNCTION void decode_slots(const Member& m, const EpShape& s, const IdxView& idx, int t,
+                                         const Ints& slots) {
+  Kokkos::parallel_for(Kokkos::TeamThreadRange(m, s.K), [&](int k) { slots(k) = decode_id(idx, s.E, t, k); });
+  m.team_barrier();
+  for (int k = 0; k < s.K; ++k) {
+    const int e = slots(k);
+    int before = 0;
+    if (e >= 0)
+      Kokkos::parallel_reduce(
+          Kokkos::TeamThreadRange(m, t),
+          [&](int t2, int& acc) {
+            bool chose = false;
+            for (int k2 = 0; k2 < s.K; ++k2) chose = chose || static_cast<long long>(idx(t2, k2)) == e;
+            acc += chose ? 1 : 0;
+          },
+          before);
+    Kokkos::single(Kokkos::PerTeam(m), [&]() { slots(s.K + k) = e >= 0 ? before : -1; });
+  }
+  m.team_barrier();
+}
+
+/// The decode path's histogram of this rank's slots, into team scratch: cnt(e) slots per expert (E), then cnt(E + r)
+/// tokens that reach rank r (R). Returns the invalid ids (out of range or repeated, not -1). Ends with a barrier.
+template <class Member, class IdxView, class Ints>
+KOKKOS_INLINE_FUNCTION int decode_histogram(const Member& m, const EpShape& s, const IdxView& idx, const Ints& cnt) {
+  Kokkos::parallel_for(Kokkos::TeamThreadRange(m, s.E + s.R), [&](int e) { cnt(e) = 0; });
+  m.team_barrier();
+  int bad = 0;
+  Kokkos::parallel_reduce(
+      Kokkos::TeamThreadRange(m, s.T),
+      [&](int t, int& acc) {
+        std::uint64_t reached = 0;  // R <= EpDecodeLimits::max_ep_size
+        for (int k = 0; k < s.K; ++k) {
+          const int e = decode_id(idx, s.E, t, k);
+          if (e >= 0) {
+            Kokkos::atomic_add(&cnt(e), 1);  // a histogram: the same counts in any order
+            reached |= std::uint64_t(1) << (e / s.L);
+          } else if (static_cast<long long>(idx(t, k)) != -1) {
+            ++acc;
+          }
+        }
+        for (int r = 0; r < s.R; ++r)
+          if ((reached >> r) & 1u) Kokkos::atomic_add(&cnt(s.E + r), 1);
+      },
+      bad);
+  m.team_barrier();
+  return bad;
+}
+
+/// This rank's vector as the layout would gather it (slots per expert, invalid ids, tokens per rank), from the
+/// histogram.
+template <class Member, class Mem, class Ints>
+KOKKOS_INLINE_FUNCTION void decode_gather_send(const Member& m, const EpShape& s, const EpLayoutViews<Mem>& v,
+                                               const Ints& cnt, int bad) {
+  Kokkos::parallel_for(Kokkos::TeamThreadRange(m, s.E + 1 + s.R),
+                       [&](int j) { v.gather_send(j) = j < s.E ? cnt(j) : (j == s.E ? bad : cnt(j - 1)); });
+}
+
+/// The maps every later operation reads that follow from the sources' counts alone: count(i, c) is source i's slots
+/// for this rank's local expert c < L, its T at c = L, its invalid ids at c = L + 1. Counts, offsets (slabs of R * B
+/// rows), the load, the arrival bases and the demand.
+template <class Member, class Mem, class Count>
+KOKKOS_INLINE_FUNCTION void decode_maps(const Member& m, const EpShape& s, const EpLayoutViews<Mem>& v,
+                                        const Count& count) {
+  const std::int64_t RB = static_cast<std::int64_t>(s.R) * s.B;
+  Kokkos::parallel_for(Kokkos::TeamThreadRange(m, s.R * (s.E + 1)), [&](int j) {
+    const int i = j / (s.E + 1), e = j % (s.E + 1);
+    v.counts(j) = e == s.E ? count(i, s.L + 1) : (e / s.L == s.me ? count(i, e % s.L) : 0);
+  });
+  Kokkos::parallel_for(Kokkos::TeamThreadRange(m, s.L + 1),
+                       [&](int l) { v.expert_offsets(l) = static_cast<int>(l * RB); });
+  int demand = 0;
+  Kokkos::parallel_reduce(
+      Kokkos::TeamThreadRange(m, s.L),
+      [&](int l, int& mx) {
+        int n = 0;
+        for (int i = 0; i < s.R; ++i) n += count(i, l);
+        v.recv_count(l) = n;
+        v.expert_load(l) += n;
+        mx = n > mx ? n : mx;
+      },
+      Kokkos::Max<int>(demand));
+  Kokkos::parallel_for(Kokkos::TeamThreadRange(m, s.R), [&](int j) {
+    v.arrive_base(j) = j * s.B;
+    v.arrive_count(j) = j == s.me ? 0 : count(j, s.L);
+    v.send_base(j) = j * s.B;
+    v.fwd_base(j) = s.me * s.B;
+    v.ret_base(j) = s.me * s.B;
+    v.rank_status(2 * j) = j == s.me ? demand : 0;
+    v.rank_status(2 * j + 1) = 0;  // the slabs hold every slot: nothing drops
+  });
+  Kokkos::single(Kokkos::PerTeam(m), [&]() { v.status(2) = demand; });
+}
+
+/// Slab l's rows past its n slots are owned by nobody (the masked slab: they are not written).
+template <class Member, class Mem>
+KOKKOS_INLINE_FUNCTION void decode_mask_slab(const Member& m, const EpShape& s, const EpLayoutViews<Mem>& v, int l,
+                                             int n) {
+  const std::int64_t RB = static_cast<std::int64_t>(s.R) * s.B;
+  Kokkos::parallel_for(Kokkos::TeamThreadRange(m, static_cast<int>(RB) - n), [&](int j) {
+    const std::int64_t q = l * RB + n + j;
+    v.recv_expert(q) = -1;
+    v.recv_src(q) = -1;
+  });
+}
+
 /// Where the decode kernels write in the peers' windows and read in this rank's.
 template <class Mem>
 struct DecodeWire {
@@ -78,29 +188,8 @@ void decode_send(const Exec& exec, const EpShape s, const IdxView& idx,
       KOKKOS_LAMBDA(const Team& m, std::int64_t item, const TeamScratch<Exec>& sp) {
         if (item == s.T) {
           SInt cnt(sp, s.E + s.R);  // slots per expert, then tokens per rank
-          Kokkos::parallel_for(Kokkos::TeamThreadRange(m, s.E + s.R), [&](int e) { cnt(e) = 0; });
-          m.team_barrier();
-          int bad = 0;
-          Kokkos::parallel_reduce(
-              Kokkos::TeamThreadRange(m, s.T),
-              [&](int t, int& acc) {
-                std::uint64_t reached = 0;  // R <= EpDecodeLimits::max_ep_size
-                for (int k = 0; k < s.K; ++k) {
-                  const int e = decode_id(idx, s.E, t, k);
-                  if (e >= 0) {
-                    Kokkos::atomic_add(&cnt(e), 1);  // a histogram: the same counts in any order
-                    reached |= std::uint64_t(1) << (e / s.L);
-                  } else if (static_cast<long long>(idx(t, k)) != -1) {
-                    ++acc;
-                  }
-                }
-                for (int r = 0; r < s.R; ++r)
-                  if ((reached >> r) & 1u) Kokkos::atomic_add(&cnt(s.E + r), 1);
-              },
-              bad);
-          m.team_barrier();
-          Kokkos::parallel_for(Kokkos::TeamThreadRange(m, s.E + 1 + s.R),
-                               [&](int j) { v.gather_send(j) = j < s.E ? cnt(j) : (j == s.E ? bad : cnt(j - 1)); });
+          const int bad = decode_histogram(m, s, idx, cnt);
+          decode_gather_send(m, s, v, cnt, bad);
           Kokkos::parallel_for(Kokkos::TeamThreadRange(m, s.R), [&](int r) {
             v.sent_rows(r) = r == s.me ? 0 : cnt(s.E + r);
             v.ret_rows(r) = 0;  // the receive kernel counts the returns
@@ -127,25 +216,7 @@ void decode_send(const Exec& exec, const EpShape s, const IdxView& idx,
         }
         const int t = static_cast<int>(item);
         const PackScratch<Exec> p(sp, s);
-        // slots(k): the slot's expert (-1 none); slots(K + k): its rank among this rank's slots of that expert, the
-        // tokens before t that chose it (a token chooses an expert at most once).
-        Kokkos::parallel_for(Kokkos::TeamThreadRange(m, s.K), [&](int k) { p.slots(k) = decode_id(idx, s.E, t, k); });
-        m.team_barrier();
-        for (int k = 0; k < s.K; ++k) {
-          const int e = p.slots(k);
-          int before = 0;
-          if (e >= 0)
-            Kokkos::parallel_reduce(
-                Kokkos::TeamThreadRange(m, t),
-                [&](int t2, int& acc) {
-                  bool chose = false;
-                  for (int k2 = 0; k2 < s.K; ++k2) chose = chose || static_cast<long long>(idx(t2, k2)) == e;
-                  acc += chose ? 1 : 0;
-                },
-                before);
-          Kokkos::single(Kokkos::PerTeam(m), [&]() { p.slots(s.K + k) = e >= 0 ? before : -1; });
-        }
-        m.team_barrier();
+        decode_slots(m, s, idx, t, p.slots);
         const std::int64_t q0 = static_cast<std::int64_t>(t) * s.K, a = static_cast<std::int64_t>(s.me) * s.B + t;
         Kokkos::parallel_for(Kokkos::TeamThreadRange(m, s.R * s.K), [&](int j) {
           const int r = j / s.K, k = j % s.K, e = p.slots(k);
@@ -212,44 +283,14 @@ void decode_receive(const Exec& exec, const EpShape s, const EpLayoutViews<typen
       KOKKOS_LAMBDA(const Team& m, std::int64_t item, const TeamScratch<Exec>& sp) {
         const int* cnt = d.in_counts;  // [R][CW]
         if (item >= RB + s.L) {
-          Kokkos::parallel_for(Kokkos::TeamThreadRange(m, s.R * (s.E + 1)), [&](int j) {
-            const int i = j / (s.E + 1), e = j % (s.E + 1);
-            v.counts(j) = e == s.E ? cnt[i * CW + s.L + 1] : (e / s.L == s.me ? cnt[i * CW + e % s.L] : 0);
-          });
-          Kokkos::parallel_for(Kokkos::TeamThreadRange(m, s.L + 1),
-                               [&](int l) { v.expert_offsets(l) = static_cast<int>(l * RB); });
-          int demand = 0;
-          Kokkos::parallel_reduce(
-              Kokkos::TeamThreadRange(m, s.L),
-              [&](int l, int& mx) {
-                int n = 0;
-                for (int i = 0; i < s.R; ++i) n += cnt[i * CW + l];
-                v.recv_count(l) = n;
-                v.expert_load(l) += n;
-                mx = n > mx ? n : mx;
-              },
-              Kokkos::Max<int>(demand));
-          Kokkos::parallel_for(Kokkos::TeamThreadRange(m, s.R), [&](int j) {
-            v.arrive_base(j) = j * s.B;
-            v.arrive_count(j) = j == s.me ? 0 : cnt[j * CW + s.L];
-            v.send_base(j) = j * s.B;
-            v.fwd_base(j) = s.me * s.B;
-            v.ret_base(j) = s.me * s.B;
-            v.rank_status(2 * j) = j == s.me ? demand : 0;
-            v.rank_status(2 * j + 1) = 0;  // the slabs hold every slot: nothing drops
-          });
-          Kokkos::single(Kokkos::PerTeam(m), [&]() { v.status(2) = demand; });
+          decode_maps(m, s, v, [&](int i, int c) { return cnt[i * CW + c]; });
           return;
         }
         if (item >= RB) {
           const int l = static_cast<int>(item - RB);
           int n = 0;
           for (int i = 0; i < s.R; ++i) n += cnt[i * CW + l];
-          Kokkos::parallel_for(Kokkos::TeamThreadRange(m, static_cast<int>(RB) - n), [&](int j) {
-            const std::int64_t q = l * RB + n + j;
-            v.recv_expert(q) = -1;
-            v.recv_src(q) = -1;
-          });
+          decode_mask_slab(m, s, v, l, n);
           return;
         }
         const std::int64_t a = item;
@@ -300,6 +341,90 @@ void decode_receive(const Exec& exec, const EpShape s, const EpLayoutViews<typen
           for (int dd = 0; dd < n; ++dd)
             for (int j = 0; j < kUnitBatch; ++j)
               if (b + j * nb < units) recv_x(rows(s.K + dd), b + j * nb) = val[j];
+        });
+      });
+}
+
+/// One rank (no peer, no window): the whole decode dispatch in one kernel. A team per token places its slots where
+/// the receive kernel would (expert l's slot of rank p at row l * B + p) and writes its row, weights and maps there;
+/// a team per expert counts its slots and masks the slab past them; the last team writes the counts, offsets and
+/// status from the histogram. No team waits for another.
+template <class Exec, class Unit, class IdxView>
+void decode_local(const Exec& exec, const EpShape s, const IdxView& idx,
+                  const Unmanaged2<const Unit, typename Exec::memory_space>& x,
+                  const Unmanaged2<const float, typename Exec::memory_space>& w,
+                  const EpLayoutViews<typename Exec::memory_space>& v,
+                  const Unmanaged2<Unit, typename Exec::memory_space>& recv_x,
+                  const Unmanaged1<float, typename Exec::memory_space>& recv_w, const char* label) {
+  using Team = typename Kokkos::TeamPolicy<Exec>::member_type;
+  using SInt = Kokkos::View<int*, typename Exec::scratch_memory_space, Kokkos::MemoryUnmanaged>;
+  const int units = static_cast<int>(x.extent(1));
+  const bool with_w = recv_w.extent(0) > 0;
+  const std::size_t shmem = SInt::shmem_size(s.E + s.R > 3 * s.K + 1 ? s.E + s.R : 3 * s.K + 1);
+  const RowSplit split = row_split(s.T, units);
+  const std::int64_t blocks = static_cast<std::int64_t>(s.T) * split.blocks;
+  team_items(
+      exec, s, label, blocks + s.L + 1, shmem,
+      KOKKOS_LAMBDA(const Team& m, std::int64_t item, const TeamScratch<Exec>& sp) {
+        if (item == blocks + s.L) {
+          SInt cnt(sp, s.E + s.R);
+          const int bad = decode_histogram(m, s, idx, cnt);
+          decode_gather_send(m, s, v, cnt, bad);
+          decode_maps(m, s, v, [&](int, int c) { return c < s.L ? cnt(c) : (c == s.L ? s.T : bad); });
+          Kokkos::single(Kokkos::PerTeam(m), [&]() {
+            v.status(0) = bad;
+            v.status(1) = 0;
+            v.status(3) = 0;
+            v.sent_rows(0) = 0;
+            v.ret_rows(0) = 0;
+          });
+          return;
+        }
+        if (item >= blocks) {
+          const int l = static_cast<int>(item - blocks);
+          int n = 0;
+          Kokkos::parallel_reduce(
+              Kokkos::TeamThreadRange(m, s.T * s.K),
+              [&](int j, int& acc) { acc += decode_id(idx, s.E, j / s.K, j % s.K) == l ? 1 : 0; }, n);
+          decode_mask_slab(m, s, v, l, n);
+          return;
+        }
+        const int t = static_cast<int>(item / split.blocks), c = static_cast<int>(item % split.blocks);
+        SInt slots(sp, 3 * s.K + 1);  // decode_slots' 2K, then the compacted receive rows, their count last
+        decode_slots(m, s, idx, t, slots);
+        const std::int64_t q0 = static_cast<std::int64_t>(t) * s.K;
+        // The token's first block writes its maps; every block its columns of the rows.
+        if (c == 0)
+          Kokkos::parallel_for(Kokkos::TeamThreadRange(m, s.K), [&](int k) {
+            const int e = slots(k);
+            const int q = e >= 0 ? e * s.B + slots(s.K + k) : -1;
+            v.slot_row(q0 + k) = q;
+            v.slot_rank(q0 + k) = e >= 0 ? 0 : -1;
+            v.slot_kept(q0 + k) = e >= 0 ? 1 : 0;
+            if (e < 0) return;
+            v.recv_expert(q) = e;
+            v.recv_src(q) = -1;
+            v.recv_k(q) = k;
+            if (with_w) recv_w(q) = w(t, k);
+          });
+        Kokkos::single(Kokkos::PerTeam(m), [&]() {
+          int n = 0;
+          for (int k = 0; k < s.K; ++k)
+            if (slots(k) >= 0) slots(2 * s.K + n++) = slots(k) * s.B + slots(s.K + k);
+          slots(3 * s.K) = n;
+          if (c > 0) return;
+          v.token_in_rank(t) = n > 0 ? 1 : 0;
+          v.tok_pos(t) = n > 0 ? t : -1;
+        });
+        m.team_barrier();
+        const int n = slots(3 * s.K);
+        team_unit_block(m, split.begin(c), split.end(c, units), [&](int b, int nb, int end) {
+          Unit val[kUnitBatch];
+          for (int j = 0; j < kUnitBatch; ++j)
+            if (b + j * nb < end) val[j] = x(t, b + j * nb);
+          for (int i = 0; i < n; ++i)
+            for (int j = 0; j < kUnitBatch; ++j)
+              if (b + j * nb < end) recv_x(slots(2 * s.K + i), b + j * nb) = val[j];
         });
       });
 }

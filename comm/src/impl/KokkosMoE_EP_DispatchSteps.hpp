@@ -136,6 +136,25 @@ void decode_dispatch(const Exec& exec, EpHandleState<Exec>& h, const IdxView& id
   });
   begin_layout(h, idx);
   const EpShape& s = h.shape;
+  if (s.R == 1) {
+    // One rank: nothing travels, and one kernel places, writes and counts.
+    ScopedRegion region("KokkosMoE::ep_decode_dispatch");
+    h.shape.unique_ids = true;
+    h.recv_rows = N;
+    h.arrivals = 0;
+    (void)take_wire(fn, h);
+    with_unit<Scalar>(H, {x.data(), recv_x.data()}, [&](auto unit) {
+      using Unit = decltype(unit);
+      decode_local<Exec, Unit>(
+          exec, s, idx, rows_view<Unit, Mem>(x, H), with_w ? floats2<Mem>(w) : Unmanaged2<const float, Mem>(), h.v,
+          rows_view<Unit, Mem>(recv_x, H), with_w ? floats1_out<Mem>(recv_w) : Unmanaged1<float, Mem>(),
+          "KokkosMoE::ep_decode_dispatch::local");
+    });
+    h.laid_out = true;
+    h.decoded = true;
+    h.backward_done = !h.options.training;
+    return;
+  }
   if (!g.windows) {
     run_layout(exec, h, idx, fn, true);
     dispatch(exec, h, x, w, recv_x, recv_w);

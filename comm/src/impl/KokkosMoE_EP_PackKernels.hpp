@@ -79,6 +79,38 @@ KOKKOS_INLINE_FUNCTION void gather_sum(int n, const RowAt& row, const CoefAt& co
   }
 }
 
+/// Column blocks of a token row for the per-token kernels at decode sizes: with a team per token, 128 tokens leave
+/// a device of 132 SMs one team each, too few loads in flight to reach the memory's rate. A row of more than
+/// kSplitUnits units is split into blocks of at least that many, until the kernel has about kSplitTeams teams; a team
+/// then takes one block of its token (the same per-unit arithmetic: the bits do not change). Prefill sizes (T >=
+/// kSplitTeams) keep one team per token.
+constexpr int kSplitTeams = 1024;
+constexpr int kSplitUnits = 128;
+
+struct RowSplit {
+  int blocks = 1;  // column blocks per row
+  int width = 0;   // units per block (the last may hold fewer)
+  KOKKOS_INLINE_FUNCTION int begin(int c) const { return c * width; }
+  KOKKOS_INLINE_FUNCTION int end(int c, int units) const { return (c + 1) * width < units ? (c + 1) * width : units; }
+};
+
+inline RowSplit row_split(int T, int units) {
+  RowSplit r;
+  int blocks = T >= kSplitTeams ? 1 : (kSplitTeams + (T > 0 ? T : 1) - 1) / (T > 0 ? T : 1);
+  const int most = units / kSplitUnits;
+  blocks = blocks < most ? blocks : most;
+  r.blocks = blocks < 1 ? 1 : blocks;
+  r.width = (units + r.blocks - 1) / r.blocks;
+  return r;
+}
+
+/// team_unit_batches over the units [u0, u1) of a row.
+template <class Member, class F>
+KOKKOS_INLINE_FUNCTION void team_unit_block(const Member& m, int u0, int u1, const F& f) {
+  const int n = u1 - u0, nb = (n + kUnitBatch - 1) / kUnitBatch;
+  Kokkos::parallel_for(Kokkos::TeamThreadRange(m, nb), [&](int b) { f(u0 + b, nb, u1); });
+}
+
 template <class Member, class F>
 KOKKOS_INLINE_FUNCTION void team_unit_batches(const Member& m, int units, const F& f) {
   const int nb = (units + kUnitBatch - 1) / kUnitBatch;
