@@ -294,5 +294,37 @@ const char* dtype_name<fp16_t>() {
   return "fp16";
 }
 
+namespace {
+int& launches_seen() {
+  static int n = 0;
+  return n;
+}
+void count_launch(const char*, const std::uint32_t, std::uint64_t* id) {
+  *id = static_cast<std::uint64_t>(++launches_seen());
+}
+void end_launch(std::uint64_t) {}
+}  // namespace
+
+int kernel_launches(const std::function<void()>& op) {
+  namespace KTE = Kokkos::Tools::Experimental;
+  Kokkos::fence();
+  launches_seen() = 0;
+  KTE::set_begin_parallel_for_callback(count_launch);
+  KTE::set_begin_parallel_reduce_callback(count_launch);
+  KTE::set_begin_parallel_scan_callback(count_launch);
+  KTE::set_end_parallel_for_callback(end_launch);
+  KTE::set_end_parallel_reduce_callback(end_launch);
+  KTE::set_end_parallel_scan_callback(end_launch);
+  op();
+  KTE::set_begin_parallel_for_callback(nullptr);
+  KTE::set_begin_parallel_reduce_callback(nullptr);
+  KTE::set_begin_parallel_scan_callback(nullptr);
+  KTE::set_end_parallel_for_callback(nullptr);
+  KTE::set_end_parallel_reduce_callback(nullptr);
+  KTE::set_end_parallel_scan_callback(nullptr);
+  Kokkos::fence();
+  return launches_seen();
+}
+
 }  // namespace Perf
 }  // namespace KokkosMoE

@@ -191,6 +191,10 @@ constexpr bool has_device_timer() {
 /// `iters` times event, op(i), event on that stream; the median of the event intervals. 0 where
 /// has_device_timer() is false (host spaces: the fenced wall time is the measurement there).
 double device_time_us(const ExecSpace& exec, int iters, const std::function<void(std::int64_t)>& op);
+/// Kernels one call of op launches (Kokkos Tools' begin_parallel_for / _reduce / _scan callbacks, installed for the
+/// call only): the `launches` counter. The callbacks make Kokkos 4 fence before each launch, so it is an untimed
+/// pass, and only where no kernel of op waits for another thread's kernels (one rank, not loopback peers).
+int kernel_launches(const std::function<void()>& op);
 /// Calls per device_time_us measurement in the benchmarks.
 constexpr int kDeviceTimeIters = 20;
 

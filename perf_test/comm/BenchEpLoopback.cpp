@@ -218,7 +218,7 @@ void BM_Loopback(benchmark::State& state, LOp op, int R, int T, LMode mode, Peer
   std::vector<double> move(static_cast<std::size_t>(R), 0.0);
   std::vector<std::string> errors(static_cast<std::size_t>(R));
   double seconds = 0, dev = 0, wire = 0, remote_slots = 0, planner_rows = 0;
-  int partition_sms = 0;
+  int partition_sms = 0, launches = 0;
   {
     std::vector<std::thread> peers;
     for (int r = 1; r < R; ++r)
@@ -246,6 +246,7 @@ void BM_Loopback(benchmark::State& state, LOp op, int R, int T, LMode mode, Peer
       seconds = timed_loop(state, rank.exec, [&](std::int64_t) { rank.run(op); });
       dev = device_time_us(rank.exec, kIters, [&](std::int64_t) { rank.run(op); });
       ep_synchronize(rank.exec, *rank.handle);
+      if (R == 1) launches = kernel_launches([&] { rank.run(op); });
       const std::string name = op == LOp::Dispatch || op == LOp::DispatchFp8 || op == LOp::Decode ? "ep_dispatch"
                                : op == LOp::Combine                                               ? "ep_combine"
                                : op == LOp::CombineBackward ? "ep_combine_backward"
@@ -275,6 +276,7 @@ void BM_Loopback(benchmark::State& state, LOp op, int R, int T, LMode mode, Peer
   if (max_sms > 0) state.counters["max_sms"] = max_sms;
   if (partition_sms > 0) state.counters["partition_sms"] = partition_sms;
   state.counters["wire_bytes_per_token"] = wire / T;
+  if (launches > 0) state.counters["launches"] = launches;  // one rank's kernels per call (counted at R = 1 only)
   // Beside it: the bytes one row per (token, expert) slot would send, and the planner's prediction (docs/planner.md
   // §4), both for rank 0's tokens and bare rows (the wire adds each row's trailer).
   const double row_bytes = op == LOp::DispatchFp8 ? 7168.0 + 7168.0 / 32 : 7168.0 * sizeof(Row);
