@@ -98,6 +98,15 @@ struct EpShape {
   KOKKOS_INLINE_FUNCTION bool eager() const { return !capacity_mode; }
 };
 
+/// Set bits of a 32-bit word.
+KOKKOS_INLINE_FUNCTION int popcount32(std::uint32_t x) {
+#if defined(__CUDA_ARCH__)
+  return __popc(x);
+#else
+  return __builtin_popcount(x);
+#endif
+}
+
 KOKKOS_INLINE_FUNCTION int pad_to(int n, int a) { return a <= 1 ? n : (n + a - 1) / a * a; }
 
 /// The last i in [0, n) with start(i) <= q, for starts that ascend with i and start(0) <= q (a binary search).

@@ -28,78 +28,81 @@ void layout_count(const Exec& exec, const EpShape s, const IdxView& idx,
   auto token_in_rank = v.token_in_rank;
   auto tok_local = v.tok_local;
   if (nch > 0) {
-    // The chunk's ids are staged in scratch; each slot's rank among the chunk's slots of its expert is a count of
-    // earlier equal ids there (no serial walk through global memory), and the histogram takes scratch atomics.
-    using Bytes =
-        Kokkos::View<std::uint8_t*, typename Exec::scratch_memory_space, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
+    // The chunk's ids are staged in scratch, with a bit mask of the chunk's tokens (chunk <= 32) per expert and per
+    // rank. A slot's rank among the chunk's slots of its expert is then the number of earlier tokens in its expert's
+    // mask (a population count), and so is a token's rank among the chunk's tokens for a rank; no serial walk. Where
+    // a token holds one expert twice (allowed outside the decode contract) a token may stand for two slots: such a
+    // chunk counts the earlier equal ids in scratch instead.
+    using Masks =
+        Kokkos::View<std::uint32_t*, typename Exec::scratch_memory_space, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
     const int n_max = s.chunk * s.K;
-    const std::size_t shmem = Scratch::shmem_size(s.E) + Scratch::shmem_size(s.R) + Scratch::shmem_size(n_max) +
-                              Bytes::shmem_size(static_cast<std::size_t>(s.chunk) * s.R);
+    const std::size_t shmem = Scratch::shmem_size(s.E) + Scratch::shmem_size(n_max) + Masks::shmem_size(s.E + s.R + 1);
     team_items(
         exec, s, "KokkosMoE::ep_layout::count", nch, shmem,
         KOKKOS_LAMBDA(const Team& m, std::int64_t item, const TeamScratch<Exec>& sp) {
           const int c = static_cast<int>(item);
           Scratch cnt(sp, s.E);
-          Scratch tok(sp, s.R);
           Scratch ids(sp, n_max);
-          Bytes in_rank(sp, static_cast<std::size_t>(s.chunk) * s.R);  // token_in_rank of the chunk's tokens
+          Masks mask(sp, s.E + s.R + 1);  // tokens per expert, per rank; the last word: a repeated id in the chunk
           const int t0 = c * s.chunk;
           const int t1 = t0 + s.chunk < s.T ? t0 + s.chunk : s.T;
           const int n = (t1 - t0) * s.K;
-          Kokkos::parallel_for(Kokkos::TeamThreadRange(m, s.E), [&](int e) { cnt(e) = 0; });
-          Kokkos::parallel_for(Kokkos::TeamThreadRange(m, s.R), [&](int r) { tok(r) = 0; });
+          Kokkos::parallel_for(Kokkos::TeamThreadRange(m, s.E + s.R + 1), [&](int e) {
+            mask(e) = 0;
+            if (e < s.E) cnt(e) = 0;
+          });
+          m.team_barrier();
           int bad = 0;
           Kokkos::parallel_reduce(
               Kokkos::TeamThreadRange(m, n),
               [&](int j, int& acc) {
-                const long long e = static_cast<long long>(idx(t0 + j / s.K, j % s.K));
+                const int jt = j / s.K, k = j % s.K;
+                const long long e = static_cast<long long>(idx(t0 + jt, k));
                 bool ok = e >= 0 && e < s.E;
-                if (ok && s.unique_ids)
-                  for (int k2 = 0; k2 < j % s.K; ++k2) ok = ok && static_cast<long long>(idx(t0 + j / s.K, k2)) != e;
+                bool repeat = false;
+                if (ok)
+                  for (int k2 = 0; k2 < k; ++k2) repeat = repeat || static_cast<long long>(idx(t0 + jt, k2)) == e;
+                if (repeat && s.unique_ids) ok = false;
                 if (!ok && e != -1) ++acc;
                 ids(j) = ok ? static_cast<int>(e) : -1;
+                if (!ok) return;
+                const std::uint32_t bit = std::uint32_t(1) << jt;
+                Kokkos::atomic_fetch_or(&mask(static_cast<int>(e)), bit);
+                Kokkos::atomic_fetch_or(&mask(s.E + static_cast<int>(e) / s.L), bit);
+                if (repeat) Kokkos::atomic_fetch_or(&mask(s.E + s.R), std::uint32_t(1));
               },
               bad);
           m.team_barrier();
+          const bool repeats = mask(s.E + s.R) != 0;
           Kokkos::parallel_for(Kokkos::TeamThreadRange(m, n), [&](int j) {
-            const int e = ids(j);
+            const int e = ids(j), jt = j / s.K;
             int pos = -1;
-            if (e >= 0) {
+            if (e >= 0 && !repeats) {
+              pos = popcount32(mask(e) & ((std::uint32_t(1) << jt) - 1));
+            } else if (e >= 0) {
               pos = 0;
               for (int i = 0; i < j; ++i) pos += ids(i) == e ? 1 : 0;
               Kokkos::atomic_add(&cnt(e), 1);
             }
             local_pos(static_cast<std::int64_t>(t0) * s.K + j) = pos;
           });
-          Kokkos::parallel_for(Kokkos::TeamThreadRange(m, t1 - t0), [&](int jt) {
-            for (int r = 0; r < s.R; ++r) {
-              bool any = false;
-              for (int k = 0; k < s.K; ++k) {
-                const int e = ids(jt * s.K + k);
-                any = any || (e >= 0 && e / s.L == r);
-              }
-              token_in_rank(static_cast<std::int64_t>(t0 + jt) * s.R + r) = any ? 1 : 0;
-              in_rank(jt * s.R + r) = any ? 1 : 0;
-              if (any) Kokkos::atomic_add(&tok(r), 1);
-            }
-          });
-          m.team_barrier();
-          // A token's rank among the chunk's tokens for rank r: a count of earlier tokens of the chunk in scratch (no
-          // atomics, no serial walk through global memory).
+          // A token's rank among the chunk's tokens for rank r: the earlier tokens in r's mask.
           Kokkos::parallel_for(Kokkos::TeamThreadRange(m, (t1 - t0) * s.R), [&](int j) {
             const int jt = j / s.R, r = j % s.R;
-            int pos = -1;
-            if (in_rank(j)) {
-              pos = 0;
-              for (int i = 0; i < jt; ++i) pos += in_rank(i * s.R + r);
-            }
-            tok_local(static_cast<std::int64_t>(t0 + jt) * s.R + r) = pos;
+            const std::uint32_t rm = mask(s.E + r);
+            const bool in = (rm >> jt) & 1u;
+            token_in_rank(static_cast<std::int64_t>(t0 + jt) * s.R + r) = in ? 1 : 0;
+            tok_local(static_cast<std::int64_t>(t0 + jt) * s.R + r) =
+                in ? popcount32(rm & ((std::uint32_t(1) << jt) - 1)) : -1;
           });
+          m.team_barrier();
           Kokkos::single(Kokkos::PerTeam(m), [&]() { chunk_bad(c) = bad; });
-          Kokkos::parallel_for(Kokkos::TeamThreadRange(m, s.E),
-                               [&](int e) { chunk_prefix(static_cast<std::int64_t>(c) * s.E + e) = cnt(e); });
-          Kokkos::parallel_for(Kokkos::TeamThreadRange(m, s.R),
-                               [&](int r) { chunk_tokens(static_cast<std::int64_t>(c) * s.R + r) = tok(r); });
+          Kokkos::parallel_for(Kokkos::TeamThreadRange(m, s.E), [&](int e) {
+            chunk_prefix(static_cast<std::int64_t>(c) * s.E + e) = repeats ? cnt(e) : popcount32(mask(e));
+          });
+          Kokkos::parallel_for(Kokkos::TeamThreadRange(m, s.R), [&](int r) {
+            chunk_tokens(static_cast<std::int64_t>(c) * s.R + r) = popcount32(mask(s.E + r));
+          });
         });
   }
   // K2: exclusive prefix over chunks per expert (teams e < E) and per destination rank (teams E..E+R), invalid ids
