@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <cuda/KokkosMoE_Router_Cuda_Forward.cuh>
 #include <cuda/KokkosMoE_Router_Cuda_ForwardLane.cuh>
+#include <cuda/KokkosMoE_Router_Cuda_ForwardRounds.cuh>
 
 namespace KokkosMoE {
 namespace Impl {
