@@ -183,10 +183,11 @@ void decode_send(const Exec& exec, const EpShape s, const IdxView& idx,
   const int CW = decode_count_words(s.L);
   const std::size_t shmem = PackScratch<Exec>::shmem(s) > SInt::shmem_size(s.E + s.R) ? PackScratch<Exec>::shmem(s)
                                                                                       : SInt::shmem_size(s.E + s.R);
+  const RowSplit split = row_split(s.T, units);
+  const std::int64_t blocks = static_cast<std::int64_t>(s.T) * split.blocks;
   team_items(
-      exec, s, label, static_cast<std::int64_t>(s.T) + 1, shmem,
-      KOKKOS_LAMBDA(const Team& m, std::int64_t item, const TeamScratch<Exec>& sp) {
-        if (item == s.T) {
+      exec, s, label, blocks + 1, shmem, KOKKOS_LAMBDA(const Team& m, std::int64_t item, const TeamScratch<Exec>& sp) {
+        if (item == blocks) {
           SInt cnt(sp, s.E + s.R);  // slots per expert, then tokens per rank
           const int bad = decode_histogram(m, s, idx, cnt);
           decode_gather_send(m, s, v, cnt, bad);
@@ -214,11 +215,12 @@ void decode_send(const Exec& exec, const EpShape s, const IdxView& idx,
           });
           return;
         }
-        const int t = static_cast<int>(item);
+        const int t = static_cast<int>(item / split.blocks), c = static_cast<int>(item % split.blocks);
         const PackScratch<Exec> p(sp, s);
         decode_slots(m, s, idx, t, p.slots);
         const std::int64_t q0 = static_cast<std::int64_t>(t) * s.K, a = static_cast<std::int64_t>(s.me) * s.B + t;
-        Kokkos::parallel_for(Kokkos::TeamThreadRange(m, s.R * s.K), [&](int j) {
+        // The token's first block sends its codes and weights and writes its maps; every block its columns of the row.
+        Kokkos::parallel_for(Kokkos::TeamThreadRange(m, c == 0 ? s.R * s.K : 0), [&](int j) {
           const int r = j / s.K, k = j % s.K, e = p.slots(k);
           const int code = e >= 0 && e / s.L == r ? (e % s.L) * s.B + p.slots(s.K + k) : -1;
           reinterpret_cast<int*>(d.meta(r))[a * s.K + k] = code;
@@ -233,8 +235,10 @@ void decode_send(const Exec& exec, const EpShape s, const IdxView& idx,
           bool reach = false;
           for (int k = 0; k < s.K; ++k) reach = reach || (p.slots(k) >= 0 && p.slots(k) / s.L == r);
           const std::int64_t tr = static_cast<std::int64_t>(t) * s.R + r;
-          v.token_in_rank(tr) = reach ? 1 : 0;
-          v.tok_pos(tr) = reach ? t : -1;
+          if (c == 0) {
+            v.token_in_rank(tr) = reach ? 1 : 0;
+            v.tok_pos(tr) = reach ? t : -1;
+          }
           p.raddr(r) = reach ? d.fwd(r) + static_cast<std::size_t>(a) * d.pitch : 0;
         });
         m.team_barrier();
@@ -246,17 +250,17 @@ void decode_send(const Exec& exec, const EpShape s, const IdxView& idx,
         });
         m.team_barrier();
         const int nr = p.lrow(s.K + 1);
-        team_unit_batches(m, units, [&](int b, int nb) {
+        team_unit_block(m, split.begin(c), split.end(c, units), [&](int b, int nb, int end) {
           Unit val[kUnitBatch];
           for (int j = 0; j < kUnitBatch; ++j)
-            if (b + j * nb < units) val[j] = x(t, b + j * nb);
+            if (b + j * nb < end) val[j] = x(t, b + j * nb);
           for (int i = 0; i < nr; ++i) {
             Unit* out = reinterpret_cast<Unit*>(p.ptr(i));
             for (int j = 0; j < kUnitBatch; ++j)
-              if (b + j * nb < units) out[b + j * nb] = val[j];
+              if (b + j * nb < end) out[b + j * nb] = val[j];
           }
         });
-        p.template weights<Mem>(m, s, t, w, d.trailer_off, Unmanaged1<float, Mem>(), 0, nr);
+        if (c == 0) p.template weights<Mem>(m, s, t, w, d.trailer_off, Unmanaged1<float, Mem>(), 0, nr);
       });
 }
 
