@@ -43,27 +43,31 @@ KOKKOS_INLINE_FUNCTION int decode_id(const IdxView& idx, int E, int t, int k) {
 }
 
 /// Token t's slots as the decode path numbers them, into team scratch: slots(k) the slot's expert (-1 none), slots(K +
-/// k) its rank among this rank's slots of that expert, the tokens before t that chose it (a token chooses an expert at
-/// most once; -1 for an empty slot). Ends with a barrier.
+/// k) its rank among this rank's slots of that expert, the tokens before t that chose it (-1 for an empty slot). One
+/// pass over the earlier tokens' slots: a valid id equal to one of t's experts adds one to that slot's count (a count
+/// in scratch, the same in any order; decode_id drops a repeat, so a token counts once per expert). Ends with a
+/// barrier.
 template <class Member, class IdxView, class Ints>
 KOKKOS_INLINE_FUNCTION void decode_slots(const Member& m, const EpShape& s, const IdxView& idx, int t,
                                          const Ints& slots) {
-  Kokkos::parallel_for(Kokkos::TeamThreadRange(m, s.K), [&](int k) { slots(k) = decode_id(idx, s.E, t, k); });
+  Kokkos::parallel_for(Kokkos::TeamThreadRange(m, s.K), [&](int k) {
+    slots(k) = decode_id(idx, s.E, t, k);
+    slots(s.K + k) = 0;
+  });
   m.team_barrier();
-  for (int k = 0; k < s.K; ++k) {
-    const int e = slots(k);
-    int before = 0;
-    if (e >= 0)
-      Kokkos::parallel_reduce(
-          Kokkos::TeamThreadRange(m, t),
-          [&](int t2, int& acc) {
-            bool chose = false;
-            for (int k2 = 0; k2 < s.K; ++k2) chose = chose || static_cast<long long>(idx(t2, k2)) == e;
-            acc += chose ? 1 : 0;
-          },
-          before);
-    Kokkos::single(Kokkos::PerTeam(m), [&]() { slots(s.K + k) = e >= 0 ? before : -1; });
-  }
+  Kokkos::parallel_for(Kokkos::TeamThreadRange(m, t * s.K), [&](int j) {
+    const int e = decode_id(idx, s.E, j / s.K, j % s.K);
+    if (e < 0) return;
+    for (int k = 0; k < s.K; ++k)
+      if (slots(k) == e) {
+        Kokkos::atomic_add(&slots(s.K + k), 1);
+        break;  // t's experts are distinct
+      }
+  });
+  m.team_barrier();
+  Kokkos::parallel_for(Kokkos::TeamThreadRange(m, s.K), [&](int k) {
+    if (slots(k) < 0) slots(s.K + k) = -1;
+  });
   m.team_barrier();
 }
 
