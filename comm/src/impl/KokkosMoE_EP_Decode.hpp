@@ -254,16 +254,9 @@ void decode_send(const Exec& exec, const EpShape s, const IdxView& idx,
         });
         m.team_barrier();
         const int nr = p.lrow(s.K + 1);
-        team_unit_block(m, split.begin(c), split.end(c, units), [&](int b, int nb, int end) {
-          Unit val[kUnitBatch];
-          for (int j = 0; j < kUnitBatch; ++j)
-            if (b + j * nb < end) val[j] = x(t, b + j * nb);
-          for (int i = 0; i < nr; ++i) {
-            Unit* out = reinterpret_cast<Unit*>(p.ptr(i));
-            for (int j = 0; j < kUnitBatch; ++j)
-              if (b + j * nb < end) out[b + j * nb] = val[j];
-          }
-        });
+        team_fan_out<Unit>(
+            m, split.begin(c), split.end(c, units), nr, [&](int u) { return x(t, u); },
+            [&](int i, int u) -> Unit& { return reinterpret_cast<Unit*>(p.ptr(i))[u]; });
         if (c == 0) p.template weights<Mem>(m, s, t, w, d.trailer_off, Unmanaged1<float, Mem>(), 0, nr);
       });
 }
@@ -342,14 +335,9 @@ void decode_receive(const Exec& exec, const EpShape s, const EpLayoutViews<typen
         m.team_barrier();
         const int n = rows(2 * s.K);
         const Unit* src = reinterpret_cast<const Unit*>(row);
-        team_unit_batches(m, units, [&](int b, int nb) {
-          Unit val[kUnitBatch];
-          for (int j = 0; j < kUnitBatch; ++j)
-            if (b + j * nb < units) val[j] = src[b + j * nb];
-          for (int dd = 0; dd < n; ++dd)
-            for (int j = 0; j < kUnitBatch; ++j)
-              if (b + j * nb < units) recv_x(rows(s.K + dd), b + j * nb) = val[j];
-        });
+        team_fan_out<Unit>(
+            m, 0, units, n, [&](int u) { return src[u]; },
+            [&](int dd, int u) -> Unit& { return recv_x(rows(s.K + dd), u); });
       });
 }
 
@@ -426,14 +414,9 @@ void decode_local(const Exec& exec, const EpShape s, const IdxView& idx,
         });
         m.team_barrier();
         const int n = slots(3 * s.K);
-        team_unit_block(m, split.begin(c), split.end(c, units), [&](int b, int nb, int end) {
-          Unit val[kUnitBatch];
-          for (int j = 0; j < kUnitBatch; ++j)
-            if (b + j * nb < end) val[j] = x(t, b + j * nb);
-          for (int i = 0; i < n; ++i)
-            for (int j = 0; j < kUnitBatch; ++j)
-              if (b + j * nb < end) recv_x(slots(2 * s.K + i), b + j * nb) = val[j];
-        });
+        team_fan_out<Unit>(
+            m, split.begin(c), split.end(c, units), n, [&](int u) { return x(t, u); },
+            [&](int i, int u) -> Unit& { return recv_x(slots(2 * s.K + i), u); });
       });
 }
 

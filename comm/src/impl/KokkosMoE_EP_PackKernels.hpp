@@ -95,11 +95,10 @@ struct RowSplit {
 };
 
 inline RowSplit row_split(int T, int units) {
+  const int most = units / kSplitUnits;  // blocks of at least kSplitUnits units
+  const int wanted = T >= kSplitTeams || T <= 0 ? 1 : (kSplitTeams + T - 1) / T;
   RowSplit r;
-  int blocks = T >= kSplitTeams ? 1 : (kSplitTeams + (T > 0 ? T : 1) - 1) / (T > 0 ? T : 1);
-  const int most = units / kSplitUnits;
-  blocks = blocks < most ? blocks : most;
-  r.blocks = blocks < 1 ? 1 : blocks;
+  r.blocks = wanted < most ? wanted : (most > 1 ? most : 1);
   r.width = (units + r.blocks - 1) / r.blocks;
   return r;
 }
@@ -109,6 +108,20 @@ template <class Member, class F>
 KOKKOS_INLINE_FUNCTION void team_unit_block(const Member& m, int u0, int u1, const F& f) {
   const int n = u1 - u0, nb = (n + kUnitBatch - 1) / kUnitBatch;
   Kokkos::parallel_for(Kokkos::TeamThreadRange(m, nb), [&](int b) { f(u0 + b, nb, u1); });
+}
+
+/// Copies the units [u0, u1) of one row to n destinations: src(u) reads unit u, dst(i, u) is destination i's unit u.
+/// kUnitBatch loads in flight per thread before the stores, in team_unit_block's order.
+template <class Unit, class Member, class Src, class Dst>
+KOKKOS_INLINE_FUNCTION void team_fan_out(const Member& m, int u0, int u1, int n, const Src& src, const Dst& dst) {
+  team_unit_block(m, u0, u1, [&](int b, int nb, int end) {
+    Unit val[kUnitBatch];
+    for (int j = 0; j < kUnitBatch; ++j)
+      if (b + j * nb < end) val[j] = src(b + j * nb);
+    for (int i = 0; i < n; ++i)
+      for (int j = 0; j < kUnitBatch; ++j)
+        if (b + j * nb < end) dst(i, b + j * nb) = val[j];
+  });
 }
 
 template <class Member, class F>
