@@ -29,6 +29,7 @@ struct IpcProbe {
   std::uint64_t node = 0;  // hash of the host name and boot id
   std::int64_t pid = 0;
   int device = -1;
+  cudaUUID_t uuid{};  // the GPU itself: processes that see it under different ordinals share it all the same
   cudaIpcMemHandle_t handle{};
   std::uintptr_t raw = 0;  // the allocation as this process sees it (peers in the same process use it as is)
 };
@@ -96,6 +97,9 @@ std::shared_ptr<PeerWindow> make_cuda_ipc_window(const char* op, Transport& t, s
   mine.node = node_id();
   mine.pid = static_cast<std::int64_t>(getpid());
   mine.device = t.device();
+  cudaDeviceProp prop{};
+  cuda(cudaGetDeviceProperties(&prop, t.device()), "cudaGetDeviceProperties");
+  mine.uuid = prop.uuid;
   mine.raw = reinterpret_cast<std::uintptr_t>(w->m_mine);
   cuda(cudaIpcGetMemHandle(&mine.handle, w->m_mine), "cudaIpcGetMemHandle");
   std::vector<IpcProbe> all(static_cast<std::size_t>(R));
@@ -108,6 +112,9 @@ std::shared_ptr<PeerWindow> make_cuda_ipc_window(const char* op, Transport& t, s
     return nullptr;  // ranks on several nodes: messages
   }
   w->base.resize(static_cast<std::size_t>(R));
+  w->device_sharers = static_cast<int>(std::count_if(all.begin(), all.end(), [&](const IpcProbe& p) {
+    return std::memcmp(&p.uuid, &mine.uuid, sizeof(cudaUUID_t)) == 0;
+  }));
   std::string failed;
   for (int r = 0; r < R; ++r) {
     const IpcProbe& p = all[r];

@@ -164,7 +164,100 @@ void expand_arrivals(const Exec& exec, const EpShape s, std::int64_t arrivals, i
 
 /// Return direction, expert side (combine, dispatch backward): for every arrival a, the FP32 sum in k order of
 /// c_k * src(row_k) over the rows it fed (c_k = the arrived weight when \p coef is given, else 1), rounded to the row
-/// type, goes back once to its source rank, with a trailer of extra_f(row_k) per slot when \p trailer_off > 0.
+/// type, goes back once to its source rank, with a trailer of extra_f(row_k) per slot when \p trailer_off > 0. A team
+/// function over walkers (arrival_teams) for one-kernel steps; reduce_arrivals launches it.
+template <class Exec, class Scalar, class Unit>
+struct ReduceArrivals {
+  using Mem = typename Exec::memory_space;
+  using Team = typename Kokkos::TeamPolicy<Exec>::member_type;
+  using Ops = UnitOps<Scalar, Unit>;
+  using SInt = Kokkos::View<int*, typename Exec::scratch_memory_space, Kokkos::MemoryUnmanaged>;
+  using SFlt = Kokkos::View<float*, typename Exec::scratch_memory_space, Kokkos::MemoryUnmanaged>;
+  EpShape s;
+  std::int64_t arrivals = 0;
+  Unmanaged2<const Unit, Mem> src;
+  LocalRows coef;
+  Unmanaged1<const float, Mem> extra_f;
+  Kokkos::View<int*, Mem> arrive_rank, arrive_base, arrive_count, fwd_rows;
+  PeerRows<Mem> ret;
+  std::size_t trailer_off = 0;
+
+  ReduceArrivals(const EpShape& s_, std::int64_t arrivals_, const Unmanaged2<const Unit, Mem>& src_,
+                 const LocalRows& coef_, const Unmanaged1<const float, Mem>& extra_f_, const EpLayoutViews<Mem>& v,
+                 const PeerRows<Mem>& ret_, std::size_t trailer_off_)
+      : s(s_),
+        arrivals(arrivals_),
+        src(src_),
+        coef(coef_),
+        extra_f(extra_f_),
+        arrive_rank(v.arrive_rank),
+        arrive_base(v.arrive_base),
+        arrive_count(v.arrive_count),
+        fwd_rows(v.fwd_rows),
+        ret(ret_),
+        trailer_off(trailer_off_) {}
+
+  std::int64_t items() const { return arrivals == 0 ? 0 : arrival_teams(s, arrivals); }
+  std::size_t shmem() const {
+    return SInt::shmem_size(s.K + 2) + SInt::shmem_size(s.K) + SFlt::shmem_size(s.K) + SInt::shmem_size(s.R + 1);
+  }
+
+  /// Walker \p item of \p walkers.
+  KOKKOS_INLINE_FUNCTION void operator()(const Team& m, std::int64_t item, std::int64_t walkers,
+                                         const TeamScratch<Exec>& sp) const {
+    const int units = static_cast<int>(src.extent(1));
+    const bool with_coef = coef.base != nullptr, with_f = extra_f.extent(0) > 0;
+    // The kept rows of the token here and their coefficients, in k order (the order of the sum); the arrival's
+    // source rank in the same round of loads (-1: an unused index).
+    SInt rows(sp, s.K + 2);
+    SInt fwd(sp, s.K);
+    SFlt cs(sp, s.K);
+    SInt pre(sp, s.R + 1);
+    const std::int64_t walked = arrivals_walked(m, s, arrivals, arrive_count, pre);
+    for (std::int64_t c = item; c < walked; c += walkers) {
+      const std::int64_t a = arrival_index(s, pre, c);
+      team_prefetch(m, s.K, [&](int k) {
+        fwd(k) = fwd_rows(a * s.K + k);
+        cs(k) = with_coef ? coef.at<float>(a)[k] : 1.0f;
+        if (k == 0) rows(s.K + 1) = arrive_rank(a);
+      });
+      const int i = rows(s.K + 1);
+      if (i >= 0) {
+        Kokkos::single(Kokkos::PerTeam(m), [&]() {
+          int n = 0;
+          for (int k = 0; k < s.K; ++k) {
+            if (fwd(k) < 0) continue;
+            rows(n) = fwd(k);
+            cs(n) = cs(k);  // n <= k: compacts in place
+            ++n;
+          }
+          rows(s.K) = n;
+        });
+        m.team_barrier();
+      }
+      // n == 0: every slot of the token here was dropped, and its rank reads no return row.
+      const int n = i >= 0 ? rows(s.K) : 0;
+      if (n > 0) {
+        char* out = ret.template at<char>(i, static_cast<int>(a - arrive_base(i)));
+        Kokkos::parallel_for(Kokkos::TeamThreadRange(m, units), [&](int u) {
+          float acc[Ops::n];
+          for (int e = 0; e < Ops::n; ++e) acc[e] = 0.0f;
+          gather_sum<Ops, Unit>(
+              n, [&](int r) { return src(rows(r), u); }, [&](int r) { return cs(r); }, acc);
+          Ops::store(acc, reinterpret_cast<Unit*>(out)[u]);
+        });
+        if (trailer_off > 0) {
+          Kokkos::parallel_for(Kokkos::TeamThreadRange(m, s.K), [&](int k) {
+            const int row = fwd(k);
+            reinterpret_cast<float*>(out + trailer_off)[k] = (row >= 0 && with_f) ? extra_f(row) : 0.0f;
+          });
+        }
+      }
+      if (c + walkers < walked) m.team_barrier();  // the next arrival's tables overwrite these
+    }
+  }
+};
+
 template <class Exec, class Scalar, class Unit>
 void reduce_arrivals(const Exec& exec, const EpShape s, std::int64_t arrivals,
                      const Unmanaged2<const Unit, typename Exec::memory_space>& src, const LocalRows coef,
@@ -172,77 +265,156 @@ void reduce_arrivals(const Exec& exec, const EpShape s, std::int64_t arrivals,
                      const EpLayoutViews<typename Exec::memory_space>& v,
                      const PeerRows<typename Exec::memory_space>& ret, std::size_t trailer_off, const char* label) {
   using Team = typename Kokkos::TeamPolicy<Exec>::member_type;
-  using Ops = UnitOps<Scalar, Unit>;
-  using SInt = Kokkos::View<int*, typename Exec::scratch_memory_space, Kokkos::MemoryUnmanaged>;
-  using SFlt = Kokkos::View<float*, typename Exec::scratch_memory_space, Kokkos::MemoryUnmanaged>;
-  if (arrivals == 0) return;
-  const int units = static_cast<int>(src.extent(1));
-  const bool with_coef = coef.base != nullptr, with_f = extra_f.extent(0) > 0;
-  auto arrive_rank = v.arrive_rank;
-  auto arrive_base = v.arrive_base;
-  auto arrive_count = v.arrive_count;
-  auto fwd_rows = v.fwd_rows;
-  const std::int64_t walkers = arrival_teams(s, arrivals);
-  const std::size_t shmem =
-      SInt::shmem_size(s.K + 2) + SInt::shmem_size(s.K) + SFlt::shmem_size(s.K) + SInt::shmem_size(s.R + 1);
+  const ReduceArrivals<Exec, Scalar, Unit> f(s, arrivals, src, coef, extra_f, v, ret, trailer_off);
+  const std::int64_t walkers = f.items();
   team_items(
-      exec, s, label, static_cast<int>(walkers), shmem,
-      KOKKOS_LAMBDA(const Team& m, std::int64_t item, const TeamScratch<Exec>& sp) {
-        // The kept rows of the token here and their coefficients, in k order (the order of the sum); the arrival's
-        // source rank in the same round of loads (-1: an unused index).
-        SInt rows(sp, s.K + 2);
-        SInt fwd(sp, s.K);
-        SFlt cs(sp, s.K);
-        SInt pre(sp, s.R + 1);
-        const std::int64_t walked = arrivals_walked(m, s, arrivals, arrive_count, pre);
-        for (std::int64_t c = item; c < walked; c += walkers) {
-          const std::int64_t a = arrival_index(s, pre, c);
-          team_prefetch(m, s.K, [&](int k) {
-            fwd(k) = fwd_rows(a * s.K + k);
-            cs(k) = with_coef ? coef.at<float>(a)[k] : 1.0f;
-            if (k == 0) rows(s.K + 1) = arrive_rank(a);
-          });
-          const int i = rows(s.K + 1);
-          if (i >= 0) {
-            Kokkos::single(Kokkos::PerTeam(m), [&]() {
-              int n = 0;
-              for (int k = 0; k < s.K; ++k) {
-                if (fwd(k) < 0) continue;
-                rows(n) = fwd(k);
-                cs(n) = cs(k);  // n <= k: compacts in place
-                ++n;
-              }
-              rows(s.K) = n;
-            });
-            m.team_barrier();
-          }
-          // n == 0: every slot of the token here was dropped, and its rank reads no return row.
-          const int n = i >= 0 ? rows(s.K) : 0;
-          if (n > 0) {
-            char* out = ret.template at<char>(i, static_cast<int>(a - arrive_base(i)));
-            Kokkos::parallel_for(Kokkos::TeamThreadRange(m, units), [&](int u) {
-              float acc[Ops::n];
-              for (int e = 0; e < Ops::n; ++e) acc[e] = 0.0f;
-              gather_sum<Ops, Unit>(
-                  n, [&](int r) { return src(rows(r), u); }, [&](int r) { return cs(r); }, acc);
-              Ops::store(acc, reinterpret_cast<Unit*>(out)[u]);
-            });
-            if (trailer_off > 0) {
-              Kokkos::parallel_for(Kokkos::TeamThreadRange(m, s.K), [&](int k) {
-                const int row = fwd(k);
-                reinterpret_cast<float*>(out + trailer_off)[k] = (row >= 0 && with_f) ? extra_f(row) : 0.0f;
-              });
-            }
-          }
-          if (c + walkers < walked) m.team_barrier();  // the next arrival's tables overwrite these
-        }
-      });
+      exec, s, label, walkers, f.shmem(),
+      KOKKOS_LAMBDA(const Team& m, std::int64_t item, const TeamScratch<Exec>& sp) { f(m, item, walkers, sp); });
 }
 
 /// Return direction, source side: y[t] = the FP32 sum, over the ranks its kept slots reach in ascending order, of
 /// each rank's partial rounded to the row type: this rank's own from the local rows (FP32 in k order, times w(t,k)
 /// when \p coef is given), the others' as returned. out_f(t,k) gets the slot's float (local_f of its row here, the
-/// returned trailer otherwise; 0 for empty and dropped slots).
+/// returned trailer otherwise; 0 for empty and dropped slots). A team function over (token, column block) items for
+/// one-kernel steps; reduce_ranks launches it.
+template <class Exec, class Scalar, class Unit>
+struct ReduceRanks {
+  using Mem = typename Exec::memory_space;
+  using Team = typename Kokkos::TeamPolicy<Exec>::member_type;
+  using Ops = UnitOps<Scalar, Unit>;
+  using SInt = Kokkos::View<int*, typename Exec::scratch_memory_space, Kokkos::MemoryUnmanaged>;
+  using SFlt = Kokkos::View<float*, typename Exec::scratch_memory_space, Kokkos::MemoryUnmanaged>;
+  EpShape s;
+  Unmanaged2<const Unit, Mem> local;
+  Unmanaged2<const float, Mem> coef;
+  Unmanaged1<const float, Mem> local_f;
+  LocalRows ret;
+  std::size_t trailer_off = 0;
+  Kokkos::View<int*, Mem> slot_row, slot_rank, tok_pos, send_base;
+  Unmanaged2<Unit, Mem> y;
+  Unmanaged2<float, Mem> out_f;
+  RowSplit split;
+
+  ReduceRanks(const EpShape& s_, const Unmanaged2<const Unit, Mem>& local_, const Unmanaged2<const float, Mem>& coef_,
+              const Unmanaged1<const float, Mem>& local_f_, const LocalRows& ret_, std::size_t trailer_off_,
+              const EpLayoutViews<Mem>& v, const Unmanaged2<Unit, Mem>& y_, const Unmanaged2<float, Mem>& out_f_,
+              int teams = kSplitTeams)
+      : s(s_),
+        local(local_),
+        coef(coef_),
+        local_f(local_f_),
+        ret(ret_),
+        trailer_off(trailer_off_),
+        slot_row(v.slot_row),
+        slot_rank(v.slot_rank),
+        tok_pos(v.tok_pos),
+        send_base(v.send_base),
+        y(y_),
+        out_f(out_f_),
+        split(row_split(s_.T, static_cast<int>(y_.extent(1)), teams)) {}  // decode sizes: a team per column block
+
+  std::int64_t items() const { return static_cast<std::int64_t>(s.T) * split.blocks; }
+  std::size_t shmem() const {
+    return 3 * SInt::shmem_size(s.K + 1) + SInt::shmem_size(2 * s.K) + SFlt::shmem_size(s.K) + SInt::shmem_size(s.R);
+  }
+
+  KOKKOS_INLINE_FUNCTION void operator()(const Team& m, std::int64_t item, const TeamScratch<Exec>& sp) const {
+    const int units = static_cast<int>(y.extent(1));
+    const bool with_coef = coef.extent(0) > 0, with_f = out_f.extent(0) > 0;
+    const int t = static_cast<int>(item / split.blocks), c = static_cast<int>(item % split.blocks);
+    const std::int64_t q0 = static_cast<std::int64_t>(t) * s.K;
+    // The distinct ranks of the kept slots, ascending (count last); per rank the returned row's index, -1 for
+    // this rank, whose kept rows and coefficients follow in k order (count last).
+    SInt order(sp, s.K + 1);
+    SInt from(sp, s.K + 1);
+    SInt lrow(sp, s.K + 1);
+    SFlt lcoef(sp, s.K);
+    SInt slots(sp, 2 * s.K);  // slot_row, then slot_rank
+    SInt rret(sp, s.R);       // per rank the returned row's index (-1: none, or this rank)
+    team_prefetch(m, s.K > s.R ? s.K : s.R, [&](int j) {
+      if (j < s.K) {
+        slots(j) = slot_row(q0 + j);
+        slots(s.K + j) = slot_rank(q0 + j);
+        lcoef(j) = with_coef ? coef(t, j) : 1.0f;
+      }
+      if (j < s.R) {
+        const int p = tok_pos(static_cast<std::int64_t>(t) * s.R + j);
+        rret(j) = p < 0 || j == s.me ? -1 : send_base(j) + p;
+      }
+    });
+    Kokkos::single(Kokkos::PerTeam(m), [&]() {
+      int n = 0, prev = -1;
+      for (;;) {
+        int next = -1;
+        for (int k = 0; k < s.K; ++k) {
+          const int r = slots(s.K + k);
+          if (slots(k) >= 0 && r > prev && (next < 0 || r < next)) next = r;
+        }
+        if (next < 0) break;
+        from(n) = rret(next);
+        order(n++) = next;
+        prev = next;
+      }
+      order(s.K) = n;
+      int nl = 0;
+      for (int k = 0; k < s.K; ++k) {
+        if (slots(k) < 0 || slots(s.K + k) != s.me) continue;
+        lrow(nl) = slots(k);
+        lcoef(nl) = lcoef(k);  // nl <= k: compacts in place
+        ++nl;
+      }
+      lrow(s.K) = nl;
+    });
+    m.team_barrier();
+    const int nd = order(s.K), nl = lrow(s.K);
+    const int u0 = split.begin(c);
+    Kokkos::parallel_for(Kokkos::TeamThreadRange(m, split.end(c, units) - u0), [&](int ju) {
+      const int u = u0 + ju;
+      // This rank's partial (FP32 in k order, rounded to the row type), then the ranks' partials in ascending
+      // rank order, the returned ones read kReduceGather at a time.
+      float mine[Ops::n];
+      for (int e = 0; e < Ops::n; ++e) mine[e] = 0.0f;
+      if (nl > 0) {
+        gather_sum<Ops, Unit>(
+            nl, [&](int l) { return local(lrow(l), u); }, [&](int l) { return lcoef(l); }, mine);
+        Unit rounded;
+        Ops::store(mine, rounded);
+        Ops::load(rounded, mine);
+      }
+      float acc[Ops::n];
+      for (int e = 0; e < Ops::n; ++e) acc[e] = 0.0f;
+      for (int d0 = 0; d0 < nd; d0 += kReduceGather) {
+        Unit raw[kReduceGather];
+        for (int j = 0; j < kReduceGather; ++j)
+          if (d0 + j < nd && from(d0 + j) >= 0) raw[j] = ret.at<Unit>(from(d0 + j))[u];
+        for (int j = 0; j < kReduceGather; ++j) {
+          if (d0 + j >= nd) break;
+          float part[Ops::n];
+          if (from(d0 + j) < 0) {
+            for (int e = 0; e < Ops::n; ++e) part[e] = mine[e];
+          } else {
+            Ops::load(raw[j], part);
+          }
+          for (int e = 0; e < Ops::n; ++e) acc[e] += part[e];
+        }
+      }
+      Ops::store(acc, y(t, u));
+    });
+    if (with_f && c == 0) {
+      Kokkos::parallel_for(Kokkos::TeamThreadRange(m, s.K), [&](int k) {
+        const int row = slots(k), r = slots(s.K + k);
+        float f = 0.0f;
+        if (row >= 0 && r == s.me) {
+          f = local_f.extent(0) > 0 ? local_f(row) : 0.0f;
+        } else if (row >= 0) {
+          f = reinterpret_cast<const float*>(ret.at<char>(rret(r)) + trailer_off)[k];
+        }
+        out_f(t, k) = f;
+      });
+    }
+  }
+};
+
 template <class Exec, class Scalar, class Unit>
 void reduce_ranks(const Exec& exec, const EpShape s, const Unmanaged2<const Unit, typename Exec::memory_space>& local,
                   const Unmanaged2<const float, typename Exec::memory_space>& coef,
@@ -251,114 +423,11 @@ void reduce_ranks(const Exec& exec, const EpShape s, const Unmanaged2<const Unit
                   const Unmanaged2<Unit, typename Exec::memory_space>& y,
                   const Unmanaged2<float, typename Exec::memory_space>& out_f, const char* label) {
   using Team = typename Kokkos::TeamPolicy<Exec>::member_type;
-  using Ops = UnitOps<Scalar, Unit>;
-  using SInt = Kokkos::View<int*, typename Exec::scratch_memory_space, Kokkos::MemoryUnmanaged>;
-  using SFlt = Kokkos::View<float*, typename Exec::scratch_memory_space, Kokkos::MemoryUnmanaged>;
   if (s.T == 0) return;
-  const int units = static_cast<int>(y.extent(1));
-  const bool with_coef = coef.extent(0) > 0, with_f = out_f.extent(0) > 0;
-  auto slot_row = v.slot_row;
-  auto slot_rank = v.slot_rank;
-  auto tok_pos = v.tok_pos;
-  auto send_base = v.send_base;
-  const std::size_t shmem =
-      3 * SInt::shmem_size(s.K + 1) + SInt::shmem_size(2 * s.K) + SFlt::shmem_size(s.K) + SInt::shmem_size(s.R);
-  const RowSplit split = row_split(s.T, units);  // decode sizes: a team per column block of a token
+  const ReduceRanks<Exec, Scalar, Unit> f(s, local, coef, local_f, ret, trailer_off, v, y, out_f);
   team_items(
-      exec, s, label, static_cast<std::int64_t>(s.T) * split.blocks, shmem,
-      KOKKOS_LAMBDA(const Team& m, std::int64_t item, const TeamScratch<Exec>& sp) {
-        const int t = static_cast<int>(item / split.blocks), c = static_cast<int>(item % split.blocks);
-        const std::int64_t q0 = static_cast<std::int64_t>(t) * s.K;
-        // The distinct ranks of the kept slots, ascending (count last); per rank the returned row's index, -1 for
-        // this rank, whose kept rows and coefficients follow in k order (count last).
-        SInt order(sp, s.K + 1);
-        SInt from(sp, s.K + 1);
-        SInt lrow(sp, s.K + 1);
-        SFlt lcoef(sp, s.K);
-        SInt slots(sp, 2 * s.K);  // slot_row, then slot_rank
-        SInt rret(sp, s.R);       // per rank the returned row's index (-1: none, or this rank)
-        team_prefetch(m, s.K > s.R ? s.K : s.R, [&](int j) {
-          if (j < s.K) {
-            slots(j) = slot_row(q0 + j);
-            slots(s.K + j) = slot_rank(q0 + j);
-            lcoef(j) = with_coef ? coef(t, j) : 1.0f;
-          }
-          if (j < s.R) {
-            const int p = tok_pos(static_cast<std::int64_t>(t) * s.R + j);
-            rret(j) = p < 0 || j == s.me ? -1 : send_base(j) + p;
-          }
-        });
-        Kokkos::single(Kokkos::PerTeam(m), [&]() {
-          int n = 0, prev = -1;
-          for (;;) {
-            int next = -1;
-            for (int k = 0; k < s.K; ++k) {
-              const int r = slots(s.K + k);
-              if (slots(k) >= 0 && r > prev && (next < 0 || r < next)) next = r;
-            }
-            if (next < 0) break;
-            from(n) = rret(next);
-            order(n++) = next;
-            prev = next;
-          }
-          order(s.K) = n;
-          int nl = 0;
-          for (int k = 0; k < s.K; ++k) {
-            if (slots(k) < 0 || slots(s.K + k) != s.me) continue;
-            lrow(nl) = slots(k);
-            lcoef(nl) = lcoef(k);  // nl <= k: compacts in place
-            ++nl;
-          }
-          lrow(s.K) = nl;
-        });
-        m.team_barrier();
-        const int nd = order(s.K), nl = lrow(s.K);
-        const int u0 = split.begin(c);
-        Kokkos::parallel_for(Kokkos::TeamThreadRange(m, split.end(c, units) - u0), [&](int ju) {
-          const int u = u0 + ju;
-          // This rank's partial (FP32 in k order, rounded to the row type), then the ranks' partials in ascending
-          // rank order, the returned ones read kReduceGather at a time.
-          float mine[Ops::n];
-          for (int e = 0; e < Ops::n; ++e) mine[e] = 0.0f;
-          if (nl > 0) {
-            gather_sum<Ops, Unit>(
-                nl, [&](int l) { return local(lrow(l), u); }, [&](int l) { return lcoef(l); }, mine);
-            Unit rounded;
-            Ops::store(mine, rounded);
-            Ops::load(rounded, mine);
-          }
-          float acc[Ops::n];
-          for (int e = 0; e < Ops::n; ++e) acc[e] = 0.0f;
-          for (int d0 = 0; d0 < nd; d0 += kReduceGather) {
-            Unit raw[kReduceGather];
-            for (int j = 0; j < kReduceGather; ++j)
-              if (d0 + j < nd && from(d0 + j) >= 0) raw[j] = ret.at<Unit>(from(d0 + j))[u];
-            for (int j = 0; j < kReduceGather; ++j) {
-              if (d0 + j >= nd) break;
-              float part[Ops::n];
-              if (from(d0 + j) < 0) {
-                for (int e = 0; e < Ops::n; ++e) part[e] = mine[e];
-              } else {
-                Ops::load(raw[j], part);
-              }
-              for (int e = 0; e < Ops::n; ++e) acc[e] += part[e];
-            }
-          }
-          Ops::store(acc, y(t, u));
-        });
-        if (with_f && c == 0) {
-          Kokkos::parallel_for(Kokkos::TeamThreadRange(m, s.K), [&](int k) {
-            const int row = slots(k), r = slots(s.K + k);
-            float f = 0.0f;
-            if (row >= 0 && r == s.me) {
-              f = local_f.extent(0) > 0 ? local_f(row) : 0.0f;
-            } else if (row >= 0) {
-              f = reinterpret_cast<const float*>(ret.at<char>(rret(r)) + trailer_off)[k];
-            }
-            out_f(t, k) = f;
-          });
-        }
-      });
+      exec, s, label, f.items(), f.shmem(),
+      KOKKOS_LAMBDA(const Team& m, std::int64_t item, const TeamScratch<Exec>& sp) { f(m, item, sp); });
 }
 
 /// Combine backward, Weighted, source side: token t's kept local slots get grad_out = w * grad_y[t] and

@@ -7,6 +7,7 @@
 // The return direction's step drivers and the backwards (docs/ep.md §3.3, §3.4): combine, combine backward and
 // dispatch backward.
 
+#include <impl/KokkosMoE_EP_CombineStep.hpp>
 #include <impl/KokkosMoE_EP_DispatchSteps.hpp>
 
 #include <algorithm>
@@ -57,6 +58,36 @@ void combine(const Exec& exec, EpHandleState<Exec>& h, CombineMode mode, const O
   enter_op(fn, g, s);
   const std::size_t pitch = token_pitch(static_cast<std::size_t>(H) * sizeof(Scalar), s.K, false);
   const std::size_t fpitch = static_cast<std::size_t>(s.K) * sizeof(float);
+  if (g.windows && s.R > 1 && h.decoded && !split) {
+    // A decode-sized step over the windows: one kernel (docs/ep.md §15).
+    with_unit<Scalar>(H, {out.data(), y.data()}, [&](auto unit) {
+      using Unit = decltype(unit);
+      g.transport->require_open(fn);
+      const Unmanaged1<const float, Mem> none;
+      const CombineStep<Exec, Scalar, Unit> f{
+          s,
+          weighted,
+          weighted ? floats2<Mem>(w) : Unmanaged2<const float, Mem>(),
+          h.v.tok_pos,
+          PeerRows<Mem>{wire.peers.fwd_f, h.v.fwd_base, fpitch},
+          ReduceArrivals<Exec, Scalar, Unit>(s, h.arrivals, rows_view<Unit, Mem>(out, H),
+                                             weighted ? LocalRows{wire.in_fwd_f, fpitch} : LocalRows{}, none, h.v,
+                                             PeerRows<Mem>{wire.peers.ret, h.v.ret_base, pitch}, 0),
+          ReduceRanks<Exec, Scalar, Unit>(s, rows_view<Unit, Mem>(out, H),
+                                          weighted ? floats2<Mem>(w) : Unmanaged2<const float, Mem>(), none,
+                                          LocalRows{wire.in_ret, pitch}, 0, h.v, rows_view<Unit, Mem>(y, H),
+                                          Unmanaged2<float, Mem>(), g.resident_league),
+          h.v.sent_rows,
+          h.v.ret_rows,
+          h.v.traffic,
+          static_cast<std::int64_t>(fpitch),
+          static_cast<std::int64_t>(pitch),
+          static_cast<std::int64_t>(H) * static_cast<std::int64_t>(sizeof(Scalar))};
+      combine_step(exec, f, wire.signals, g.resident_league, "KokkosMoE::ep_combine");
+      check_window(exec, fn, g);
+    });
+    return;
+  }
   if (weighted) {
     // The expert's rank weighs the slots it reduces: the K weights of each token row go there first.
     wire_acquire(exec, fn, g, wire, kRegionFwdF);

@@ -168,176 +168,206 @@ struct DecodeWire {
   std::size_t row_bytes = 0;    // the row's own bytes (the traffic counters' logical bytes)
 };
 
-/// The send kernel: one team per token, and one for the counts. Token t's K codes go to every rank (l * B + rank of
-/// the slot among this rank's slots of expert l, -1 where the slot is not that rank's), its row and weights to every
-/// rank it reaches, this rank's own included (its arrival space is where the receive kernel finds it). The sender's
-/// maps get the slots' ranks and codes (a remote slot's code stands for its row: it is kept, and only the expert's
-/// rank needs its row). The last team counts the slots per expert, the invalid ids and the tokens per rank, writes
-/// them where the layout would (gather_send, status, the traffic counters) and sends each rank its counts vector.
+/// One decode dispatch over the windows: what its send and receive phases read and write, and the phases as team
+/// functions over work items.
+///
+/// Send (a team per token block, and one for the counts). Token t's K codes go to every rank (l * B + rank of the slot
+/// among this rank's slots of expert l, -1 where the slot is not that rank's), its row and weights to every rank it
+/// reaches, this rank's own included (its arrival space is where the receive phase finds it). The sender's maps get
+/// the slots' ranks and codes (a remote slot's code stands for its row: it is kept, and only the expert's rank needs
+/// its row). The counts item counts the slots per expert, the invalid ids and the tokens per rank, writes them where
+/// the layout would (gather_send, status, the traffic counters) and sends each rank its counts vector.
+///
+/// Receive, after the window's epoch arrived (a team per arrival index a = i * B + t, source i, token t < T_i, then one
+/// per local expert, then one for the maps). An arrival's codes give its receive rows; its row and weights go there,
+/// and the maps the later operations read (fwd_rows, arrive_rank, recv_src, recv_expert, recv_k) get it as the layout
+/// would have written them. This rank's own tokens are local slots: their rows are written here and their slot_row
+/// becomes the receive row. An expert's item marks the rows past its count unowned (they are not written: the masked
+/// slab). The last item derives counts, offsets and bases from the counts vectors.
 template <class Exec, class Unit, class IdxView>
-void decode_send(const Exec& exec, const EpShape s, const IdxView& idx,
-                 const Unmanaged2<const Unit, typename Exec::memory_space>& x,
-                 const Unmanaged2<const float, typename Exec::memory_space>& w,
-                 const EpLayoutViews<typename Exec::memory_space>& v, const DecodeWire<typename Exec::memory_space>& d,
-                 const char* label) {
+struct DecodeDispatch {
   using Mem = typename Exec::memory_space;
   using Team = typename Kokkos::TeamPolicy<Exec>::member_type;
   using SInt = Kokkos::View<int*, typename Exec::scratch_memory_space, Kokkos::MemoryUnmanaged>;
-  const int units = static_cast<int>(x.extent(1));
-  const int CW = decode_count_words(s.L);
-  const std::size_t shmem = PackScratch<Exec>::shmem(s) > SInt::shmem_size(s.E + s.R) ? PackScratch<Exec>::shmem(s)
-                                                                                      : SInt::shmem_size(s.E + s.R);
-  const RowSplit split = row_split(s.T, units);
-  const std::int64_t blocks = static_cast<std::int64_t>(s.T) * split.blocks;
-  team_items(
-      exec, s, label, blocks + 1, shmem, KOKKOS_LAMBDA(const Team& m, std::int64_t item, const TeamScratch<Exec>& sp) {
-        if (item == blocks) {
-          SInt cnt(sp, s.E + s.R);  // slots per expert, then tokens per rank
-          const int bad = decode_histogram(m, s, idx, cnt);
-          decode_gather_send(m, s, v, cnt, bad);
-          Kokkos::parallel_for(Kokkos::TeamThreadRange(m, s.R), [&](int r) {
-            v.sent_rows(r) = r == s.me ? 0 : cnt(s.E + r);
-            v.ret_rows(r) = 0;  // the receive kernel counts the returns
-          });
-          Kokkos::parallel_for(Kokkos::TeamThreadRange(m, s.R * CW), [&](int j) {
-            const int r = j / CW, c = j % CW;
-            reinterpret_cast<int*>(d.counts(r))[s.me * CW + c] = c < s.L ? cnt(r * s.L + c) : (c == s.L ? s.T : bad);
-          });
-          Kokkos::single(Kokkos::PerTeam(m), [&]() {
-            v.status(0) = bad;
-            v.status(1) = 0;
-            v.status(3) = 0;
-            // The layout's part of the wire: the codes of every token, the counts vector and their two 16-byte
-            // signals, to each peer.
-            v.traffic(2 * kOpLayout + 1) += static_cast<std::int64_t>(s.R - 1) * ((CW + s.T * s.K) * 4 + 32);
-            // The rows: one per (token, remote rank reached), and this rank's arrive signal to each peer.
-            std::int64_t rows = 0;
-            for (int r = 0; r < s.R; ++r) rows += r == s.me ? 0 : cnt(s.E + r);
-            v.traffic(2 * kOpDispatch) += rows * static_cast<std::int64_t>(d.row_bytes);
-            v.traffic(2 * kOpDispatch + 1) +=
-                rows * static_cast<std::int64_t>(d.pitch) + 16 * static_cast<std::int64_t>(s.R - 1);
-          });
-          return;
-        }
-        const int t = static_cast<int>(item / split.blocks), c = static_cast<int>(item % split.blocks);
-        const PackScratch<Exec> p(sp, s);
-        decode_slots(m, s, idx, t, p.slots);
-        const std::int64_t q0 = static_cast<std::int64_t>(t) * s.K, a = static_cast<std::int64_t>(s.me) * s.B + t;
-        // The token's first block sends its codes and weights and writes its maps; every block its columns of the row.
-        Kokkos::parallel_for(Kokkos::TeamThreadRange(m, c == 0 ? s.R * s.K : 0), [&](int j) {
-          const int r = j / s.K, k = j % s.K, e = p.slots(k);
-          const int code = e >= 0 && e / s.L == r ? (e % s.L) * s.B + p.slots(s.K + k) : -1;
-          reinterpret_cast<int*>(d.meta(r))[a * s.K + k] = code;
-          if (e >= 0 && e / s.L == r) v.slot_row(q0 + k) = code;
-          if (r == 0) {
-            v.slot_rank(q0 + k) = e >= 0 ? e / s.L : -1;
-            v.slot_kept(q0 + k) = e >= 0 ? 1 : 0;
-            if (e < 0) v.slot_row(q0 + k) = -1;
-          }
-        });
-        Kokkos::parallel_for(Kokkos::TeamThreadRange(m, s.R), [&](int r) {
-          bool reach = false;
-          for (int k = 0; k < s.K; ++k) reach = reach || (p.slots(k) >= 0 && p.slots(k) / s.L == r);
-          const std::int64_t tr = static_cast<std::int64_t>(t) * s.R + r;
-          if (c == 0) {
-            v.token_in_rank(tr) = reach ? 1 : 0;
-            v.tok_pos(tr) = reach ? t : -1;
-          }
-          p.raddr(r) = reach ? d.fwd(r) + static_cast<std::size_t>(a) * d.pitch : 0;
-        });
-        m.team_barrier();
-        Kokkos::single(Kokkos::PerTeam(m), [&]() {
-          int nr = 0;
-          for (int r = 0; r < s.R; ++r)
-            if (p.raddr(r) != 0) p.ptr(nr++) = p.raddr(r);  // nr <= min(R, K): a rank is reached by a slot
-          p.lrow(s.K + 1) = nr;
-        });
-        m.team_barrier();
-        const int nr = p.lrow(s.K + 1);
-        team_fan_out<Unit>(
-            m, split.begin(c), split.end(c, units), nr, [&](int u) { return x(t, u); },
-            [&](int i, int u) -> Unit& { return reinterpret_cast<Unit*>(p.ptr(i))[u]; });
-        if (c == 0) p.template weights<Mem>(m, s, t, w, d.trailer_off, Unmanaged1<float, Mem>(), 0, nr);
-      });
-}
+  EpShape s;
+  IdxView idx;
+  Unmanaged2<const Unit, Mem> x;
+  Unmanaged2<const float, Mem> w;
+  EpLayoutViews<Mem> v;
+  DecodeWire<Mem> d;
+  Unmanaged2<Unit, Mem> recv_x;
+  Unmanaged1<float, Mem> recv_w;
+  RowSplit split;
 
-/// The receive kernel, after the window's epoch arrived: one team per arrival index a = i * B + t (source i, token
-/// t < T_i), then one per local expert, then one for the maps. An arrival's codes give its receive rows; its row and
-/// weights go there, and the maps the later operations read (fwd_rows, arrive_rank, recv_src, recv_expert, recv_k) get
-/// it as the layout would have written them. This rank's own tokens are local slots: their rows are written here and
-/// their slot_row becomes the receive row. An expert's team marks the rows past its count unowned (they are not
-/// written: the masked slab). The last team derives counts, offsets and bases from the counts vectors.
-template <class Exec, class Unit>
-void decode_receive(const Exec& exec, const EpShape s, const EpLayoutViews<typename Exec::memory_space>& v,
-                    const DecodeWire<typename Exec::memory_space>& d,
-                    const Unmanaged2<Unit, typename Exec::memory_space>& recv_x,
-                    const Unmanaged1<float, typename Exec::memory_space>& recv_w, const char* label) {
+  KOKKOS_INLINE_FUNCTION std::int64_t send_items() const { return static_cast<std::int64_t>(s.T) * split.blocks + 1; }
+  std::size_t send_shmem() const {
+    const std::size_t a = PackScratch<Exec>::shmem(s), b = SInt::shmem_size(s.E + s.R);
+    return a > b ? a : b;
+  }
+  KOKKOS_INLINE_FUNCTION std::int64_t receive_items() const { return static_cast<std::int64_t>(s.R) * s.B + s.L + 1; }
+  std::size_t receive_shmem() const { return SInt::shmem_size(2 * s.K + 1); }
+
+  KOKKOS_INLINE_FUNCTION void send(const Team& m, std::int64_t item, const TeamScratch<Exec>& sp) const {
+    const int units = static_cast<int>(x.extent(1));
+    const int CW = decode_count_words(s.L);
+    if (item == send_items() - 1) {
+      SInt cnt(sp, s.E + s.R);  // slots per expert, then tokens per rank
+      const int bad = decode_histogram(m, s, idx, cnt);
+      decode_gather_send(m, s, v, cnt, bad);
+      Kokkos::parallel_for(Kokkos::TeamThreadRange(m, s.R), [&](int r) {
+        v.sent_rows(r) = r == s.me ? 0 : cnt(s.E + r);
+        v.ret_rows(r) = 0;  // the receive phase counts the returns
+      });
+      Kokkos::parallel_for(Kokkos::TeamThreadRange(m, s.R * CW), [&](int j) {
+        const int r = j / CW, c = j % CW;
+        reinterpret_cast<int*>(d.counts(r))[s.me * CW + c] = c < s.L ? cnt(r * s.L + c) : (c == s.L ? s.T : bad);
+      });
+      Kokkos::single(Kokkos::PerTeam(m), [&]() {
+        v.status(0) = bad;
+        v.status(1) = 0;
+        v.status(3) = 0;
+        // The layout's part of the wire: the codes of every token, the counts vector and their two 16-byte
+        // signals, to each peer.
+        v.traffic(2 * kOpLayout + 1) += static_cast<std::int64_t>(s.R - 1) * ((CW + s.T * s.K) * 4 + 32);
+        // The rows: one per (token, remote rank reached), and this rank's arrive signal to each peer.
+        std::int64_t rows = 0;
+        for (int r = 0; r < s.R; ++r) rows += r == s.me ? 0 : cnt(s.E + r);
+        v.traffic(2 * kOpDispatch) += rows * static_cast<std::int64_t>(d.row_bytes);
+        v.traffic(2 * kOpDispatch + 1) +=
+            rows * static_cast<std::int64_t>(d.pitch) + 16 * static_cast<std::int64_t>(s.R - 1);
+      });
+      return;
+    }
+    const int t = static_cast<int>(item / split.blocks), c = static_cast<int>(item % split.blocks);
+    const PackScratch<Exec> p(sp, s);
+    decode_slots(m, s, idx, t, p.slots);
+    const std::int64_t q0 = static_cast<std::int64_t>(t) * s.K, a = static_cast<std::int64_t>(s.me) * s.B + t;
+    // The token's first block sends its codes and weights and writes its maps; every block its columns of the row.
+    Kokkos::parallel_for(Kokkos::TeamThreadRange(m, c == 0 ? s.R * s.K : 0), [&](int j) {
+      const int r = j / s.K, k = j % s.K, e = p.slots(k);
+      const int code = e >= 0 && e / s.L == r ? (e % s.L) * s.B + p.slots(s.K + k) : -1;
+      reinterpret_cast<int*>(d.meta(r))[a * s.K + k] = code;
+      if (e >= 0 && e / s.L == r) v.slot_row(q0 + k) = code;
+      if (r == 0) {
+        v.slot_rank(q0 + k) = e >= 0 ? e / s.L : -1;
+        v.slot_kept(q0 + k) = e >= 0 ? 1 : 0;
+        if (e < 0) v.slot_row(q0 + k) = -1;
+      }
+    });
+    Kokkos::parallel_for(Kokkos::TeamThreadRange(m, s.R), [&](int r) {
+      bool reach = false;
+      for (int k = 0; k < s.K; ++k) reach = reach || (p.slots(k) >= 0 && p.slots(k) / s.L == r);
+      const std::int64_t tr = static_cast<std::int64_t>(t) * s.R + r;
+      if (c == 0) {
+        v.token_in_rank(tr) = reach ? 1 : 0;
+        v.tok_pos(tr) = reach ? t : -1;
+      }
+      p.raddr(r) = reach ? d.fwd(r) + static_cast<std::size_t>(a) * d.pitch : 0;
+    });
+    m.team_barrier();
+    Kokkos::single(Kokkos::PerTeam(m), [&]() {
+      int nr = 0;
+      for (int r = 0; r < s.R; ++r)
+        if (p.raddr(r) != 0) p.ptr(nr++) = p.raddr(r);  // nr <= min(R, K): a rank is reached by a slot
+      p.lrow(s.K + 1) = nr;
+    });
+    m.team_barrier();
+    const int nr = p.lrow(s.K + 1);
+    team_fan_out<Unit>(
+        m, split.begin(c), split.end(c, units), nr, [&](int u) { return x(t, u); },
+        [&](int i, int u) -> Unit& { return reinterpret_cast<Unit*>(p.ptr(i))[u]; });
+    if (c == 0) p.template weights<Mem>(m, s, t, w, d.trailer_off, Unmanaged1<float, Mem>(), 0, nr);
+  }
+
+  KOKKOS_INLINE_FUNCTION void receive(const Team& m, std::int64_t item, const TeamScratch<Exec>& sp) const {
+    const int units = static_cast<int>(recv_x.extent(1));
+    const bool with_w = recv_w.extent(0) > 0;
+    const int CW = decode_count_words(s.L);
+    const std::int64_t RB = static_cast<std::int64_t>(s.R) * s.B;
+    const int* cnt = d.in_counts;  // [R][CW]
+    if (item >= RB + s.L) {
+      decode_maps(m, s, v, [&](int i, int c) { return cnt[i * CW + c]; });
+      return;
+    }
+    if (item >= RB) {
+      const int l = static_cast<int>(item - RB);
+      int n = 0;
+      for (int i = 0; i < s.R; ++i) n += cnt[i * CW + l];
+      decode_mask_slab(m, s, v, l, n);
+      return;
+    }
+    const std::int64_t a = item;
+    const int i = static_cast<int>(a / s.B), t = static_cast<int>(a % s.B);
+    const bool mine = i == s.me;
+    if (t >= cnt[i * CW + s.L]) {
+      // No token of source i here this step: the index feeds nothing.
+      Kokkos::parallel_for(Kokkos::TeamThreadRange(m, s.K), [&](int k) { v.fwd_rows(a * s.K + k) = -1; });
+      Kokkos::single(Kokkos::PerTeam(m), [&]() { v.arrive_rank(a) = -1; });
+      return;
+    }
+    SInt rows(sp, 2 * s.K + 1);  // per k the receive row (-1 none), then the compacted rows, their count last
+    const char* row = d.in_fwd + static_cast<std::size_t>(a) * d.pitch;
+    const float* trailer = reinterpret_cast<const float*>(row + d.trailer_off);
+    Kokkos::parallel_for(Kokkos::TeamThreadRange(m, s.K), [&](int k) {
+      const int code = d.in_meta[a * s.K + k];
+      int q = -1;
+      if (code >= 0) {
+        const int l = code / s.B;
+        int base = 0;
+        for (int i2 = 0; i2 < i; ++i2) base += cnt[i2 * CW + l];
+        q = static_cast<int>(l * RB) + base + code % s.B;
+        v.recv_expert(q) = l;
+        v.recv_src(q) = mine ? -1 : static_cast<int>(a);
+        v.recv_k(q) = k;
+        if (with_w) recv_w(q) = trailer[k];
+        if (mine) v.slot_row(static_cast<std::int64_t>(t) * s.K + k) = q;
+      }
+      rows(k) = q;
+      v.fwd_rows(a * s.K + k) = mine ? -1 : q;
+    });
+    m.team_barrier();
+    Kokkos::single(Kokkos::PerTeam(m), [&]() {
+      int n = 0;
+      for (int k = 0; k < s.K; ++k)
+        if (rows(k) >= 0) rows(s.K + n++) = rows(k);
+      rows(2 * s.K) = n;
+      v.arrive_rank(a) = !mine && n > 0 ? i : -1;
+      if (!mine && n > 0) Kokkos::atomic_add(&v.ret_rows(i), 1);  // a count, not a position
+    });
+    m.team_barrier();
+    const int n = rows(2 * s.K);
+    const Unit* src = reinterpret_cast<const Unit*>(row);
+    team_fan_out<Unit>(
+        m, 0, units, n, [&](int u) { return src[u]; },
+        [&](int dd, int u) -> Unit& { return recv_x(rows(s.K + dd), u); });
+  }
+};
+
+/// The whole decode dispatch over the windows in one kernel of \p league resident teams (EpGroupState::
+/// resident_league): every team waits until every peer freed the previous epoch's rows, codes and counts, takes its
+/// send items, and meets the others at a ticket: the last team to arrive raises this rank's arrive counters of the
+/// three regions in every rank, this one included. Every team waits for every rank's, takes its receive items and
+/// meets the others again: the last one tells every peer the epoch's regions are free and advances the epochs. A wait
+/// past the deadline sets the group's error word and every later wait returns at once: the teams skip their items and
+/// still pass both tickets, so the kernel ends.
+template <class Exec, class Unit, class IdxView>
+void decode_step(const Exec& exec, const DecodeDispatch<Exec, Unit, IdxView>& f,
+                 const WindowSignals<typename Exec::memory_space>& sig, int league, const char* label) {
   using Team = typename Kokkos::TeamPolicy<Exec>::member_type;
-  using SInt = Kokkos::View<int*, typename Exec::scratch_memory_space, Kokkos::MemoryUnmanaged>;
-  const int units = static_cast<int>(recv_x.extent(1));
-  const bool with_w = recv_w.extent(0) > 0;
-  const int CW = decode_count_words(s.L);
-  const std::int64_t RB = static_cast<std::int64_t>(s.R) * s.B;
-  const std::size_t shmem = SInt::shmem_size(2 * s.K + 1);
-  team_items(
-      exec, s, label, RB + s.L + 1, shmem,
-      KOKKOS_LAMBDA(const Team& m, std::int64_t item, const TeamScratch<Exec>& sp) {
-        const int* cnt = d.in_counts;  // [R][CW]
-        if (item >= RB + s.L) {
-          decode_maps(m, s, v, [&](int i, int c) { return cnt[i * CW + c]; });
-          return;
-        }
-        if (item >= RB) {
-          const int l = static_cast<int>(item - RB);
-          int n = 0;
-          for (int i = 0; i < s.R; ++i) n += cnt[i * CW + l];
-          decode_mask_slab(m, s, v, l, n);
-          return;
-        }
-        const std::int64_t a = item;
-        const int i = static_cast<int>(a / s.B), t = static_cast<int>(a % s.B);
-        const bool mine = i == s.me;
-        if (t >= cnt[i * CW + s.L]) {
-          // No token of source i here this step: the index feeds nothing.
-          Kokkos::parallel_for(Kokkos::TeamThreadRange(m, s.K), [&](int k) { v.fwd_rows(a * s.K + k) = -1; });
-          Kokkos::single(Kokkos::PerTeam(m), [&]() { v.arrive_rank(a) = -1; });
-          return;
-        }
-        SInt rows(sp, 2 * s.K + 1);  // per k the receive row (-1 none), then the compacted rows, their count last
-        const char* row = d.in_fwd + static_cast<std::size_t>(a) * d.pitch;
-        const float* trailer = reinterpret_cast<const float*>(row + d.trailer_off);
-        Kokkos::parallel_for(Kokkos::TeamThreadRange(m, s.K), [&](int k) {
-          const int code = d.in_meta[a * s.K + k];
-          int q = -1;
-          if (code >= 0) {
-            const int l = code / s.B;
-            int base = 0;
-            for (int i2 = 0; i2 < i; ++i2) base += cnt[i2 * CW + l];
-            q = static_cast<int>(l * RB) + base + code % s.B;
-            v.recv_expert(q) = l;
-            v.recv_src(q) = mine ? -1 : static_cast<int>(a);
-            v.recv_k(q) = k;
-            if (with_w) recv_w(q) = trailer[k];
-            if (mine) v.slot_row(static_cast<std::int64_t>(t) * s.K + k) = q;
-          }
-          rows(k) = q;
-          v.fwd_rows(a * s.K + k) = mine ? -1 : q;
+  const std::size_t shmem = f.send_shmem() > f.receive_shmem() ? f.send_shmem() : f.receive_shmem();
+  const std::int64_t ns = f.send_items(), nr = f.receive_items();
+  resident_teams(
+      exec, league, shmem, label, KOKKOS_LAMBDA(const Team& m, void* buf) {
+        const TeamMeet<Team, typename Exec::memory_space> meet{m, sig};
+        if (meet.wait(kDecodeRegions, 1, 0))
+          team_stride(m, ns, [&](std::int64_t i) { f.send(m, i, TeamScratch<Exec>(buf, shmem)); });
+        meet.ticket(0, [&]() { meet.raise(kDecodeRegions, 0, true); });
+        if (meet.wait(kDecodeRegions, 0, 1, true))
+          team_stride(m, nr, [&](std::int64_t i) { f.receive(m, i, TeamScratch<Exec>(buf, shmem)); });
+        meet.ticket(1, [&]() {
+          meet.raise(kDecodeRegions, 1);
+          meet.advance(kDecodeRegions);
         });
-        m.team_barrier();
-        Kokkos::single(Kokkos::PerTeam(m), [&]() {
-          int n = 0;
-          for (int k = 0; k < s.K; ++k)
-            if (rows(k) >= 0) rows(s.K + n++) = rows(k);
-          rows(2 * s.K) = n;
-          v.arrive_rank(a) = !mine && n > 0 ? i : -1;
-          if (!mine && n > 0) Kokkos::atomic_add(&v.ret_rows(i), 1);  // a count, not a position
-        });
-        m.team_barrier();
-        const int n = rows(2 * s.K);
-        const Unit* src = reinterpret_cast<const Unit*>(row);
-        team_fan_out<Unit>(
-            m, 0, units, n, [&](int u) { return src[u]; },
-            [&](int dd, int u) -> Unit& { return recv_x(rows(s.K + dd), u); });
       });
 }
 

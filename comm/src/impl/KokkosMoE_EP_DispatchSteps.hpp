@@ -179,19 +179,20 @@ void decode_dispatch(const Exec& exec, EpHandleState<Exec>& h, const IdxView& id
   with_unit<Scalar>(H, {x.data(), recv_x.data()}, [&](auto unit) {
     using Unit = decltype(unit);
     g.transport->require_open(fn);
-    window_acquire_regions(exec, wire.signals, kDecodeRegions);
+    const auto xr = rows_view<Unit, Mem>(x, H);
+    // One team per token (a column block of it at fewer tokens than teams).
+    const RowSplit split = row_split(s.T, static_cast<int>(xr.extent(1)), g.resident_league);
+    const DecodeDispatch<Exec, Unit, IdxView> f{s,
+                                                idx,
+                                                xr,
+                                                with_w ? floats2<Mem>(w) : Unmanaged2<const float, Mem>(),
+                                                h.v,
+                                                d,
+                                                rows_view<Unit, Mem>(recv_x, H),
+                                                with_w ? floats1_out<Mem>(recv_w) : Unmanaged1<float, Mem>(),
+                                                split};
+    decode_step(exec, f, wire.signals, g.resident_league, "KokkosMoE::ep_decode_dispatch");
     check_window(exec, fn, g);
-    decode_send<Exec, Unit>(exec, s, idx, rows_view<Unit, Mem>(x, H),
-                            with_w ? floats2<Mem>(w) : Unmanaged2<const float, Mem>(), h.v, d,
-                            "KokkosMoE::ep_decode_dispatch::send");
-    if constexpr (Kokkos::SpaceAccessibility<Kokkos::HostSpace, Mem>::accessible)
-      exec.fence();  // the rows of every host thread are written before the counters say so
-    window_post_regions(exec, wire.signals, kDecodeRegions);
-    check_window(exec, fn, g);
-    decode_receive<Exec, Unit>(exec, s, h.v, d, rows_view<Unit, Mem>(recv_x, H),
-                               with_w ? floats1_out<Mem>(recv_w) : Unmanaged1<float, Mem>(),
-                               "KokkosMoE::ep_decode_dispatch::receive");
-    window_release_regions(exec, wire.signals, kDecodeRegions);
   });
   h.laid_out = true;
   h.decoded = true;

@@ -27,11 +27,19 @@ KOKKOS_INLINE_FUNCTION constexpr int layout_chunk(int top_k) {
 
 /// Every EP launch passes its functor as a kernel argument (Kokkos' light-weight launch): the functors are small,
 /// and a launch through constant memory (a host staging buffer, an event wait) or global memory (a per-instance
-/// buffer that may be reallocated) is not safe to capture into a CUDA graph and replay (docs/ep.md §6).
+/// buffer that may be reallocated) is not safe to capture into a CUDA graph and replay (docs/ep.md §6). Host spaces
+/// launch by calling, so they take the policy as it is: their team policies lose the execution space instance when a
+/// property is added (the converting TeamPolicyInternal constructors of Serial, OpenMP and Threads do not copy it,
+/// Kokkos 4.6), and the kernel would run on the default instance, behind every other rank's kernel there.
 template <class Policy>
 auto light(const Policy& p) {
-  return Kokkos::Experimental::require(p, Kokkos::Experimental::WorkItemProperty::HintLightWeight);
-}  ///< tokens per layout team: the in-chunk rank is a serial loop of chunk*K steps
+  if constexpr (Kokkos::SpaceAccessibility<Kokkos::HostSpace,
+                                           typename Policy::execution_space::memory_space>::accessible) {
+    return p;
+  } else {
+    return Kokkos::Experimental::require(p, Kokkos::Experimental::WorkItemProperty::HintLightWeight);
+  }
+}
 
 template <class T, class Mem>
 using Unmanaged1 = Kokkos::View<T*, Kokkos::LayoutRight, Mem, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
@@ -127,6 +135,16 @@ KOKKOS_INLINE_FUNCTION int last_start_at_or_below(int n, std::int64_t q, const S
 template <class Exec>
 using TeamScratch = typename Exec::scratch_memory_space;
 
+/// The items league_rank, + league_size, ... of [0, n) in turn, one call f(i) each, a barrier between two (they
+/// reuse the team's scratch).
+template <class Member, class F>
+KOKKOS_INLINE_FUNCTION void team_stride(const Member& m, std::int64_t n, const F& f) {
+  for (std::int64_t i = m.league_rank(); i < n; i += m.league_size()) {
+    if (i != m.league_rank()) m.team_barrier();
+    f(i);
+  }
+}
+
 /// An EP kernel over n work items: one team per item, or under the SM cap (EpShape::max_teams) at most that many
 /// teams, each taking the items league_rank, + max_teams, ... in turn (a barrier between two: they reuse the team's
 /// scratch). A Cuda block runs on one SM, so a capped kernel occupies at most max_teams SMs (docs/ep.md §13).
@@ -149,12 +167,32 @@ void team_items(const Exec& exec, const EpShape& s, const char* label, std::int6
   const std::int64_t league = s.max_teams;
   const auto body = KOKKOS_LAMBDA(const Team& m) {
     void* buf = shmem > 0 ? m.team_scratch(0).get_shmem(shmem) : nullptr;
-    for (std::int64_t i = m.league_rank(); i < n; i += league) {
-      if (i != m.league_rank()) m.team_barrier();
-      f(m, i, Scratch(buf, shmem));
-    }
+    team_stride(m, n, [&](std::int64_t i) { f(m, i, Scratch(buf, shmem)); });
   };
   Kokkos::TeamPolicy<Exec> policy(exec, static_cast<int>(league), Kokkos::AUTO, vector);
+  Kokkos::parallel_for(label, light(policy.set_scratch_size(0, Kokkos::PerTeam(shmem))), body);
+}
+
+/// A kernel whose teams wait for each other on a device runs teams of kResidentTeamSize threads compiled for
+/// kResidentTeamsPerSm of them on one SM (at most 128 registers a thread), so that many teams of it fit every SM.
+constexpr int kResidentTeamSize = 128;
+constexpr int kResidentTeamsPerSm = 4;
+
+/// A kernel whose teams wait for each other and for the peers' kernels (docs/ep.md §15): f(member, buf) on \p league
+/// teams that are all resident at once, buf the team's \p shmem bytes of scratch. A device keeps kResidentTeamsPerSm
+/// teams on each SM, so a league of at most that many per SM (shared among the ranks on the device) is resident; a
+/// host space runs teams in turn, so there the league is one team of the instance's threads.
+template <class Exec, class F>
+void resident_teams(const Exec& exec, int league, std::size_t shmem, const char* label, const F& f) {
+  using Policy = Kokkos::TeamPolicy<Exec, Kokkos::LaunchBounds<kResidentTeamSize, kResidentTeamsPerSm>>;
+  using Team = typename Policy::member_type;
+  const auto body = KOKKOS_LAMBDA(const Team& m) { f(m, shmem > 0 ? m.team_scratch(0).get_shmem(shmem) : nullptr); };
+  const bool host = Kokkos::SpaceAccessibility<Kokkos::HostSpace, typename Exec::memory_space>::accessible;
+  Policy probe(exec, host ? 1 : league, 1);
+  probe.set_scratch_size(0, Kokkos::PerTeam(shmem));
+  int size = probe.team_size_max(body, Kokkos::ParallelForTag());
+  size = size < kResidentTeamSize ? size : kResidentTeamSize;
+  Policy policy(exec, host ? 1 : league, size > 0 ? size : 1);
   Kokkos::parallel_for(label, light(policy.set_scratch_size(0, Kokkos::PerTeam(shmem))), body);
 }
 

@@ -425,6 +425,17 @@ void meta_scatter(const Exec& exec, const EpShape s, const EpLayoutViews<typenam
 /// Adds one transfer of an operation to the traffic counters: forward (token rows this rank sent) or return (rows
 /// it sent back); \p block_rows > 0 where the transport moves whole blocks of that many rows per peer, \p signals
 /// the bytes of the window counters it raised.
+template <class Mem>
+KOKKOS_INLINE_FUNCTION void add_traffic(const EpShape& s, const Kokkos::View<int*, Mem>& rows,
+                                        const Kokkos::View<std::int64_t*, Mem>& traffic, int op, std::int64_t pitch,
+                                        std::int64_t row_bytes, std::int64_t block_rows, std::int64_t signals) {
+  std::int64_t n = 0;
+  for (int r = 0; r < s.R; ++r) n += r == s.me ? 0 : rows(r);
+  traffic(2 * op) += n * row_bytes;
+  traffic(2 * op + 1) += (block_rows > 0 ? static_cast<std::int64_t>(s.R - 1) * block_rows : n) * pitch + signals;
+}
+
+/// add_traffic in a kernel of one thread, behind the transfer's kernels.
 template <class Exec>
 void account_transfer(const Exec& exec, const EpShape s, const EpLayoutViews<typename Exec::memory_space>& v, int op,
                       bool forward, std::int64_t pitch, std::int64_t row_bytes, std::int64_t block_rows,
@@ -433,12 +444,8 @@ void account_transfer(const Exec& exec, const EpShape s, const EpLayoutViews<typ
   auto rows = forward ? v.sent_rows : v.ret_rows;
   auto traffic = v.traffic;
   Kokkos::parallel_for(
-      "KokkosMoE::ep::account", light(Kokkos::RangePolicy<Exec>(exec, 0, 1)), KOKKOS_LAMBDA(int) {
-        std::int64_t n = 0;
-        for (int r = 0; r < s.R; ++r) n += r == s.me ? 0 : rows(r);
-        traffic(2 * op) += n * row_bytes;
-        traffic(2 * op + 1) += (block_rows > 0 ? static_cast<std::int64_t>(s.R - 1) * block_rows : n) * pitch + signals;
-      });
+      "KokkosMoE::ep::account", light(Kokkos::RangePolicy<Exec>(exec, 0, 1)),
+      KOKKOS_LAMBDA(int) { add_traffic(s, rows, traffic, op, pitch, row_bytes, block_rows, signals); });
 }
 
 /// The layout's bytes: the count all-gather and the meta (K ints per token row, every token a peer receives).

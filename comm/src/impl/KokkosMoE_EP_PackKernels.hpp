@@ -83,7 +83,7 @@ KOKKOS_INLINE_FUNCTION void gather_sum(int n, const RowAt& row, const CoefAt& co
 /// a device of 132 SMs one team each, too few loads in flight to reach the memory's rate. A row of more than
 /// kSplitUnits units is split into blocks of at least that many, until the kernel has about kSplitTeams teams; a team
 /// then takes one block of its token (the same per-unit arithmetic: the bits do not change). Prefill sizes (T >=
-/// kSplitTeams) keep one team per token.
+/// kSplitTeams) keep one team per token; a kernel of a fixed league of teams asks for that many.
 constexpr int kSplitTeams = 1024;
 constexpr int kSplitUnits = 128;
 
@@ -94,9 +94,9 @@ struct RowSplit {
   KOKKOS_INLINE_FUNCTION int end(int c, int units) const { return (c + 1) * width < units ? (c + 1) * width : units; }
 };
 
-inline RowSplit row_split(int T, int units) {
+inline RowSplit row_split(int T, int units, int teams = kSplitTeams) {
   const int most = units / kSplitUnits;  // blocks of at least kSplitUnits units
-  const int wanted = T >= kSplitTeams || T <= 0 ? 1 : (kSplitTeams + T - 1) / T;
+  const int wanted = T >= teams || T <= 0 ? 1 : (teams + T - 1) / T;
   RowSplit r;
   r.blocks = wanted < most ? wanted : (most > 1 ? most : 1);
   r.width = (units + r.blocks - 1) / r.blocks;
@@ -353,6 +353,19 @@ void pack_tokens(const Exec& exec, const EpShape s, const Unmanaged2<const Unit,
       });
 }
 
+/// Combine's Weighted weights of pair q = t * R + r: the K floats w(t, k) to rank r when token t reaches it (not
+/// this rank).
+template <class Mem>
+KOKKOS_INLINE_FUNCTION void pack_weight_pair(const EpShape& s, const Unmanaged2<const float, Mem>& w,
+                                             const Kokkos::View<int*, Mem>& tok_pos, const PeerRows<Mem>& dst,
+                                             std::int64_t q) {
+  const int t = static_cast<int>(q / s.R), r = static_cast<int>(q % s.R);
+  const int p = tok_pos(q);
+  if (r == s.me || p < 0) return;
+  float* out = dst.template at<float>(r, p);
+  for (int k = 0; k < s.K; ++k) out[k] = w(t, k);
+}
+
 /// Combine's Weighted weights, source side: the K floats w(t,k) of each token, once per remote rank it reaches.
 template <class Exec>
 void pack_weights(const Exec& exec, const EpShape s, const Unmanaged2<const float, typename Exec::memory_space>& w,
@@ -362,13 +375,8 @@ void pack_weights(const Exec& exec, const EpShape s, const Unmanaged2<const floa
   if (pairs == 0 || s.R == 1) return;
   auto tok_pos = v.tok_pos;
   range_items(
-      exec, s, "KokkosMoE::ep_combine::weights", pairs, KOKKOS_LAMBDA(std::int64_t q) {
-        const int t = static_cast<int>(q / s.R), r = static_cast<int>(q % s.R);
-        const int p = tok_pos(q);
-        if (r == s.me || p < 0) return;
-        float* out = dst.template at<float>(r, p);
-        for (int k = 0; k < s.K; ++k) out[k] = w(t, k);
-      });
+      exec, s, "KokkosMoE::ep_combine::weights", pairs,
+      KOKKOS_LAMBDA(std::int64_t q) { pack_weight_pair(s, w, tok_pos, dst, q); });
 }
 
 }  // namespace Impl

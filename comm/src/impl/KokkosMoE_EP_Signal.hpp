@@ -62,6 +62,7 @@ struct WindowSignals {
   Kokkos::View<std::uint64_t*, Mem> epoch;        // [kWindowRegions] this rank's completed epochs
   Kokkos::View<std::int64_t*, Mem> err;           // [kErrWords] failed, region, peer, epoch, kind, value seen
   Kokkos::View<std::int64_t*, Mem> wait_ns;  // [R] nanoseconds spent waiting for each peer, since creation or reset
+  Kokkos::View<int*, Mem> tickets;           // [3] teams of a one-kernel step past each of its meeting points
   int R = 0, me = 0;
   std::uint64_t timeout_ns = 0;
 
@@ -69,11 +70,14 @@ struct WindowSignals {
   KOKKOS_INLINE_FUNCTION volatile std::uint64_t* flag(int rank, int region, int kind, int peer) const {
     return reinterpret_cast<volatile std::uint64_t*>(ctrl(rank)) + ((region * 2 + kind) * R + peer);
   }
-  /// Spins until every peer's counter `kind` in this rank's block reaches n; false (error word set) past the deadline.
-  KOKKOS_INLINE_FUNCTION bool wait_all(int region, int kind, std::uint64_t n) const {
+  /// Spins until every peer's counter `kind` in this rank's block reaches n (this rank's own too with \p self: one
+  /// kernel's teams tell each other through it); false (error word set) past the deadline. \p record: add the time to
+  /// wait_ns (one waiter per rank, or the counts race).
+  KOKKOS_INLINE_FUNCTION bool wait_all(int region, int kind, std::uint64_t n, bool self = false,
+                                       bool record = true) const {
     const std::uint64_t start = ep_now_ns();
     for (int p = 0; p < R; ++p) {
-      if (p == me) continue;
+      if (p == me && !self) continue;
       const std::uint64_t since = ep_now_ns();
       std::uint64_t seen = 0;
       while ((seen = *flag(me, region, kind, p)) < n) {
@@ -89,15 +93,15 @@ struct WindowSignals {
           return false;
         }
       }
-      wait_ns(p) += static_cast<std::int64_t>(ep_now_ns() - since);  // one thread per rank: no race
+      if (record && p != me) wait_ns(p) += static_cast<std::int64_t>(ep_now_ns() - since);
     }
     ep_fence_peers();
     return true;
   }
-  KOKKOS_INLINE_FUNCTION void raise_all(int region, int kind, std::uint64_t n) const {
+  KOKKOS_INLINE_FUNCTION void raise_all(int region, int kind, std::uint64_t n, bool self = false) const {
     ep_fence_peers();
     for (int p = 0; p < R; ++p)
-      if (p != me) *flag(p, region, kind, me) = n;
+      if (p != me || self) *flag(p, region, kind, me) = n;
     ep_fence_peers();
   }
 };
@@ -112,6 +116,54 @@ KOKKOS_INLINE_FUNCTION bool each_region(RegionMask mask, const F& f) {
     if (((mask >> r) & 1u) && !f(r)) return false;
   return true;
 }
+
+/// One team's meeting points in a one-kernel step (docs/ep.md §15): waits on the window's counters (its first team
+/// records the wait times) and tickets (every team passes ticket j once per step, its items done, and the last one
+/// runs the step's signals).
+template <class Member, class Mem>
+struct TeamMeet {
+  const Member& m;
+  const WindowSignals<Mem>& sig;
+  /// Whether every peer's counter `kind` of every region of \p mask reached its epoch + \p ahead (this rank's own too
+  /// with \p self); false at once after a failure, or past the deadline (the error word set).
+  KOKKOS_INLINE_FUNCTION bool wait(RegionMask mask, int kind, int ahead, bool self = false) const {
+    bool ok = false;
+    Kokkos::single(
+        Kokkos::PerTeam(m),
+        [&](bool& r) {
+          r = sig.err(0) == 0 && each_region(mask, [&](int g) {
+                return sig.wait_all(g, kind, sig.epoch(g) + ahead, self, m.league_rank() == 0);
+              });
+        },
+        ok);
+    return ok;
+  }
+  /// After the team's items: the last team past ticket j runs last() (unless a wait failed).
+  template <class F>
+  KOKKOS_INLINE_FUNCTION void ticket(int j, const F& last) const {
+    m.team_barrier();
+    Kokkos::single(Kokkos::PerTeam(m), [&]() {
+      ep_fence_peers();
+      if (Kokkos::atomic_fetch_add(&sig.tickets(j), 1) != m.league_size() - 1) return;
+      sig.tickets(j) = 0;
+      if (sig.err(0) == 0) last();
+    });
+  }
+  /// Raises this rank's counter `kind` of every region of \p mask to its epoch + 1 in every peer (and its own).
+  KOKKOS_INLINE_FUNCTION void raise(RegionMask mask, int kind, bool self = false) const {
+    each_region(mask, [&](int g) {
+      sig.raise_all(g, kind, sig.epoch(g) + 1, self);
+      return true;
+    });
+  }
+  /// Advances the epochs of every region of \p mask (the last ticket of a step: no team reads them any more).
+  KOKKOS_INLINE_FUNCTION void advance(RegionMask mask) const {
+    each_region(mask, [&](int g) {
+      sig.epoch(g) += 1;
+      return true;
+    });
+  }
+};
 
 /// Before writing regions: every peer freed the previous epoch's rows of each.
 template <class Exec>

@@ -232,6 +232,9 @@ struct EpGroupState {
   Kokkos::View<std::int64_t*, Mem> err;
   Kokkos::View<std::int64_t*, Mem> wait_ns;
   EpLane<Exec> lane;  // where the operations run (docs/ep.md §13)
+  // Teams of a one-kernel step over the windows (docs/ep.md §15): they wait for each other and for the peers' kernels,
+  // so every team of every rank that shares the device must be resident at once.
+  int resident_league = 1;
   bool capacity_mode() const {
     return config.max_recv_tokens_per_rank > 0 || config.layout == RecvLayout::ExpertMajorFixed;
   }
@@ -500,6 +503,7 @@ void make_wire(const EpShape& s, EpGroupState<Exec>& g, EpWire<Exec>& w, const T
     w.signals.epoch = Kokkos::View<std::uint64_t*, Mem>("KokkosMoE::ep::window_epoch", kWindowRegions);
     w.signals.err = g.err;
     w.signals.wait_ns = g.wait_ns;
+    w.signals.tickets = Kokkos::View<int*, Mem>("KokkosMoE::ep::window_tickets", 3);
     w.signals.R = s.R;
     w.signals.me = s.me;
     w.signals.timeout_ns = static_cast<std::uint64_t>(g.transport->timeout_seconds() * 1e9);
@@ -634,6 +638,16 @@ std::shared_ptr<EpGroupState<Exec>> make_group_state(const Exec& exec, const Com
     make_wire(s, *g, w, table, rows_bytes, floats_bytes, ctrl_bytes);
   }
   s.windows = g->windows;
+  if (g->windows) {
+    // kResidentTeamsPerSm teams per processor, the processors split among the ranks that share the device (all of
+    // them when the window does not say), within the partition; under the teams cap, max_sms teams.
+    const int sharers = g->wires.front().window->device_sharers > 0 ? g->wires.front().window->device_sharers : s.R;
+    int procs = ExecTraits<Exec>::processors(exec);
+    if (g->lane.partitioned()) procs = std::min(procs, g->lane.partition_sms());
+    // One team fewer per rank leaves room for the small signal kernels of other operations.
+    g->resident_league = std::max(1, procs * kResidentTeamsPerSm / sharers - 1);
+    if (s.max_teams > 0) g->resident_league = std::min(g->resident_league, s.max_teams);
+  }
   exec.fence();
   return g;
 }

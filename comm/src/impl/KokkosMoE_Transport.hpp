@@ -43,6 +43,10 @@ class PeerWindow {
   virtual ~PeerWindow() = default;
   std::vector<std::uintptr_t> base;
   std::size_t bytes = 0;
+  /// Ranks whose kernels run on this rank's device, this rank included (loopback ranks, processes that share a GPU):
+  /// a kernel that waits for its peers' kernels must leave them room on the device (docs/ep.md §15). 0: not known,
+  /// taken as every rank.
+  int device_sharers = 0;
 };
 
 class Transport {

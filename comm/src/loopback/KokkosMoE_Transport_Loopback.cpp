@@ -240,6 +240,7 @@ class LoopbackTransport final : public Transport {
     m_world->posts[m_rank].window = reinterpret_cast<std::uintptr_t>(p);
     meet(op);
     w->bytes = bytes;
+    w->device_sharers = m_size;  // every rank runs on this process's one device (or its host threads)
     for (int r = 0; r < m_size; ++r) w->base.push_back(m_world->posts[r].window);
     meet(op);
     return w;
