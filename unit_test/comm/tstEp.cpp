@@ -705,6 +705,26 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(kernels_on_the_user_backend, DeviceType, KOKKOSMOE
   });
 }
 
+// The decode path is one kernel each way (docs/ep.md §15): the decode dispatch, and the combine on its handle, at one
+// rank (nothing travels) and over the windows (the kernel's teams signal and wait); over messages the layout, the
+// dispatch and the transfers stay separate.
+BOOST_AUTO_TEST_CASE_TEMPLATE(decode_one_kernel_each_way, DeviceType, KOKKOSMOE_DEVICE_TYPES) {
+  using Exec = typename DeviceType::execution_space;
+  const Exec exec = Impl::partitioned_instance(Exec());
+  bool decode = false;  // each_ep_operation runs eager, capacity, then the decode path, each ending at ep_synchronize
+  int checked = 0;
+  each_ep_operation(exec, [&](const std::string& op, bool, const std::vector<ToolsEvent>& events, const auto& group) {
+    if (op == "ep_decode_dispatch") decode = true;
+    const bool one_kernel = ep_comm<Exec>().size() == 1 || group.direct_writes();
+    if (decode && one_kernel && (op == "ep_decode_dispatch" || op == "ep_combine")) {
+      BOOST_TEST(kernel_count(events) == 1, op << ": " << kernel_count(events) << " kernels");
+      ++checked;
+    }
+    if (op == "ep_synchronize") decode = false;
+  });
+  if (checked == 0) BOOST_TEST_MESSAGE("no decode step over windows or at one rank here: messages between ranks");
+}
+
 // ... and on the caller's instance itself, where the backend tells instances apart.
 BOOST_TEST_DECORATOR(*boost::unit_test::precondition(KokkosMoETest::OwnInstanceIds{}))
 BOOST_AUTO_TEST_CASE_TEMPLATE(kernels_on_the_user_instance, DeviceType, KOKKOSMOE_DEVICE_TYPES) {
