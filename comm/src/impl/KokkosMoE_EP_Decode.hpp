@@ -273,7 +273,7 @@ struct DecodeDispatch {
     });
     m.team_barrier();
     const int nr = p.lrow(s.K + 1);
-    team_fan_out<Unit>(
+    team_fan_out<Unit, kResidentBatch>(
         m, split.begin(c), split.end(c, units), nr, [&](int u) { return x(t, u); },
         [&](int i, int u) -> Unit& { return reinterpret_cast<Unit*>(p.ptr(i))[u]; });
     if (c == 0) p.template weights<Mem>(m, s, t, w, d.trailer_off, Unmanaged1<float, Mem>(), 0, nr);
@@ -337,7 +337,7 @@ struct DecodeDispatch {
     m.team_barrier();
     const int n = rows(2 * s.K);
     const Unit* src = reinterpret_cast<const Unit*>(row);
-    team_fan_out<Unit>(
+    team_fan_out<Unit, kResidentBatch>(
         m, 0, units, n, [&](int u) { return src[u]; },
         [&](int dd, int u) -> Unit& { return recv_x(rows(s.K + dd), u); });
   }

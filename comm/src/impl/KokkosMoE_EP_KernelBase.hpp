@@ -177,6 +177,9 @@ void team_items(const Exec& exec, const EpShape& s, const char* label, std::int6
 /// kResidentTeamsPerSm of them on one SM (at most 128 registers a thread), so that many teams of it fit every SM.
 constexpr int kResidentTeamSize = 128;
 constexpr int kResidentTeamsPerSm = 4;
+/// Units a thread of such a kernel loads before it stores them: its few teams take whole rows in turn, and a
+/// 7168-wide bf16 row is then one round of loads (team_fan_out).
+constexpr int kResidentBatch = 8;
 
 /// A kernel whose teams wait for each other and for the peers' kernels (docs/ep.md §15): f(member, buf) on \p league
 /// teams that are all resident at once, buf the team's \p shmem bytes of scratch. A device keeps kResidentTeamsPerSm

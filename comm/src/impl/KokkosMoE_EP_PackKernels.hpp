@@ -103,23 +103,23 @@ inline RowSplit row_split(int T, int units, int teams = kSplitTeams) {
   return r;
 }
 
-/// team_unit_batches over the units [u0, u1) of a row.
-template <class Member, class F>
+/// team_unit_batches over the units [u0, u1) of a row, Batch units per item.
+template <int Batch = kUnitBatch, class Member, class F>
 KOKKOS_INLINE_FUNCTION void team_unit_block(const Member& m, int u0, int u1, const F& f) {
-  const int n = u1 - u0, nb = (n + kUnitBatch - 1) / kUnitBatch;
+  const int n = u1 - u0, nb = (n + Batch - 1) / Batch;
   Kokkos::parallel_for(Kokkos::TeamThreadRange(m, nb), [&](int b) { f(u0 + b, nb, u1); });
 }
 
 /// Copies the units [u0, u1) of one row to n destinations: src(u) reads unit u, dst(i, u) is destination i's unit u.
-/// kUnitBatch loads in flight per thread before the stores, in team_unit_block's order.
-template <class Unit, class Member, class Src, class Dst>
+/// Batch loads in flight per thread before the stores, in team_unit_block's order.
+template <class Unit, int Batch = kUnitBatch, class Member, class Src, class Dst>
 KOKKOS_INLINE_FUNCTION void team_fan_out(const Member& m, int u0, int u1, int n, const Src& src, const Dst& dst) {
-  team_unit_block(m, u0, u1, [&](int b, int nb, int end) {
-    Unit val[kUnitBatch];
-    for (int j = 0; j < kUnitBatch; ++j)
+  team_unit_block<Batch>(m, u0, u1, [&](int b, int nb, int end) {
+    Unit val[Batch];
+    for (int j = 0; j < Batch; ++j)
       if (b + j * nb < end) val[j] = src(b + j * nb);
     for (int i = 0; i < n; ++i)
-      for (int j = 0; j < kUnitBatch; ++j)
+      for (int j = 0; j < Batch; ++j)
         if (b + j * nb < end) dst(i, b + j * nb) = val[j];
   });
 }
