@@ -165,8 +165,9 @@ void expand_arrivals(const Exec& exec, const EpShape s, std::int64_t arrivals, i
 /// Return direction, expert side (combine, dispatch backward): for every arrival a, the FP32 sum in k order of
 /// c_k * src(row_k) over the rows it fed (c_k = the arrived weight when \p coef is given, else 1), rounded to the row
 /// type, goes back once to its source rank, with a trailer of extra_f(row_k) per slot when \p trailer_off > 0. A team
-/// function over walkers (arrival_teams) for one-kernel steps; reduce_arrivals launches it.
-template <class Exec, class Scalar, class Unit>
+/// function over walkers (arrival_teams) for one-kernel steps; reduce_arrivals launches it. \p Batch > 1: a thread
+/// sums Batch units of the row at once (gather_sum_batch), for kernels of few teams that take rows in turn.
+template <class Exec, class Scalar, class Unit, int Batch = 1>
 struct ReduceArrivals {
   using Mem = typename Exec::memory_space;
   using Team = typename Kokkos::TeamPolicy<Exec>::member_type;
@@ -239,13 +240,21 @@ struct ReduceArrivals {
       const int n = i >= 0 ? rows(s.K) : 0;
       if (n > 0) {
         char* out = ret.template at<char>(i, static_cast<int>(a - arrive_base(i)));
-        Kokkos::parallel_for(Kokkos::TeamThreadRange(m, units), [&](int u) {
-          float acc[Ops::n];
-          for (int e = 0; e < Ops::n; ++e) acc[e] = 0.0f;
-          gather_sum<Ops, Unit>(
-              n, [&](int r) { return src(rows(r), u); }, [&](int r) { return cs(r); }, acc);
-          Ops::store(acc, reinterpret_cast<Unit*>(out)[u]);
-        });
+        if constexpr (Batch > 1) {
+          team_unit_block<Batch>(m, 0, units, [&](int b, int nb, int end) {
+            gather_sum_batch<Ops, Unit, Batch>(
+                n, b, nb, end, [&](int r, int u) { return src(rows(r), u); }, [&](int r) { return cs(r); },
+                [&](int u, const float* acc) { Ops::store(acc, reinterpret_cast<Unit*>(out)[u]); });
+          });
+        } else {
+          Kokkos::parallel_for(Kokkos::TeamThreadRange(m, units), [&](int u) {
+            float acc[Ops::n];
+            for (int e = 0; e < Ops::n; ++e) acc[e] = 0.0f;
+            gather_sum<Ops, Unit>(
+                n, [&](int r) { return src(rows(r), u); }, [&](int r) { return cs(r); }, acc);
+            Ops::store(acc, reinterpret_cast<Unit*>(out)[u]);
+          });
+        }
         if (trailer_off > 0) {
           Kokkos::parallel_for(Kokkos::TeamThreadRange(m, s.K), [&](int k) {
             const int row = fwd(k);

@@ -70,9 +70,9 @@ void combine(const Exec& exec, EpHandleState<Exec>& h, CombineMode mode, const O
           weighted ? floats2<Mem>(w) : Unmanaged2<const float, Mem>(),
           h.v.tok_pos,
           PeerRows<Mem>{wire.peers.fwd_f, h.v.fwd_base, fpitch},
-          ReduceArrivals<Exec, Scalar, Unit>(s, h.arrivals, rows_view<Unit, Mem>(out, H),
-                                             weighted ? LocalRows{wire.in_fwd_f, fpitch} : LocalRows{}, none, h.v,
-                                             PeerRows<Mem>{wire.peers.ret, h.v.ret_base, pitch}, 0),
+          ReduceArrivals<Exec, Scalar, Unit, kResidentReduceBatch>(
+              s, h.arrivals, rows_view<Unit, Mem>(out, H), weighted ? LocalRows{wire.in_fwd_f, fpitch} : LocalRows{},
+              none, h.v, PeerRows<Mem>{wire.peers.ret, h.v.ret_base, pitch}, 0),
           ReduceRanks<Exec, Scalar, Unit>(s, rows_view<Unit, Mem>(out, H),
                                           weighted ? floats2<Mem>(w) : Unmanaged2<const float, Mem>(), none,
                                           LocalRows{wire.in_ret, pitch}, 0, h.v, rows_view<Unit, Mem>(y, H),
