@@ -75,6 +75,26 @@ KOKKOS_INLINE_FUNCTION int unfed_rows(const Member& m, const EpShape& s, int q0,
   return rows(kZeroRows);
 }
 
+/// An arrival's kept slots in k order: rows(0), ... their receive rows (fwd(k) >= 0), their coefficients compacted in
+/// cs in place, rows(K) their number, kept(n, k) for each (the slot's k where the caller needs it). One thread, then a
+/// barrier.
+template <class Member, class Ints, class Flts, class Kept>
+KOKKOS_INLINE_FUNCTION void compact_kept(const Member& m, int K, const Ints& fwd, const Ints& rows, const Flts& cs,
+                                         const Kept& kept) {
+  Kokkos::single(Kokkos::PerTeam(m), [&]() {
+    int n = 0;
+    for (int k = 0; k < K; ++k) {
+      if (fwd(k) < 0) continue;
+      rows(n) = fwd(k);
+      cs(n) = cs(k);  // n <= k: compacts in place
+      kept(n, k);
+      ++n;
+    }
+    rows(K) = n;
+  });
+  m.team_barrier();
+}
+
 /// Forward direction, destination side: every arrived token row is read once and written to the receive rows of its
 /// kept slots here (fwd_rows), and dst_f of each such row gets the slot's trailer float (1 without a trailer); the
 /// receive rows no slot feeds inside the experts' slabs (alignment padding, drops) are zeroed, rows and dst_f alike.
@@ -138,14 +158,8 @@ void expand_arrivals(const Exec& exec, const EpShape s, std::int64_t arrivals, i
             const int n = rows(s.K);
             const char* row = in.at<char>(i);
             const Unit* r = reinterpret_cast<const Unit*>(row);
-            team_unit_batches(m, units, [&](int b, int nb) {
-              Unit val[kUnitBatch];
-              for (int j = 0; j < kUnitBatch; ++j)
-                if (b + j * nb < units) val[j] = r[b + j * nb];
-              for (int d = 0; d < n; ++d)
-                for (int j = 0; j < kUnitBatch; ++j)
-                  if (b + j * nb < units) dst(rows(d), b + j * nb) = val[j];
-            });
+            team_fan_out<Unit>(
+                m, 0, units, n, [&](int u) { return r[u]; }, [&](int d, int u) -> Unit& { return dst(rows(d), u); });
             if (with_f) {
               const float* f = trailer_off > 0 ? reinterpret_cast<const float*>(row + trailer_off) : nullptr;
               Kokkos::parallel_for(Kokkos::TeamThreadRange(m, s.K), [&](int k) {
@@ -223,19 +237,7 @@ struct ReduceArrivals {
         if (k == 0) rows(s.K + 1) = arrive_rank(a);
       });
       const int i = rows(s.K + 1);
-      if (i >= 0) {
-        Kokkos::single(Kokkos::PerTeam(m), [&]() {
-          int n = 0;
-          for (int k = 0; k < s.K; ++k) {
-            if (fwd(k) < 0) continue;
-            rows(n) = fwd(k);
-            cs(n) = cs(k);  // n <= k: compacts in place
-            ++n;
-          }
-          rows(s.K) = n;
-        });
-        m.team_barrier();
-      }
+      if (i >= 0) compact_kept(m, s.K, fwd, rows, cs, [](int, int) {});
       // n == 0: every slot of the token here was dropped, and its rank reads no return row.
       const int n = i >= 0 ? rows(s.K) : 0;
       if (n > 0) {
@@ -541,18 +543,7 @@ void expand_with_dots(const Exec& exec, const EpShape s, std::int64_t arrivals, 
           });
           const int i = rows(s.K + 1);
           if (i >= 0) {
-            Kokkos::single(Kokkos::PerTeam(m), [&]() {
-              int n = 0;
-              for (int k = 0; k < s.K; ++k) {
-                if (fwd(k) < 0) continue;
-                rows(n) = fwd(k);
-                cs(n) = cs(k);  // n <= k: compacts in place
-                ks(n) = k;
-                ++n;
-              }
-              rows(s.K) = n;
-            });
-            m.team_barrier();
+            compact_kept(m, s.K, fwd, rows, cs, [&](int n, int k) { ks(n) = k; });
             float* back = dots.template at<float>(i, static_cast<int>(a - arrive_base(i)));
             scale_and_dots<Scalar, Unit>(m, units, reinterpret_cast<const Unit*>(row), rows(s.K), rows, cs, out,
                                          grad_out, [&](int d, float dot) { back[ks(d)] = dot; });

@@ -64,19 +64,19 @@ void combine(const Exec& exec, EpHandleState<Exec>& h, CombineMode mode, const O
       using Unit = decltype(unit);
       g.transport->require_open(fn);
       const Unmanaged1<const float, Mem> none;
+      const auto o = rows_view<Unit, Mem>(out, H);
+      const auto cw = weighted ? floats2<Mem>(w) : Unmanaged2<const float, Mem>();
       const CombineStep<Exec, Scalar, Unit> f{
           s,
           weighted,
-          weighted ? floats2<Mem>(w) : Unmanaged2<const float, Mem>(),
+          cw,
           h.v.tok_pos,
           PeerRows<Mem>{wire.peers.fwd_f, h.v.fwd_base, fpitch},
           ReduceArrivals<Exec, Scalar, Unit, kResidentReduceBatch>(
-              s, h.arrivals, rows_view<Unit, Mem>(out, H), weighted ? LocalRows{wire.in_fwd_f, fpitch} : LocalRows{},
-              none, h.v, PeerRows<Mem>{wire.peers.ret, h.v.ret_base, pitch}, 0),
-          ReduceRanks<Exec, Scalar, Unit>(s, rows_view<Unit, Mem>(out, H),
-                                          weighted ? floats2<Mem>(w) : Unmanaged2<const float, Mem>(), none,
-                                          LocalRows{wire.in_ret, pitch}, 0, h.v, rows_view<Unit, Mem>(y, H),
-                                          Unmanaged2<float, Mem>(), g.resident_league),
+              s, h.arrivals, o, weighted ? LocalRows{wire.in_fwd_f, fpitch} : LocalRows{}, none, h.v,
+              PeerRows<Mem>{wire.peers.ret, h.v.ret_base, pitch}, 0),
+          ReduceRanks<Exec, Scalar, Unit>(s, o, cw, none, LocalRows{wire.in_ret, pitch}, 0, h.v,
+                                          rows_view<Unit, Mem>(y, H), Unmanaged2<float, Mem>(), g.resident_league),
           h.v.sent_rows,
           h.v.ret_rows,
           h.v.traffic,

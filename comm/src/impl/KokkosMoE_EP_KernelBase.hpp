@@ -192,12 +192,15 @@ void resident_teams(const Exec& exec, int league, std::size_t shmem, const char*
   using Policy = Kokkos::TeamPolicy<Exec, Kokkos::LaunchBounds<kResidentTeamSize, kResidentTeamsPerSm>>;
   using Team = typename Policy::member_type;
   const auto body = KOKKOS_LAMBDA(const Team& m) { f(m, shmem > 0 ? m.team_scratch(0).get_shmem(shmem) : nullptr); };
-  const bool host = Kokkos::SpaceAccessibility<Kokkos::HostSpace, typename Exec::memory_space>::accessible;
-  Policy probe(exec, host ? 1 : league, 1);
-  probe.set_scratch_size(0, Kokkos::PerTeam(shmem));
-  int size = probe.team_size_max(body, Kokkos::ParallelForTag());
-  size = size < kResidentTeamSize ? size : kResidentTeamSize;
-  Policy policy(exec, host ? 1 : league, size > 0 ? size : 1);
+  // A device kernel is compiled for kResidentTeamSize threads (the launch bounds); a host team is the instance's
+  // threads, at most that many.
+  int size = kResidentTeamSize;
+  if (Kokkos::SpaceAccessibility<Kokkos::HostSpace, typename Exec::memory_space>::accessible) {
+    league = 1;
+    const int most = Policy(exec, 1, 1).team_size_max(body, Kokkos::ParallelForTag());
+    size = most < size ? (most > 0 ? most : 1) : size;
+  }
+  Policy policy(exec, league, size);
   Kokkos::parallel_for(label, light(policy.set_scratch_size(0, Kokkos::PerTeam(shmem))), body);
 }
 
