@@ -209,6 +209,32 @@ void ep_decode_dispatch(const ExecSpace& exec, EpHandle<ExecSpace>& handle, cons
   Impl::decode_dispatch(lane.exec(), *handle.impl_state(), topk_idx, x, topk_w, recv_x, recv_w);
 }
 
+/// \brief The decode path with FP8 rows (docs/ep.md §15, §3.5): ep_decode_dispatch whose rows travel as FP8 E4M3
+/// codes with one FP32 scale per 128 channels, quantized in the send kernel from x ([T, H] float or bf16_t, H a
+/// multiple of 128) by the rules of quantize_fp8_rows and \p config. recv = fp8_rows(recv_q, recv_scales) as for the
+/// FP8 ep_dispatch: the same codes and scales, in the decode path's rows (a slab's rows past its count not written).
+/// \throws InvalidArgument as ep_decode_dispatch and the FP8 ep_dispatch
+template <class ExecSpace, class IdxView, class XView, class WView, class RecvQView, class RecvSView, class RecvWView>
+void ep_decode_dispatch(const ExecSpace& exec, EpHandle<ExecSpace>& handle, const IdxView& topk_idx, const XView& x,
+                        const WView& topk_w, const Fp8Rows<RecvQView, RecvSView>& recv, const RecvWView& recv_w,
+                        const Fp8QuantizeConfig& config = {}) {
+  Impl::EpLaneScope<ExecSpace> lane(handle.impl_state()->group->lane, exec);
+  Impl::decode_dispatch_fp8(lane.exec(), *handle.impl_state(), topk_idx, x, topk_w, recv.q, recv.scales, recv_w,
+                            config);
+}
+
+/// \brief The decode path with FP8 rows the caller quantized: x = fp8_rows(x_q, x_scales) ([T, H] fp8_e4m3_t,
+/// 16-byte aligned, and [T, H / 128] float); codes and scales arrive unchanged in recv.
+template <class ExecSpace, class IdxView, class XQView, class XSView, class WView, class RecvQView, class RecvSView,
+          class RecvWView>
+void ep_decode_dispatch(const ExecSpace& exec, EpHandle<ExecSpace>& handle, const IdxView& topk_idx,
+                        const Fp8Rows<XQView, XSView>& x, const WView& topk_w,
+                        const Fp8Rows<RecvQView, RecvSView>& recv, const RecvWView& recv_w) {
+  Impl::EpLaneScope<ExecSpace> lane(handle.impl_state()->group->lane, exec);
+  Impl::decode_dispatch_fp8(lane.exec(), *handle.impl_state(), topk_idx, x, topk_w, recv.q, recv.scales, recv_w,
+                            Fp8QuantizeConfig{});
+}
+
 /// \brief FP8 dispatch (docs/ep.md §3.5): as above, but each token row travels as FP8 E4M3 codes with one FP32 scale
 /// per 128 channels, quantized in the pack from x ([T, H] float or bf16_t, H a multiple of 128) by the rules of
 /// quantize_fp8_rows and \p config. recv = fp8_rows(recv_q, recv_scales): recv_q [>= N, H] fp8_e4m3_t and

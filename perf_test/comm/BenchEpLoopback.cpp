@@ -67,7 +67,7 @@ class Meeting {
   std::condition_variable m_cv;
 };
 
-enum class LOp { Dispatch, Combine, CombineBackward, DispatchBackward, DispatchFp8, Layout, Decode };
+enum class LOp { Dispatch, Combine, CombineBackward, DispatchBackward, DispatchFp8, Layout, Decode, DecodeFp8 };
 
 /// The receive layout of a run: eager, capacity (1.5x the even share, drops allowed), or the fixed expert-major
 /// layout of the decode path (docs/ep.md §15).
@@ -174,7 +174,7 @@ struct Rank {
   /// The bytes op must read and write on this rank (docs/ep.md §9).
   double move_bytes(LOp op) const {
     if (op == LOp::Layout) return 0;  // no rows: device time only
-    if (op == LOp::DispatchFp8) return move_fp8;
+    if (op == LOp::DispatchFp8 || op == LOp::DecodeFp8) return move_fp8;
     return (op == LOp::CombineBackward ? move_dots : move_rows) * 7168 * sizeof(Row);
   }
 
@@ -185,6 +185,9 @@ struct Rank {
         break;
       case LOp::Decode:
         ep_decode_dispatch(exec, *handle, ids, x, w, recv_x, recv_w);
+        break;
+      case LOp::DecodeFp8:
+        ep_decode_dispatch(exec, *handle, ids, x, w, fp8_rows(recv_q, recv_scales), recv_w);
         break;
       case LOp::DispatchFp8:
         ep_dispatch(exec, *handle, x, w, fp8_rows(recv_q, recv_scales), recv_w);
@@ -247,11 +250,12 @@ void BM_Loopback(benchmark::State& state, LOp op, int R, int T, LMode mode, Peer
       dev = device_time_us(rank.exec, kIters, [&](std::int64_t) { rank.run(op); });
       ep_synchronize(rank.exec, *rank.handle);
       if (R == 1) launches = kernel_launches([&] { rank.run(op); });
-      const std::string name = op == LOp::Dispatch || op == LOp::DispatchFp8 || op == LOp::Decode ? "ep_dispatch"
-                               : op == LOp::Combine                                               ? "ep_combine"
-                               : op == LOp::CombineBackward ? "ep_combine_backward"
-                               : op == LOp::Layout          ? "ep_layout"
-                                                            : "ep_dispatch_backward";
+      const std::string name =
+          op == LOp::Dispatch || op == LOp::DispatchFp8 || op == LOp::Decode || op == LOp::DecodeFp8 ? "ep_dispatch"
+          : op == LOp::Combine                                                                       ? "ep_combine"
+          : op == LOp::CombineBackward ? "ep_combine_backward"
+          : op == LOp::Layout          ? "ep_layout"
+                                       : "ep_dispatch_backward";
       const CommStats after = rank.group->stats();
       wire =
           static_cast<double>(after.bytes.at(name).wire - (before.bytes.count(name) ? before.bytes.at(name).wire : 0)) /
@@ -279,7 +283,7 @@ void BM_Loopback(benchmark::State& state, LOp op, int R, int T, LMode mode, Peer
   if (launches > 0) state.counters["launches"] = launches;  // one rank's kernels per call (counted at R = 1 only)
   // Beside it: the bytes one row per (token, expert) slot would send, and the planner's prediction (docs/planner.md
   // §4), both for rank 0's tokens and bare rows (the wire adds each row's trailer).
-  const double row_bytes = op == LOp::DispatchFp8 ? 7168.0 + 7168.0 / 32 : 7168.0 * sizeof(Row);
+  const double row_bytes = op == LOp::DispatchFp8 || op == LOp::DecodeFp8 ? 7168.0 + 7168.0 / 32 : 7168.0 * sizeof(Row);
   state.counters["slot_bytes_per_token"] = remote_slots * row_bytes / T;
   if (planner_rows > 0) state.counters["planner_bytes_per_token"] = planner_rows * row_bytes / T;
   state.counters["agg_move_GBps"] = bytes / per / 1e9;
@@ -589,8 +593,9 @@ void register_loopback_benchmarks(const std::vector<int>& tokens) {
     if (T <= EpDecodeLimits::max_tokens_per_rank)
       for (int R : {8, 1})
         for (const auto& [op, name] :
-             {std::make_pair(LOp::Decode, "decode"), std::make_pair(LOp::Layout, "layout"),
-              std::make_pair(LOp::Dispatch, "dispatch"), std::make_pair(LOp::Combine, "combine")})
+             {std::make_pair(LOp::Decode, "decode"), std::make_pair(LOp::DecodeFp8, "decode_fp8"),
+              std::make_pair(LOp::Layout, "layout"), std::make_pair(LOp::Dispatch, "dispatch"),
+              std::make_pair(LOp::Combine, "combine")})
           add(std::string("ep_loopback/") + name + "/fixed/R" + std::to_string(R) + "/" + shape, op, R, T, LMode::Fixed,
               PeerWindows::Auto);
     // The message path over the same ranks (staging rows, host-driven copies): the baseline of the direct writes.

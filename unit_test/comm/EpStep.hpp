@@ -43,16 +43,21 @@ inline float to_row(float v) {
   return std::is_same<Scalar, bf16_t>::value ? round_bf16(v) : v;
 }
 
+/// The FP8 dispatches of one handle: the rows quantized in the pack, the rows quantized first by quantize_fp8_rows
+/// (`given`), and the rows quantized in the pack with power-of-two scales (Fp8ScaleFormat::Ue8m0).
+struct Fp8Outputs {
+  std::vector<std::uint8_t> q, q_given, q_ue8m0;
+  std::vector<float> scales, scales_given, scales_ue8m0, w, w_given;
+};
+
 struct StepOutputs {
   int recv_rows = 0;
   std::vector<float> recv_x, recv_w, out, y, grad_out, grad_w_combine, grad_x, grad_w_dispatch;
   std::vector<int> recv_expert, tokens_per_expert, tokens_per_rank, counts, offsets;
   std::vector<std::uint8_t> token_in_rank, slot_kept;
-  // Where the hidden size is a multiple of 128: the same layout's FP8 dispatches (docs/ep.md §3.5), the rows
-  // quantized in the pack and the rows quantized first by quantize_fp8_rows (`given`).
-  // And the rows quantized in the pack with power-of-two scales (Fp8ScaleFormat::Ue8m0, `ue8m0`).
-  std::vector<std::uint8_t> recv_q, recv_q_given, recv_q_ue8m0;
-  std::vector<float> recv_scales, recv_scales_given, recv_scales_ue8m0, recv_w_fp8, recv_w_fp8_given;
+  // Where the hidden size is a multiple of 128: the same layout's FP8 dispatches (docs/ep.md §3.5); on the decode
+  // path also its FP8 forms (§15) on a second handle, each the layout fused in as ep_decode_dispatch.
+  Fp8Outputs fp8, fp8_decode;
   EpStatus status;
 };
 
@@ -259,14 +264,31 @@ StepOutputs run_step(const Exec& exec, EpGroup<Exec>& group, EpHandle<Exec>& han
       for (std::size_t i = 0; i < h.size(); ++i) out[i] = h.data()[i].bits;
       return out;
     };
-    o.recv_q = codes(rq);
-    o.recv_q_given = codes(rq2);
-    o.recv_q_ue8m0 = codes(rq3);
-    o.recv_scales_ue8m0 = to_host_floats(exec, rs3);
-    o.recv_scales = to_host_floats(exec, rs);
-    o.recv_scales_given = to_host_floats(exec, rs2);
-    o.recv_w_fp8 = to_host_floats(exec, rw8);
-    o.recv_w_fp8_given = to_host_floats(exec, rw8b);
+    auto read = [&](Fp8Outputs& f) {
+      f.q = codes(rq);
+      f.q_given = codes(rq2);
+      f.q_ue8m0 = codes(rq3);
+      f.scales = to_host_floats(exec, rs);
+      f.scales_given = to_host_floats(exec, rs2);
+      f.scales_ue8m0 = to_host_floats(exec, rs3);
+      f.w = to_host_floats(exec, rw8);
+      f.w_given = to_host_floats(exec, rw8b);
+    };
+    read(o.fp8);
+    if (decode) {
+      // The masked slabs' tails are not written: the receive rows start zeroed, as the oracle's unkept rows are.
+      auto h8 = group.make_handle({false, "decode FP8"});
+      for (const auto& v : {rq, rq2, rq3}) Kokkos::deep_copy(exec, v, fp8_e4m3_t::from_bits(0));
+      for (const auto& v : {rs, rs2, rs3}) Kokkos::deep_copy(exec, v, 0.0f);
+      Kokkos::deep_copy(exec, rw8, 0.0f);
+      Kokkos::deep_copy(exec, rw8b, 0.0f);
+      ep_decode_dispatch(exec, h8, sv.idx, sv.x, sv.w, fp8_rows(rq, rs), rw8);
+      ep_decode_dispatch(exec, h8, sv.idx, fp8_rows(xq, xs), sv.w, fp8_rows(rq2, rs2), rw8b);
+      ep_decode_dispatch(exec, h8, sv.idx, sv.x, Kokkos::View<float**, Kokkos::LayoutRight, Mem>(), fp8_rows(rq3, rs3),
+                         Kokkos::View<float*, Mem>(), pow2);
+      ep_synchronize(exec, h8);
+      read(o.fp8_decode);
+    }
   }
   auto recv_expert = handle.recv_expert();
   test_expert(exec, me, L, recv_expert, recv_x, out);
@@ -324,17 +346,21 @@ inline std::string fp8_differences(const StepOutputs& got, const StepOutputs& wa
         return "[" + std::to_string(i) + "] = " + std::to_string(+a[i]) + ", expected " + std::to_string(+b[i]);
     return std::string();
   };
-  const std::pair<const char*, std::string> checks[] = {
-      {"recv_q", first(got.recv_q, want.recv_q)},
-      {"recv_scales", first(got.recv_scales, want.recv_scales)},
-      {"recv_w (FP8 dispatch)", first(got.recv_w_fp8, want.recv_w_fp8)},
-      {"recv_q (given rows)", first(got.recv_q_given, want.recv_q_given)},
-      {"recv_scales (given rows)", first(got.recv_scales_given, want.recv_scales_given)},
-      {"recv_w (given rows)", first(got.recv_w_fp8_given, want.recv_w_fp8_given)},
-      {"recv_q (UE8M0 scales)", first(got.recv_q_ue8m0, want.recv_q_ue8m0)},
-      {"recv_scales (UE8M0 scales)", first(got.recv_scales_ue8m0, want.recv_scales_ue8m0)}};
-  for (const auto& [what, d] : checks)
-    if (!d.empty()) out += std::string(what) + d + "; ";
+  auto add = [&](const char* kind, const Fp8Outputs& g, const Fp8Outputs& w) {
+    const std::pair<const char*, std::string> checks[] = {
+        {"recv_q", first(g.q, w.q)},
+        {"recv_scales", first(g.scales, w.scales)},
+        {"recv_w", first(g.w, w.w)},
+        {"recv_q (given rows)", first(g.q_given, w.q_given)},
+        {"recv_scales (given rows)", first(g.scales_given, w.scales_given)},
+        {"recv_w (given rows)", first(g.w_given, w.w_given)},
+        {"recv_q (UE8M0 scales)", first(g.q_ue8m0, w.q_ue8m0)},
+        {"recv_scales (UE8M0 scales)", first(g.scales_ue8m0, w.scales_ue8m0)}};
+    for (const auto& [what, d] : checks)
+      if (!d.empty()) out += std::string(kind) + what + d + "; ";
+  };
+  add("FP8 dispatch: ", got.fp8, want.fp8);
+  if (!got.fp8_decode.q.empty()) add("FP8 decode dispatch: ", got.fp8_decode, want.fp8);
   return out;
 }
 
@@ -379,8 +405,8 @@ inline StepOutputs expected_step(const EpGroupConfig& c, const std::vector<RankI
     // past off(L); recv_w as for the other dispatch.
     const int nb = H / 128;
     for (const bool ue8m0 : {false, true}) {
-      std::vector<std::uint8_t>& codes = ue8m0 ? e.recv_q_ue8m0 : e.recv_q;
-      std::vector<float>& scales = ue8m0 ? e.recv_scales_ue8m0 : e.recv_scales;
+      std::vector<std::uint8_t>& codes = ue8m0 ? e.fp8.q_ue8m0 : e.fp8.q;
+      std::vector<float>& scales = ue8m0 ? e.fp8.scales_ue8m0 : e.fp8.scales;
       codes.assign(static_cast<std::size_t>(N) * H, 0);
       scales.assign(static_cast<std::size_t>(N) * nb, 0.0f);
       for (int r = 0; r < N; ++r) {
@@ -394,10 +420,10 @@ inline StepOutputs expected_step(const EpGroupConfig& c, const std::vector<RankI
         }
       }
     }
-    e.recv_q_given = e.recv_q;
-    e.recv_scales_given = e.recv_scales;
-    e.recv_w_fp8 = e.recv_w;
-    e.recv_w_fp8_given = e.recv_w;
+    e.fp8.q_given = e.fp8.q;
+    e.fp8.scales_given = e.fp8.scales;
+    e.fp8.w = e.recv_w;
+    e.fp8.w_given = e.recv_w;
   }
   const RankInputs& mine = in[me];
   const int T = mine.T, R = c.ep_size;

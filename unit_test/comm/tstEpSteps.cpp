@@ -481,9 +481,9 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(fp8_only_forward_then_backwards, DeviceType, KOKKO
         auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), rq);
         for (std::size_t i = 0; i < codes.size(); ++i) codes[i] = h.data()[i].bits;
       }
-      BOOST_TEST(codes == want.recv_q, boost::test_tools::per_element());
-      compare("recv_scales", to_host_floats(exec, rs), want.recv_scales, false, want.recv_scales.size());
-      compare("recv_w", to_host_floats(exec, rw), want.recv_w_fp8, false, want.recv_w_fp8.size());
+      BOOST_TEST(codes == want.fp8.q, boost::test_tools::per_element());
+      compare("recv_scales", to_host_floats(exec, rs), want.fp8.scales, false, want.fp8.scales.size());
+      compare("recv_w", to_host_floats(exec, rw), want.fp8.w, false, want.fp8.w.size());
       compare("grad_out", to_host_floats(exec, grad_out), want.grad_out, false,
               static_cast<std::size_t>(want.recv_rows) * H);
       compare("grad_x", to_host_floats(exec, grad_x), want.grad_x, false, want.grad_x.size());

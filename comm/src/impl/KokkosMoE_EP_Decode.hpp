@@ -156,6 +156,106 @@ KOKKOS_INLINE_FUNCTION void decode_mask_slab(const Member& m, const EpShape& s, 
   });
 }
 
+/// The rows a decode dispatch moves, as its kernels see them: token t's columns [u0, u1) go to n destination rows
+/// (put), an arrived wire row goes to n receive rows (get). A destination row is the base of its units, codes(i), and
+/// of its scales, scales(i) (FP8 rows only).
+///
+/// Rows of x's element type: units move unchanged.
+template <class Exec, class Unit>
+struct DecodeRows {
+  using Mem = typename Exec::memory_space;
+  Unmanaged2<const Unit, Mem> x;
+  Unmanaged2<Unit, Mem> recv;
+  KOKKOS_INLINE_FUNCTION int units() const { return static_cast<int>(x.extent(1)); }
+  RowSplit split(int T, int teams) const { return row_split(T, units(), teams); }
+  static std::size_t shmem(const RowSplit&) { return 0; }
+  KOKKOS_INLINE_FUNCTION char* local_codes(int q) const { return reinterpret_cast<char*>(&recv(q, 0)); }
+  KOKKOS_INLINE_FUNCTION float* local_scales(int) const { return nullptr; }
+  template <int Batch, class Member, class Space, class Codes, class Scales>
+  KOKKOS_INLINE_FUNCTION void put(const Member& m, const Space&, int t, int u0, int u1, int n, const Codes& codes,
+                                  const Scales&) const {
+    team_fan_out<Unit, Batch>(
+        m, u0, u1, n, [&](int u) { return x(t, u); },
+        [&](int i, int u) -> Unit& { return reinterpret_cast<Unit*>(codes(i))[u]; });
+  }
+  template <int Batch, class Member, class Rows>
+  KOKKOS_INLINE_FUNCTION void get(const Member& m, const char* row, int n, const Rows& rows) const {
+    const Unit* src = reinterpret_cast<const Unit*>(row);
+    team_fan_out<Unit, Batch>(
+        m, 0, static_cast<int>(recv.extent(1)), n, [&](int u) { return src[u]; },
+        [&](int d, int u) -> Unit& { return recv(rows(d), u); });
+  }
+};
+
+/// FP8 rows (docs/ep.md §3.5): quantized in the send from float or bf16 rows (QuantizingRows) or given
+/// (QuantizedRows); on the wire H bytes of codes, then H / 128 FP32 scales. A column block covers whole 128-channel
+/// blocks. The send takes each unit's largest |x| into scratch, each block's scale from its units' (a maximum: the same
+/// in any order, so the scales and codes of pack_fp8_tokens), then the codes.
+template <class Exec, class Src>
+struct DecodeFp8Rows {
+  using Mem = typename Exec::memory_space;
+  using SFlt = Kokkos::View<float*, typename Exec::scratch_memory_space, Kokkos::MemoryUnmanaged>;
+  Src src;
+  Unmanaged2<Chunk16, Mem> recv_q;  // [N, H / 16]
+  Unmanaged2<float, Mem> recv_s;    // [N, H / 128]
+  int hidden = 0;
+  KOKKOS_INLINE_FUNCTION int units() const { return hidden / 16; }
+  RowSplit split(int T, int teams) const {
+    RowSplit r = row_split(T, units(), teams);
+    r.width = (r.width + kFp8UnitsPerBlock - 1) / kFp8UnitsPerBlock * kFp8UnitsPerBlock;
+    r.blocks = (units() + r.width - 1) / r.width;
+    return r;
+  }
+  static std::size_t shmem(const RowSplit& r) {
+    return SFlt::shmem_size(r.width) + SFlt::shmem_size(r.width / kFp8UnitsPerBlock);
+  }
+  KOKKOS_INLINE_FUNCTION char* local_codes(int q) const { return reinterpret_cast<char*>(&recv_q(q, 0)); }
+  KOKKOS_INLINE_FUNCTION float* local_scales(int q) const { return &recv_s(q, 0); }
+  template <int Batch, class Member, class Space, class Codes, class Scales>
+  KOKKOS_INLINE_FUNCTION void put(const Member& m, const Space& sp, int t, int u0, int u1, int n, const Codes& codes,
+                                  const Scales& scales) const {
+    const int b0 = u0 / kFp8UnitsPerBlock, b1 = u1 / kFp8UnitsPerBlock;
+    const SFlt amax(sp, u1 - u0), scale(sp, b1 - b0);
+    if (Src::quantizes) {
+      Kokkos::parallel_for(Kokkos::TeamThreadRange(m, u0, u1), [&](int u) { amax(u - u0) = src.amax16(t, u); });
+      m.team_barrier();
+    }
+    Kokkos::parallel_for(Kokkos::TeamThreadRange(m, b0, b1), [&](int b) {
+      float a = 0.0f;
+      if (Src::quantizes)
+        for (int j = 0; j < kFp8UnitsPerBlock; ++j) {
+          const float aj = amax((b - b0) * kFp8UnitsPerBlock + j);
+          a = aj > a ? aj : a;
+        }
+      const float sc = src.scale(t, b, a);
+      scale(b - b0) = sc;
+      for (int i = 0; i < n; ++i) scales(i)[b] = sc;
+    });
+    m.team_barrier();
+    team_unit_block<Batch>(m, u0, u1, [&](int b, int nb, int end) {
+      Chunk16 val[Batch];
+      for (int j = 0; j < Batch; ++j) {
+        const int u = b + j * nb;
+        if (u < end) val[j] = src.unit(t, u, scale(u / kFp8UnitsPerBlock - b0));
+      }
+      for (int i = 0; i < n; ++i)
+        for (int j = 0; j < Batch; ++j)
+          if (b + j * nb < end) reinterpret_cast<Chunk16*>(codes(i))[b + j * nb] = val[j];
+    });
+  }
+  template <int Batch, class Member, class Rows>
+  KOKKOS_INLINE_FUNCTION void get(const Member& m, const char* row, int n, const Rows& rows) const {
+    const Chunk16* q = reinterpret_cast<const Chunk16*>(row);
+    const float* sc = reinterpret_cast<const float*>(row + hidden);
+    team_fan_out<Chunk16, Batch>(
+        m, 0, hidden / 16, n, [&](int u) { return q[u]; },
+        [&](int d, int u) -> Chunk16& { return recv_q(rows(d), u); });
+    team_fan_out<float, 1>(
+        m, 0, hidden / kFp8BlockChannels, n, [&](int b) { return sc[b]; },
+        [&](int d, int b) -> float& { return recv_s(rows(d), b); });
+  }
+};
+
 /// Where the decode kernels write in the peers' windows and read in this rank's.
 template <class Mem>
 struct DecodeWire {
@@ -165,6 +265,7 @@ struct DecodeWire {
   const int* in_counts = nullptr;
   std::size_t pitch = 0;        // bytes per token row
   std::size_t trailer_off = 0;  // where its K weights start
+  std::size_t scales_off = 0;   // where an FP8 row's scales start
   std::size_t row_bytes = 0;    // the row's own bytes (the traffic counters' logical bytes)
 };
 
@@ -184,31 +285,30 @@ struct DecodeWire {
 /// would have written them. This rank's own tokens are local slots: their rows are written here and their slot_row
 /// becomes the receive row. An expert's item marks the rows past its count unowned (they are not written: the masked
 /// slab). The last item derives counts, offsets and bases from the counts vectors.
-template <class Exec, class Unit, class IdxView>
+template <class Exec, class Rows, class IdxView>
 struct DecodeDispatch {
   using Mem = typename Exec::memory_space;
   using Team = typename Kokkos::TeamPolicy<Exec>::member_type;
   using SInt = Kokkos::View<int*, typename Exec::scratch_memory_space, Kokkos::MemoryUnmanaged>;
   EpShape s;
   IdxView idx;
-  Unmanaged2<const Unit, Mem> x;
+  Rows rows;
   Unmanaged2<const float, Mem> w;
   EpLayoutViews<Mem> v;
   DecodeWire<Mem> d;
-  Unmanaged2<Unit, Mem> recv_x;
   Unmanaged1<float, Mem> recv_w;
   RowSplit split;
 
   KOKKOS_INLINE_FUNCTION std::int64_t send_items() const { return static_cast<std::int64_t>(s.T) * split.blocks + 1; }
   std::size_t send_shmem() const {
-    const std::size_t a = PackScratch<Exec>::shmem(s), b = SInt::shmem_size(s.E + s.R);
+    const std::size_t a = PackScratch<Exec>::shmem(s) + Rows::shmem(split), b = SInt::shmem_size(s.E + s.R);
     return a > b ? a : b;
   }
   KOKKOS_INLINE_FUNCTION std::int64_t receive_items() const { return static_cast<std::int64_t>(s.R) * s.B + s.L + 1; }
   std::size_t receive_shmem() const { return SInt::shmem_size(2 * s.K + 1); }
 
   KOKKOS_INLINE_FUNCTION void send(const Team& m, std::int64_t item, const TeamScratch<Exec>& sp) const {
-    const int units = static_cast<int>(x.extent(1));
+    const int units = rows.units();
     const int CW = decode_count_words(s.L);
     if (item == send_items() - 1) {
       SInt cnt(sp, s.E + s.R);  // slots per expert, then tokens per rank
@@ -273,14 +373,13 @@ struct DecodeDispatch {
     });
     m.team_barrier();
     const int nr = p.lrow(s.K + 1);
-    team_fan_out<Unit, kResidentBatch>(
-        m, split.begin(c), split.end(c, units), nr, [&](int u) { return x(t, u); },
-        [&](int i, int u) -> Unit& { return reinterpret_cast<Unit*>(p.ptr(i))[u]; });
+    rows.template put<kResidentBatch>(
+        m, sp, t, split.begin(c), split.end(c, units), nr, [&](int i) { return reinterpret_cast<char*>(p.ptr(i)); },
+        [&](int i) { return reinterpret_cast<float*>(p.ptr(i) + d.scales_off); });
     if (c == 0) p.template weights<Mem>(m, s, t, w, d.trailer_off, Unmanaged1<float, Mem>(), 0, nr);
   }
 
   KOKKOS_INLINE_FUNCTION void receive(const Team& m, std::int64_t item, const TeamScratch<Exec>& sp) const {
-    const int units = static_cast<int>(recv_x.extent(1));
     const bool with_w = recv_w.extent(0) > 0;
     const int CW = decode_count_words(s.L);
     const std::int64_t RB = static_cast<std::int64_t>(s.R) * s.B;
@@ -305,7 +404,7 @@ struct DecodeDispatch {
       Kokkos::single(Kokkos::PerTeam(m), [&]() { v.arrive_rank(a) = -1; });
       return;
     }
-    SInt rows(sp, 2 * s.K + 1);  // per k the receive row (-1 none), then the compacted rows, their count last
+    SInt to(sp, 2 * s.K + 1);  // per k the receive row (-1 none), then the compacted rows, their count last
     const char* row = d.in_fwd + static_cast<std::size_t>(a) * d.pitch;
     const float* trailer = reinterpret_cast<const float*>(row + d.trailer_off);
     Kokkos::parallel_for(Kokkos::TeamThreadRange(m, s.K), [&](int k) {
@@ -322,24 +421,20 @@ struct DecodeDispatch {
         if (with_w) recv_w(q) = trailer[k];
         if (mine) v.slot_row(static_cast<std::int64_t>(t) * s.K + k) = q;
       }
-      rows(k) = q;
+      to(k) = q;
       v.fwd_rows(a * s.K + k) = mine ? -1 : q;
     });
     m.team_barrier();
     Kokkos::single(Kokkos::PerTeam(m), [&]() {
       int n = 0;
       for (int k = 0; k < s.K; ++k)
-        if (rows(k) >= 0) rows(s.K + n++) = rows(k);
-      rows(2 * s.K) = n;
+        if (to(k) >= 0) to(s.K + n++) = to(k);
+      to(2 * s.K) = n;
       v.arrive_rank(a) = !mine && n > 0 ? i : -1;
       if (!mine && n > 0) Kokkos::atomic_add(&v.ret_rows(i), 1);  // a count, not a position
     });
     m.team_barrier();
-    const int n = rows(2 * s.K);
-    const Unit* src = reinterpret_cast<const Unit*>(row);
-    team_fan_out<Unit, kResidentBatch>(
-        m, 0, units, n, [&](int u) { return src[u]; },
-        [&](int dd, int u) -> Unit& { return recv_x(rows(s.K + dd), u); });
+    rows.template get<kResidentBatch>(m, row, to(2 * s.K), [&](int dd) { return to(s.K + dd); });
   }
 };
 
@@ -350,8 +445,8 @@ struct DecodeDispatch {
 /// meets the others again: the last one tells every peer the epoch's regions are free and advances the epochs. A wait
 /// past the deadline sets the group's error word and every later wait returns at once: the teams skip their items and
 /// still pass both tickets, so the kernel ends.
-template <class Exec, class Unit, class IdxView>
-void decode_step(const Exec& exec, const DecodeDispatch<Exec, Unit, IdxView>& f,
+template <class Exec, class Rows, class IdxView>
+void decode_step(const Exec& exec, const DecodeDispatch<Exec, Rows, IdxView>& f,
                  const WindowSignals<typename Exec::memory_space>& sig, int league, const char* label) {
   using Team = typename Kokkos::TeamPolicy<Exec>::member_type;
   const std::size_t shmem = f.send_shmem() > f.receive_shmem() ? f.send_shmem() : f.receive_shmem();
@@ -375,19 +470,18 @@ void decode_step(const Exec& exec, const DecodeDispatch<Exec, Unit, IdxView>& f,
 /// the receive kernel would (expert l's slot of rank p at row l * B + p) and writes its row, weights and maps there;
 /// a team per expert counts its slots and masks the slab past them; the last team writes the counts, offsets and
 /// status from the histogram. No team waits for another.
-template <class Exec, class Unit, class IdxView>
-void decode_local(const Exec& exec, const EpShape s, const IdxView& idx,
-                  const Unmanaged2<const Unit, typename Exec::memory_space>& x,
+template <class Exec, class Rows, class IdxView>
+void decode_local(const Exec& exec, const EpShape s, const IdxView& idx, const Rows& rows,
                   const Unmanaged2<const float, typename Exec::memory_space>& w,
                   const EpLayoutViews<typename Exec::memory_space>& v,
-                  const Unmanaged2<Unit, typename Exec::memory_space>& recv_x,
                   const Unmanaged1<float, typename Exec::memory_space>& recv_w, const char* label) {
   using Team = typename Kokkos::TeamPolicy<Exec>::member_type;
   using SInt = Kokkos::View<int*, typename Exec::scratch_memory_space, Kokkos::MemoryUnmanaged>;
-  const int units = static_cast<int>(x.extent(1));
+  const int units = rows.units();
   const bool with_w = recv_w.extent(0) > 0;
-  const std::size_t shmem = SInt::shmem_size(s.E + s.R > 3 * s.K + 1 ? s.E + s.R : 3 * s.K + 1);
-  const RowSplit split = row_split(s.T, units);
+  const RowSplit split = rows.split(s.T, kSplitTeams);
+  const std::size_t a = SInt::shmem_size(s.E + s.R), b = SInt::shmem_size(3 * s.K + 1) + Rows::shmem(split);
+  const std::size_t shmem = a > b ? a : b;
   const std::int64_t blocks = static_cast<std::int64_t>(s.T) * split.blocks;
   team_items(
       exec, s, label, blocks + s.L + 1, shmem,
@@ -443,10 +537,10 @@ void decode_local(const Exec& exec, const EpShape s, const IdxView& idx,
           v.tok_pos(t) = n > 0 ? t : -1;
         });
         m.team_barrier();
-        const int n = slots(3 * s.K);
-        team_fan_out<Unit>(
-            m, split.begin(c), split.end(c, units), n, [&](int u) { return x(t, u); },
-            [&](int i, int u) -> Unit& { return recv_x(slots(2 * s.K + i), u); });
+        rows.template put<kUnitBatch>(
+            m, sp, t, split.begin(c), split.end(c, units), slots(3 * s.K),
+            [&](int i) { return rows.local_codes(slots(2 * s.K + i)); },
+            [&](int i) { return rows.local_scales(slots(2 * s.K + i)); });
       });
 }
 
