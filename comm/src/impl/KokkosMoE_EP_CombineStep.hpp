@@ -33,7 +33,7 @@ struct CombineStep {
   Kokkos::View<int*, Mem> tok_pos;
   PeerRows<Mem> wdst;  // the peers' forward float rows
   ReduceArrivals<Exec, Scalar, Unit, kResidentReduceBatch> arrivals;
-  ReduceRanks<Exec, Scalar, Unit> ranks;
+  ReduceRanks<Exec, Scalar, Unit, kResidentReduceBatch> ranks;
   // The traffic counters' view of the step: the weights' and the returned rows' bytes.
   Kokkos::View<int*, Mem> sent_rows, ret_rows;
   Kokkos::View<std::int64_t*, Mem> traffic;

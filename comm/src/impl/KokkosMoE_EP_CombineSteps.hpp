@@ -75,8 +75,9 @@ void combine(const Exec& exec, EpHandleState<Exec>& h, CombineMode mode, const O
           ReduceArrivals<Exec, Scalar, Unit, kResidentReduceBatch>(
               s, h.arrivals, o, weighted ? LocalRows{wire.in_fwd_f, fpitch} : LocalRows{}, none, h.v,
               PeerRows<Mem>{wire.peers.ret, h.v.ret_base, pitch}, 0),
-          ReduceRanks<Exec, Scalar, Unit>(s, o, cw, none, LocalRows{wire.in_ret, pitch}, 0, h.v,
-                                          rows_view<Unit, Mem>(y, H), Unmanaged2<float, Mem>(), g.resident_league),
+          ReduceRanks<Exec, Scalar, Unit, kResidentReduceBatch>(s, o, cw, none, LocalRows{wire.in_ret, pitch}, 0, h.v,
+                                                                rows_view<Unit, Mem>(y, H), Unmanaged2<float, Mem>(),
+                                                                g.resident_league),
           h.v.sent_rows,
           h.v.ret_rows,
           h.v.traffic,
