@@ -39,8 +39,8 @@ int step() {
   KokkosMoE::EpGroupConfig config;  // every rank passes the same values
   config.ep_size = world.size();
   config.num_experts = E;
-  config.hidden = H;
-  config.top_k = K;
+  config.hidden_size = H;
+  config.topk = K;
   config.max_tokens_per_rank = T;
   KokkosMoE::EpGroup<Exec> group(exec, world, config);
   auto layer0 = group.make_handle();  // one handle per layer

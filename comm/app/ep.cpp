@@ -233,8 +233,8 @@ int run(const Args& args, const Exec& exec, const Communicator& comm, int world_
   EpGroupConfig c;
   c.ep_size = R;
   c.num_experts = E;
-  c.hidden = H;
-  c.top_k = K;
+  c.hidden_size = H;
+  c.topk = K;
   c.max_tokens_per_rank = std::max(T, 1);
   c.max_recv_tokens_per_rank = static_cast<int>(args.capacity);
   c.expert_alignment = static_cast<int>(args.alignment);

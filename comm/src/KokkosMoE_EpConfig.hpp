@@ -33,12 +33,24 @@ enum class SmCap : int {
   Teams = 2,      ///< every kernel launches at most max_sms teams, each taking several work items in turn
 };
 
-/// \brief The shapes and mode of an EP group. Every rank of the group must pass the same values.
+/// \brief A field's former name, kept for source compatibility (EpGroupConfig::hidden, ::top_k): assigning or
+/// reading it warns (deprecated), copying the config does not. EpGroup takes its value where the field it names is 0.
+struct DeprecatedFieldName {
+  int value = 0;
+  [[deprecated("EpGroupConfig: hidden is now hidden_size, top_k is now topk")]] DeprecatedFieldName& operator=(int v) {
+    value = v;
+    return *this;
+  }
+  [[deprecated("EpGroupConfig: hidden is now hidden_size, top_k is now topk")]] operator int() const { return value; }
+};
+
+/// \brief The shapes and mode of an EP group. Every rank of the group must pass the same values. The names are the
+/// router's and the planner's (topk, hidden_size); the former hidden and top_k still compile, with a warning.
 struct EpGroupConfig {
   int ep_size = 0;                   ///< R: ranks of the group (= the communicator's size)
   int num_experts = 0;               ///< E, a multiple of ep_size; expert e lives on rank e / (E / R)
-  int hidden = 0;                    ///< H, elements per token row
-  int top_k = 0;                     ///< K, slots per token, 1 <= K <= num_experts
+  int hidden_size = 0;               ///< H, elements per token row
+  int topk = 0;                      ///< K, slots per token, 1 <= K <= num_experts
   int max_tokens_per_rank = 0;       ///< B, the most tokens one rank routes per step
   int max_recv_tokens_per_rank = 0;  ///< receive capacity in rows (ExpertMajor); 0 selects eager mode
   int expert_alignment = 1;          ///< A, rows per expert slab are padded to a multiple of it (ExpertMajor)
@@ -58,6 +70,10 @@ struct EpGroupConfig {
   /// operation of another handle that finds every set held throws InvalidArgument (Rule::HandleState) naming both
   /// handles. Two layers whose sends overlap take 2. Each set costs buffer_bytes() / wire_buffers.
   int wire_buffers = 1;
+  /// Deprecated: hidden_size and topk under their former names. EpGroup reads one where its new field is 0 and
+  /// throws InvalidArgument (Rule::ConfigValue) where both are set and differ; EpGroup::config() holds both.
+  DeprecatedFieldName hidden;
+  DeprecatedFieldName top_k;
 };
 
 /// \brief The groups ep_decode_dispatch serves (docs/ep.md §15), besides layout = ExpertMajorFixed.

@@ -75,8 +75,8 @@ struct Fixture {
     const int E = preset.num_experts, K = preset.config.topk, H = 7168;
     cfg.ep_size = comm.size();
     cfg.num_experts = E;
-    cfg.hidden = H;
-    cfg.top_k = K;
+    cfg.hidden_size = H;
+    cfg.topk = K;
     cfg.max_tokens_per_rank = T;
     // Capacity: the worst case of an even share (all of the ranks' slots), so nothing drops.
     cfg.max_recv_tokens_per_rank = capacity ? T * K * comm.size() : 0;
@@ -115,7 +115,7 @@ struct Fixture {
     }
     Kokkos::deep_copy(out, recv_x);
   }
-  double row_bytes() const { return static_cast<double>(cfg.hidden) * sizeof(Row); }
+  double row_bytes() const { return static_cast<double>(cfg.hidden_size) * sizeof(Row); }
 };
 
 enum class Op { LayoutOnly, Dispatch, Combine, CombineBackward, DispatchBackward };
@@ -171,7 +171,7 @@ void BM_Ep(benchmark::State& state, Op op, int T, bool capacity) {
   double move = 0, logical = 0;
   switch (op) {
     case Op::LayoutOnly:
-      move = static_cast<double>(T) * f.cfg.top_k * 4 * 2;
+      move = static_cast<double>(T) * f.cfg.topk * 4 * 2;
       logical = 0;
       break;
     case Op::Dispatch:
@@ -252,7 +252,7 @@ void BM_Alltoallv(benchmark::State& state, int T) {
   Fixture f(T, false);
   const Communicator& comm = *g_comm;
   const int R = comm.size(), me = comm.rank();
-  const std::size_t pitch = Impl::token_pitch(f.cfg.hidden * sizeof(Row), f.cfg.top_k, true);  // the dispatch's
+  const std::size_t pitch = Impl::token_pitch(f.cfg.hidden_size * sizeof(Row), f.cfg.topk, true);  // the dispatch's
   auto tpr = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), f.handle->tokens_per_rank());
   std::vector<int> scount(R), rcount(R), sdispl(R), rdispl(R);
   for (int p = 0; p < R; ++p) scount[p] = p == me ? 0 : static_cast<int>(tpr(p) * pitch);

@@ -101,8 +101,8 @@ struct Rank {
     const int E = preset.num_experts, K = preset.config.topk, H = 7168, R = comm.size(), me = comm.rank();
     cfg.ep_size = R;
     cfg.num_experts = E;
-    cfg.hidden = H;
-    cfg.top_k = K;
+    cfg.hidden_size = H;
+    cfg.topk = K;
     cfg.max_tokens_per_rank = T;
     // Capacity: 1.5x the even share of slots per rank, drops allowed (the router's load is near even).
     const bool capacity = mode == LMode::Capacity;
@@ -466,7 +466,7 @@ void BM_TrainStep(benchmark::State& state, int R, int T, int max_sms, SmCap sm_c
         if (r == 0) partition_sms = rank.group->partition_sms();
         EpHandle<Exec> hb = rank.group->make_handle({false, "micro-batch B"});
         ep_layout(eexec, hb, rank.ids);
-        const int N = rank.handle->num_recv_rows(), H = rank.cfg.hidden;
+        const int N = rank.handle->num_recv_rows(), H = rank.cfg.hidden_size;
         using Rows = Kokkos::View<Row**, Kokkos::LayoutRight, Mem>;
         const EpHandle<Exec>* handles[2] = {rank.handle.get(), &hb};
         Rows recv_x[2] = {rank.recv_x, Rows("recv_x_b", N, H)}, out[2] = {rank.out, Rows("out_b", N, H)},

@@ -21,8 +21,8 @@ inline EpGroupConfig default_config(int ep_size) {
   EpGroupConfig c;
   c.ep_size = ep_size;
   c.num_experts = 2 * ep_size;
-  c.hidden = 32;
-  c.top_k = 2;
+  c.hidden_size = 32;
+  c.topk = 2;
   c.max_tokens_per_rank = 4;
   return c;
 }
@@ -72,7 +72,7 @@ void check_step(const EpGroupConfig& c, Routing routing, CombineMode mode, std::
     const StepOutputs want = expected_step(c, in, comm.rank(), mode, bf16);
     BOOST_TEST(got.recv_rows == want.recv_rows);
     BOOST_TEST(got.recv_expert == want.recv_expert, boost::test_tools::per_element());
-    const std::size_t NH = static_cast<std::size_t>(want.recv_rows) * c.hidden;
+    const std::size_t NH = static_cast<std::size_t>(want.recv_rows) * c.hidden_size;
     compare("recv_x", got.recv_x, want.recv_x, bf16, NH);
     compare("recv_w", got.recv_w, want.recv_w, false, want.recv_rows);
     compare("y", got.y, want.y, bf16, want.y.size());
@@ -127,7 +127,7 @@ void step_still_matches_oracle(const Exec& exec, const Communicator& comm, const
 
 /// Inputs with the given expert ids (-1 = empty slot) and seeded rows and weights.
 inline RankInputs explicit_inputs(const EpGroupConfig& c, int rank, const std::vector<int>& idx, std::uint64_t seed) {
-  const int T = static_cast<int>(idx.size()) / c.top_k;
+  const int T = static_cast<int>(idx.size()) / c.topk;
   RankInputs in = make_inputs(c, Routing::Uniform, rank, T, seed, false);
   in.idx = idx;
   return in;
@@ -138,8 +138,8 @@ inline EpGroupConfig tiny_capacity_config(int R, int L) {
   EpGroupConfig c;
   c.ep_size = R;
   c.num_experts = L * R;
-  c.hidden = 8;
-  c.top_k = 1;
+  c.hidden_size = 8;
+  c.topk = 1;
   c.max_tokens_per_rank = 2;
   c.max_recv_tokens_per_rank = 1;
   return c;

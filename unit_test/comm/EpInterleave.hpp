@@ -55,7 +55,7 @@ struct Layer {
         L(g.num_local_experts()),
         N(want.recv_rows),
         sv(exec, g.config(), all[g.rank()]) {
-    const int H = g.config().hidden, K = g.config().top_k, T = all[me].T;
+    const int H = g.config().hidden_size, K = g.config().topk, T = all[me].T;
     recv_x = Rows("recv_x", N, H);
     out = Rows("out", N, H);
     grad_out = Rows("grad_out", N, H);
@@ -292,11 +292,11 @@ inline std::pair<EpGroupConfig, EpGroupConfig> two_shapes(int R) {
   auto ca = default_config(R);
   auto cb = ca;
   cb.num_experts = 3 * R;
-  cb.hidden = 37;
-  cb.top_k = 3;
+  cb.hidden_size = 37;
+  cb.topk = 3;
   cb.max_tokens_per_rank = 6;
   cb.expert_alignment = 4;
-  cb.max_recv_tokens_per_rank = cb.max_tokens_per_rank * cb.top_k * R + 16;
+  cb.max_recv_tokens_per_rank = cb.max_tokens_per_rank * cb.topk * R + 16;
   return {ca, cb};
 }
 

@@ -39,7 +39,7 @@ inline RankInputs make_inputs(const EpGroupConfig& c, Routing routing, int rank,
                               bool bf16_values) {
   RankInputs in;
   in.T = T;
-  const int K = c.top_k, E = c.num_experts, H = c.hidden;
+  const int K = c.topk, E = c.num_experts, H = c.hidden_size;
   std::mt19937_64 gen(seed * 1000003ull + static_cast<std::uint64_t>(rank) * 7919ull + static_cast<int>(routing));
   std::uniform_int_distribution<int> expert(0, E - 1);
   std::uniform_real_distribution<float> val(-1.0f, 1.0f);
@@ -111,7 +111,7 @@ inline OracleLayout oracle_layout(const EpGroupConfig& c, const std::vector<Rank
   OracleLayout o;
   o.R = c.ep_size;
   o.L = c.num_experts / c.ep_size;
-  o.K = c.top_k;
+  o.K = c.topk;
   o.E = c.num_experts;
   const bool fixed = c.layout == RecvLayout::ExpertMajorFixed;
   const int A = fixed ? 1 : c.expert_alignment;

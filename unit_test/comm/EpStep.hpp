@@ -108,16 +108,16 @@ struct StepViews {
   Kokkos::View<Scalar**, Kokkos::LayoutRight, Mem> x;
   template <class E>
   StepViews(const E& exec, const EpGroupConfig& c, const RankInputs& in)
-      : idx("idx", in.T, c.top_k), w("w", in.T, c.top_k), x("x", in.T, c.hidden) {
+      : idx("idx", in.T, c.topk), w("w", in.T, c.topk), x("x", in.T, c.hidden_size) {
     auto hi = Kokkos::create_mirror_view(idx);
     auto hw = Kokkos::create_mirror_view(w);
     auto hx = Kokkos::create_mirror_view(x);
     for (int t = 0; t < in.T; ++t) {
-      for (int k = 0; k < c.top_k; ++k) {
-        hi(t, k) = in.idx[static_cast<std::size_t>(t) * c.top_k + k];
-        hw(t, k) = in.w[static_cast<std::size_t>(t) * c.top_k + k];
+      for (int k = 0; k < c.topk; ++k) {
+        hi(t, k) = in.idx[static_cast<std::size_t>(t) * c.topk + k];
+        hw(t, k) = in.w[static_cast<std::size_t>(t) * c.topk + k];
       }
-      for (int h = 0; h < c.hidden; ++h) hx(t, h) = Scalar(in.x[static_cast<std::size_t>(t) * c.hidden + h]);
+      for (int h = 0; h < c.hidden_size; ++h) hx(t, h) = Scalar(in.x[static_cast<std::size_t>(t) * c.hidden_size + h]);
     }
     Kokkos::deep_copy(exec, idx, hi);
     Kokkos::deep_copy(exec, w, hw);
@@ -187,7 +187,7 @@ StepOutputs run_step(const Exec& exec, EpGroup<Exec>& group, EpHandle<Exec>& han
                      CombineMode mode, int rows = -1, bool split = false, bool decode = false) {
   using Mem = typename Exec::memory_space;
   const EpGroupConfig& c = group.config();
-  const int H = c.hidden, K = c.top_k, T = in.T, me = group.rank(), L = group.num_local_experts();
+  const int H = c.hidden_size, K = c.topk, T = in.T, me = group.rank(), L = group.num_local_experts();
   constexpr bool is_bf16 = std::is_same<Scalar, bf16_t>::value;
   StepViews<Exec, Scalar> sv(exec, c, in);
   if (decode && rows < 0) rows = group.capacity_rows();
@@ -368,7 +368,7 @@ inline std::string fp8_differences(const StepOutputs& got, const StepOutputs& wa
 inline StepOutputs expected_step(const EpGroupConfig& c, const std::vector<RankInputs>& in, int me, CombineMode mode,
                                  bool bf16) {
   const OracleLayout o = oracle_layout(c, in);
-  const int H = c.hidden, K = c.top_k, L = o.L;
+  const int H = c.hidden_size, K = c.topk, L = o.L;
   auto row = [&](float v) { return bf16 ? round_bf16(v) : v; };
   StepOutputs e;
   e.recv_rows = o.recv_rows[me];
@@ -512,15 +512,15 @@ inline std::vector<int> decode_counts(const EpGroupConfig& c, std::vector<int> c
 inline std::vector<float> identity_combine(const EpGroupConfig& c, const std::vector<RankInputs>& in, int me) {
   const OracleLayout o = oracle_layout(c, in);
   const RankInputs& mine = in[me];
-  std::vector<float> y(static_cast<std::size_t>(mine.T) * c.hidden, 0.0f);
+  std::vector<float> y(static_cast<std::size_t>(mine.T) * c.hidden_size, 0.0f);
   for (int t = 0; t < mine.T; ++t)
-    for (int h = 0; h < c.hidden; ++h) {
+    for (int h = 0; h < c.hidden_size; ++h) {
       float acc = 0.0f;
-      for (int k = 0; k < c.top_k; ++k) {
-        const std::size_t q = static_cast<std::size_t>(t) * c.top_k + k;
-        if (o.slot_row[me][q] >= 0) acc += mine.w[q] * mine.x[static_cast<std::size_t>(t) * c.hidden + h];
+      for (int k = 0; k < c.topk; ++k) {
+        const std::size_t q = static_cast<std::size_t>(t) * c.topk + k;
+        if (o.slot_row[me][q] >= 0) acc += mine.w[q] * mine.x[static_cast<std::size_t>(t) * c.hidden_size + h];
       }
-      y[static_cast<std::size_t>(t) * c.hidden + h] = acc;
+      y[static_cast<std::size_t>(t) * c.hidden_size + h] = acc;
     }
   return y;
 }

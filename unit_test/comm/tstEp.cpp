@@ -66,10 +66,10 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(bootstrap_errors, DeviceType, KOKKOSMOE_DEVICE_TYP
   c.num_experts = R > 1 ? 2 * R + 1 : 0;  // not a multiple of ep_size; at R = 1 simply out of range
   BOOST_TEST(static_cast<int>(rule_of([&] { EpGroup<Exec>(exec, comm, c); })) == static_cast<int>(Rule::ConfigValue));
   c = default_config(R);
-  c.top_k = c.num_experts + 1;
+  c.topk = c.num_experts + 1;
   BOOST_TEST(static_cast<int>(rule_of([&] { EpGroup<Exec>(exec, comm, c); })) == static_cast<int>(Rule::ConfigValue));
   c = default_config(R);
-  c.hidden = 0;
+  c.hidden_size = 0;
   BOOST_TEST(static_cast<int>(rule_of([&] { EpGroup<Exec>(exec, comm, c); })) == static_cast<int>(Rule::ConfigValue));
   c = default_config(R);
   c.layout = RecvLayout::ExpertMajorFixed;
@@ -263,7 +263,7 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(mismatched_configs_fail_on_every_rank, DeviceType,
   const Communicator& comm = ep_comm<Exec>();
   if (comm.size() < 2) return;  // one rank cannot disagree with itself; the 2- and 4-rank runs cover it
   auto c = default_config(comm.size());
-  if (comm.rank() == comm.size() - 1) c.hidden = 48;
+  if (comm.rank() == comm.size() - 1) c.hidden_size = 48;
   BOOST_CHECK_EXCEPTION(EpGroup<Exec>(Exec(), comm, c), InvalidArgument,
                         [](const InvalidArgument& e) { return e.rule() == Rule::CommConfigMismatch; });
 }
@@ -282,16 +282,21 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(invalid_config_on_one_rank_fails_fast_everywhere, 
     void (*apply)(EpGroupConfig&, int R);
   };
   const Bad cases[] = {
-      {"hidden = 0 on rank 0", 0, Rule::ConfigValue, [](EpGroupConfig& c, int) { c.hidden = 0; }},
+      {"hidden_size = 0 on rank 0", 0, Rule::ConfigValue, [](EpGroupConfig& c, int) { c.hidden_size = 0; }},
       {"ep_size = R + 1 on the last rank", R - 1, Rule::CommSize, [](EpGroupConfig& c, int n) { c.ep_size = n + 1; }},
-      {"top_k > num_experts on the last rank", R - 1, Rule::ConfigValue,
-       [](EpGroupConfig& c, int) { c.top_k = c.num_experts + 1; }},
+      {"topk > num_experts on the last rank", R - 1, Rule::ConfigValue,
+       [](EpGroupConfig& c, int) { c.topk = c.num_experts + 1; }},
+      // The deprecated names beside different values of the fields they name.
+      {"hidden (deprecated) != hidden_size on the last rank", R - 1, Rule::ConfigValue,
+       [](EpGroupConfig& c, int) { c.hidden.value = c.hidden_size + 1; }},
+      {"top_k (deprecated) != topk on rank 0", 0, Rule::ConfigValue,
+       [](EpGroupConfig& c, int) { c.top_k.value = c.topk + 1; }},
       {"max_sms = 0 on rank 0", 0, Rule::ConfigValue, [](EpGroupConfig& c, int) { c.max_sms = 0; }},
   };
   for (const Bad& b : cases) {
     BOOST_TEST_CONTEXT(b.what << " (" << R << " ranks)") {
       auto c = default_config(R);
-      c.hidden = 8;
+      c.hidden_size = 8;
       if (me == b.rank) b.apply(c, R);
       const auto t0 = std::chrono::steady_clock::now();
       Rule got = Rule::ShapeMismatch;
@@ -318,6 +323,37 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(invalid_config_on_one_rank_fails_fast_everywhere, 
                             "y after the failed constructions");
 }
 
+// The former field names (EpGroupConfig::hidden, ::top_k) still configure a group, with a deprecation warning: the
+// group takes their values where hidden_size and topk are 0, and its config() holds both names.
+#if defined(__GNUC__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+#endif
+BOOST_AUTO_TEST_CASE_TEMPLATE(deprecated_field_names_configure_a_group, DeviceType, KOKKOSMOE_DEVICE_TYPES) {
+  using Exec = typename DeviceType::execution_space;
+  Exec exec;
+  const Communicator& comm = ep_comm<Exec>();
+  const auto want = default_config(comm.size());
+  auto c = want;
+  c.hidden_size = 0;
+  c.topk = 0;
+  c.hidden = want.hidden_size;
+  c.top_k = want.topk;
+  EpGroup<Exec> group(exec, comm, c);
+  BOOST_TEST(group.config().hidden_size == want.hidden_size);
+  BOOST_TEST(group.config().topk == want.topk);
+  BOOST_TEST(static_cast<int>(group.config().hidden) == want.hidden_size);
+  BOOST_TEST(static_cast<int>(group.config().top_k) == want.topk);
+  auto handle = group.make_handle();
+  const auto in = group_inputs(want, Routing::Skewed, 19, false, false);
+  const StepOutputs got = run_step<Exec, float>(exec, group, handle, in[comm.rank()], CombineMode::Weighted);
+  const StepOutputs expected = expected_step(want, in, comm.rank(), CombineMode::Weighted, false);
+  compare("y of a group configured through the deprecated names", got.y, expected.y, false, expected.y.size());
+}
+#if defined(__GNUC__)
+#pragma GCC diagnostic pop
+#endif
+
 // ----- case 2: handle separation -----------------------------------------------------------------------------------
 BOOST_AUTO_TEST_CASE_TEMPLATE(handles_never_alias, DeviceType, KOKKOSMOE_DEVICE_TYPES) {
   using Exec = typename DeviceType::execution_space;
@@ -337,7 +373,7 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(handles_never_alias, DeviceType, KOKKOSMOE_DEVICE_
   StepViews<Exec, float> s0(c, in0[comm.rank()]), s1(c, in1[comm.rank()]);
   ep_layout(exec, a, s0.idx);
   ep_layout(exec, b, s1.idx);
-  Kokkos::View<float**, Kokkos::LayoutRight, typename Exec::memory_space> rx("rx", a.num_recv_rows(), c.hidden);
+  Kokkos::View<float**, Kokkos::LayoutRight, typename Exec::memory_space> rx("rx", a.num_recv_rows(), c.hidden_size);
   Kokkos::View<float*, typename Exec::memory_space> rw("rw", a.num_recv_rows());
   ep_dispatch(exec, a, s0.x, s0.w, rx, rw);
   const auto want = expected_step(c, in0, comm.rank(), CombineMode::Sum, false);
@@ -360,37 +396,37 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(bad_input_is_a_typed_error, DeviceType, KOKKOSMOE_
   const auto in = group_inputs(c, Routing::Uniform, 21, false, false);
   StepViews<Exec, float> s(c, in[comm.rank()]);
   auto rule = [](Rule r) { return [r](const InvalidArgument& e) { return e.rule() == r; }; };
-  Kokkos::View<float**, Kokkos::LayoutRight, Mem> rx("rx", 64, c.hidden);
+  Kokkos::View<float**, Kokkos::LayoutRight, Mem> rx("rx", 64, c.hidden_size);
   Kokkos::View<float*, Mem> rw("rw", 64);
   // Dispatch before any layout.
   BOOST_CHECK_EXCEPTION(ep_dispatch(exec, h, s.x, s.w, rx, rw), InvalidArgument, rule(Rule::HandleState));
   // T > max_tokens_per_rank (the send capacity), wrong K.
-  Kokkos::View<int**, Kokkos::LayoutRight, Mem> big("big", c.max_tokens_per_rank + 1, c.top_k);
+  Kokkos::View<int**, Kokkos::LayoutRight, Mem> big("big", c.max_tokens_per_rank + 1, c.topk);
   BOOST_CHECK_EXCEPTION(ep_layout(exec, h, big), InvalidArgument, rule(Rule::ShapeMismatch));
-  Kokkos::View<int**, Kokkos::LayoutRight, Mem> wide("wide", 2, c.top_k + 1);
+  Kokkos::View<int**, Kokkos::LayoutRight, Mem> wide("wide", 2, c.topk + 1);
   BOOST_CHECK_EXCEPTION(ep_layout(exec, h, wide), InvalidArgument, rule(Rule::ShapeMismatch));
   ep_layout(exec, h, s.idx);
   const int N = h.num_recv_rows();
   // x with the wrong row count or hidden size; recv_x too small.
-  Kokkos::View<float**, Kokkos::LayoutRight, Mem> x_bad("x_bad", s.x.extent(0) + 1, c.hidden);
+  Kokkos::View<float**, Kokkos::LayoutRight, Mem> x_bad("x_bad", s.x.extent(0) + 1, c.hidden_size);
   BOOST_CHECK_EXCEPTION(ep_dispatch(exec, h, x_bad, s.w, rx, rw), InvalidArgument, rule(Rule::ShapeMismatch));
-  Kokkos::View<float**, Kokkos::LayoutRight, Mem> x_h("x_h", s.x.extent(0), c.hidden + 1);
+  Kokkos::View<float**, Kokkos::LayoutRight, Mem> x_h("x_h", s.x.extent(0), c.hidden_size + 1);
   BOOST_CHECK_EXCEPTION(ep_dispatch(exec, h, x_h, s.w, rx, rw), InvalidArgument, rule(Rule::ShapeMismatch));
   if (N > 0) {
-    Kokkos::View<float**, Kokkos::LayoutRight, Mem> rx_small("rx_small", N - 1, c.hidden);
+    Kokkos::View<float**, Kokkos::LayoutRight, Mem> rx_small("rx_small", N - 1, c.hidden_size);
     BOOST_CHECK_EXCEPTION(ep_dispatch(exec, h, s.x, s.w, rx_small, rw), InvalidArgument, rule(Rule::ShapeMismatch));
   }
   // A strided (non-contiguous) x: every other column of a wider View.
-  Kokkos::View<float**, Kokkos::LayoutRight, Mem> wider("wider", s.x.extent(0), 2 * c.hidden);
-  auto strided = Kokkos::subview(wider, Kokkos::ALL, std::make_pair(0, c.hidden));
+  Kokkos::View<float**, Kokkos::LayoutRight, Mem> wider("wider", s.x.extent(0), 2 * c.hidden_size);
+  auto strided = Kokkos::subview(wider, Kokkos::ALL, std::make_pair(0, c.hidden_size));
   if (s.x.extent(0) > 1)
     BOOST_CHECK_EXCEPTION(ep_dispatch(exec, h, strided, s.w, rx, rw), InvalidArgument, rule(Rule::NotContiguous));
   // A column-major x.
-  Kokkos::View<float**, Kokkos::LayoutLeft, Mem> left("left", s.x.extent(0), c.hidden);
+  Kokkos::View<float**, Kokkos::LayoutLeft, Mem> left("left", s.x.extent(0), c.hidden_size);
   if (s.x.extent(0) > 1)
     BOOST_CHECK_EXCEPTION(ep_dispatch(exec, h, left, s.w, rx, rw), InvalidArgument, rule(Rule::NotContiguous));
   // Combine with a bad mode value.
-  Kokkos::View<float**, Kokkos::LayoutRight, Mem> y("y", s.x.extent(0), c.hidden);
+  Kokkos::View<float**, Kokkos::LayoutRight, Mem> y("y", s.x.extent(0), c.hidden_size);
   BOOST_CHECK_EXCEPTION(ep_combine(exec, h, static_cast<CombineMode>(7), rx, s.w, y), InvalidArgument,
                         rule(Rule::ConfigValue));
   ep_synchronize(exec, h);
@@ -403,7 +439,7 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(bad_input_is_a_typed_error, DeviceType, KOKKOSMOE_
   }
   // Capacity mode: the finding surfaces at the next synchronization; those slots were treated as -1.
   auto cc = c;
-  cc.max_recv_tokens_per_rank = c.max_tokens_per_rank * c.top_k * c.ep_size;
+  cc.max_recv_tokens_per_rank = c.max_tokens_per_rank * c.topk * c.ep_size;
   EpGroup<Exec> cgroup(exec, comm, cc);
   auto ch = cgroup.make_handle({false, "capacity"});
   ep_layout(exec, ch, s.idx);
@@ -426,14 +462,15 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(group_outlives_its_communicator, DeviceType, KOKKO
   group.reset();  // the handle alone keeps the group state and the transport
   StepViews<Exec, float> s(c, in[me]);
   ep_layout(exec, handle, s.idx);
-  Kokkos::View<float**, Kokkos::LayoutRight, typename Exec::memory_space> rx("rx", handle.num_recv_rows(), c.hidden);
+  Kokkos::View<float**, Kokkos::LayoutRight, typename Exec::memory_space> rx("rx", handle.num_recv_rows(),
+                                                                             c.hidden_size);
   Kokkos::View<float*, typename Exec::memory_space> rw("rw", handle.num_recv_rows());
   ep_dispatch(exec, handle, s.x, s.w, rx, rw);
   ep_synchronize(exec, handle);
   const auto want = expected_step(c, in, me, CombineMode::Sum, false);
   compare("recv_x", to_host_floats(rx), want.recv_x, false, want.recv_x.size());
-  Kokkos::View<float**, Kokkos::LayoutRight, typename Exec::memory_space> gx("gx", s.x.extent(0), c.hidden);
-  Kokkos::View<float**, Kokkos::LayoutRight, typename Exec::memory_space> gw("gw", s.x.extent(0), c.top_k);
+  Kokkos::View<float**, Kokkos::LayoutRight, typename Exec::memory_space> gx("gx", s.x.extent(0), c.hidden_size);
+  Kokkos::View<float**, Kokkos::LayoutRight, typename Exec::memory_space> gw("gw", s.x.extent(0), c.topk);
   ep_dispatch_backward(exec, handle, rx, rw, gx, gw);
   ep_synchronize(exec, handle);
 }
@@ -450,7 +487,7 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(layout_matches_host_histogram, DeviceType, KOKKOSM
   auto c = default_config(comm.size());
   c.max_tokens_per_rank = 37;
   c.expert_alignment = 8;
-  c.top_k = 2;
+  c.topk = 2;
   for (Routing r : {Routing::Uniform, Routing::Skewed, Routing::AllToOneExpert, Routing::WithMinusOne}) {
     const auto in = group_inputs(c, r, 41, false, true);
     EpGroup<Exec> group(exec, comm, c);
@@ -517,14 +554,14 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(wire_bytes_match_the_planner, DeviceType, KOKKOSMO
       EpGroupConfig c;
       c.ep_size = R;
       c.num_experts = layer.num_experts;
-      c.hidden = layer.hidden_size;
-      c.top_k = layer.topk;
+      c.hidden_size = layer.hidden_size;
+      c.topk = layer.topk;
       c.max_tokens_per_rank = static_cast<int>(layer.tokens_per_rank);
       RankInputs in;
       in.T = c.max_tokens_per_rank;
-      in.idx.resize(static_cast<std::size_t>(in.T) * c.top_k);
+      in.idx.resize(static_cast<std::size_t>(in.T) * c.topk);
       in.w.assign(in.idx.size(), 0.5f);
-      in.x.assign(static_cast<std::size_t>(in.T) * c.hidden, 1.0f);
+      in.x.assign(static_cast<std::size_t>(in.T) * c.hidden_size, 1.0f);
       const int per_group = c.num_experts / layer.num_groups;
       for (int t = 0; t < in.T; ++t) {
         std::vector<int> pool;
@@ -544,7 +581,7 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(wire_bytes_match_the_planner, DeviceType, KOKKOSMO
           std::shuffle(all.begin(), all.end(), gen);
           pool.assign(all.begin(), all.begin() + layer.topk);
         }
-        for (int k = 0; k < c.top_k; ++k) in.idx[static_cast<std::size_t>(t) * c.top_k + k] = pool[k];
+        for (int k = 0; k < c.topk; ++k) in.idx[static_cast<std::size_t>(t) * c.topk + k] = pool[k];
       }
       EpGroup<Exec> group(exec, comm, c);
       auto handle = group.make_handle({false, "planner"});
@@ -552,7 +589,7 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(wire_bytes_match_the_planner, DeviceType, KOKKOSMO
       ep_layout(exec, handle, sv.idx);
       const int N = handle.num_recv_rows();
       using Mem = typename Exec::memory_space;
-      Kokkos::View<float**, Kokkos::LayoutRight, Mem> rx("rx", N, c.hidden);
+      Kokkos::View<float**, Kokkos::LayoutRight, Mem> rx("rx", N, c.hidden_size);
       Kokkos::View<float*, Mem> rw("rw", N);
       const ByteCount before = group.stats().bytes["ep_dispatch"];
       ep_dispatch(exec, handle, sv.x, sv.w, rx, rw);
@@ -642,8 +679,8 @@ void each_ep_operation(const Exec& exec, Check&& check, int max_sms = -1) {
     BOOST_TEST_CONTEXT(Exec::name() << " at " << R << " rank(s), "
                                     << (decode ? "decode path" : (capacity ? "capacity mode" : "eager mode"))) {
       EpGroupConfig c = default_config(R);
-      c.hidden = kFp8BlockChannels;  // one FP8 scale block per row: the FP8 dispatch runs too
-      if (capacity) c.max_recv_tokens_per_rank = c.max_tokens_per_rank * c.top_k * R;
+      c.hidden_size = kFp8BlockChannels;  // one FP8 scale block per row: the FP8 dispatch runs too
+      if (capacity) c.max_recv_tokens_per_rank = c.max_tokens_per_rank * c.topk * R;
       if (decode) c.layout = RecvLayout::ExpertMajorFixed;
       if (max_sms > 0) {
         c.max_sms = max_sms;
@@ -661,7 +698,7 @@ void each_ep_operation(const Exec& exec, Check&& check, int max_sms = -1) {
       };
       if (!decode) run("ep_layout", [&] { ep_layout(exec, handle, sv.idx); });
       // The Views of the step (EpStep.hpp's types), allocated outside the recorded calls.
-      const int T = in.T, H = c.hidden, K = c.top_k, nb = H / kFp8BlockChannels;
+      const int T = in.T, H = c.hidden_size, K = c.topk, nb = H / kFp8BlockChannels;
       const int N = decode ? group.capacity_rows() : handle.num_recv_rows();
       using Rows = Kokkos::View<float**, Kokkos::LayoutRight, Mem>;
       Rows rx("recv_x", N, H), ro("out", N, H), rgo("grad_out", N, H), y("y", T, H), grad_y("grad_y", T, H),

@@ -100,7 +100,7 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(one_rank_bad_call_fails_every_rank_fast, DeviceTyp
   const Communicator& comm = ep_comm<Exec>();
   const int R = comm.size(), me = comm.rank();
   const auto c = default_config(R);
-  const int H = c.hidden, K = c.top_k;
+  const int H = c.hidden_size, K = c.topk;
   const auto in = group_inputs(c, Routing::Uniform, 23, false, false);
   const int T = in[me].T;
   EpGroup<Exec> group(exec, comm, c);
@@ -247,8 +247,8 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(one_rank_bad_fp8_call_fails_every_rank_fast, Devic
   const Communicator& comm = ep_comm<Exec>();
   const int R = comm.size(), me = comm.rank();
   auto c = default_config(R);
-  c.hidden = 128;
-  const int H = c.hidden;
+  c.hidden_size = 128;
+  const int H = c.hidden_size;
   const auto in = group_inputs(c, Routing::Uniform, 29, false, false);
   const int T = in[me].T;
   EpGroup<Exec> group(exec, comm, c);

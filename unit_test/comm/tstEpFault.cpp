@@ -35,8 +35,8 @@ int run(KokkosMoE::Communicator comm, bool stall, const char* transport) {
   KokkosMoE::EpGroupConfig c;
   c.ep_size = R;
   c.num_experts = 2 * R;
-  c.hidden = 64;
-  c.top_k = 2;
+  c.hidden_size = 64;
+  c.topk = 2;
   c.max_tokens_per_rank = 16;
   auto group = std::make_unique<KokkosMoE::EpGroup<Exec>>(exec, comm, c);
   auto handle = std::make_unique<KokkosMoE::EpHandle<Exec>>(group->make_handle());

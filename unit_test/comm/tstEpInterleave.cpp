@@ -36,12 +36,12 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(two_handles_of_one_group, DeviceType, KOKKOSMOE_DE
   Exec exec;
   const Communicator& comm = ep_comm<Exec>();
   auto c = default_config(comm.size());
-  c.hidden = 40;  // 160-byte rows
+  c.hidden_size = 40;  // 160-byte rows
   c.max_tokens_per_rank = 5;
   c.wire_buffers = 2;  // a pending receive and another operation, or two pending receives
   for (const bool capacity : {false, true}) {
     auto cc = c;
-    if (capacity) cc.max_recv_tokens_per_rank = cc.max_tokens_per_rank * cc.top_k * comm.size() + 8;
+    if (capacity) cc.max_recv_tokens_per_rank = cc.max_tokens_per_rank * cc.topk * comm.size() + 8;
     EpGroup<Exec> g(exec, comm, cc);
     const std::string found = interleavings_match<Exec, float, float>(
         exec, g, g, Routing::Uniform, CombineMode::Weighted, Routing::AllToOneExpert, CombineMode::Sum);

@@ -152,11 +152,11 @@ struct Case {
   Routing routing;
   CombineMode mode;
   bool bf16;
-  int layout;           // 0 eager, 1 capacity (room for all), 2 capacity with drops, 3 fixed
-  int hidden = 40;      // 160-byte FP32 rows: Chunk16 units; bf16 rows of 80 bytes; a multiple of 128: FP8 rows too
-  int max_sms = -1;     // the SM cap (docs/ep.md §13)
-  bool split = false;   // dispatch and combine in two halves (docs/ep.md §14)
-  bool decode = false;  // ep_decode_dispatch instead of ep_layout + ep_dispatch (docs/ep.md §15; layout 3)
+  int layout;            // 0 eager, 1 capacity (room for all), 2 capacity with drops, 3 fixed
+  int hidden_size = 40;  // 160-byte FP32 rows: Chunk16 units; bf16 rows of 80 bytes; a multiple of 128: FP8 rows too
+  int max_sms = -1;      // the SM cap (docs/ep.md §13)
+  bool split = false;    // dispatch and combine in two halves (docs/ep.md §14)
+  bool decode = false;   // ep_decode_dispatch instead of ep_layout + ep_dispatch (docs/ep.md §15; layout 3)
   SmCap sm_cap = SmCap::Auto;  // how the cap is kept: on Cuda, Auto takes an SM partition where the device makes one
 };
 
@@ -164,13 +164,13 @@ EpGroupConfig case_config(int R, const Case& k) {
   EpGroupConfig c;
   c.ep_size = R;
   c.num_experts = 2 * R;
-  c.hidden = k.hidden;
-  c.top_k = 3 < c.num_experts ? 3 : c.num_experts;
+  c.hidden_size = k.hidden_size;
+  c.topk = 3 < c.num_experts ? 3 : c.num_experts;
   c.max_tokens_per_rank = 9;
   c.expert_alignment = k.layout == 0 ? 4 : 1;
-  if (k.layout == 1) c.max_recv_tokens_per_rank = c.max_tokens_per_rank * c.top_k * R;
+  if (k.layout == 1) c.max_recv_tokens_per_rank = c.max_tokens_per_rank * c.topk * R;
   if (k.layout == 2) {
-    c.max_recv_tokens_per_rank = c.max_tokens_per_rank * c.top_k / 2 + 1;
+    c.max_recv_tokens_per_rank = c.max_tokens_per_rank * c.topk / 2 + 1;
     c.drop_on_overflow = true;
   }
   if (k.layout == 3) c.layout = RecvLayout::ExpertMajorFixed;
@@ -297,7 +297,7 @@ void interleaved_layers() {
                                                       Routing::WithMinusOne, CombineMode::Sum);
       }
       auto c = default_config(R);
-      c.hidden = 40;
+      c.hidden_size = 40;
       c.max_tokens_per_rank = 5;
       c.wire_buffers = 2;
       EpGroup<Exec> g(exec, comm, c);
@@ -345,8 +345,8 @@ void peer_that_never_signals(Fault fault) {
       if (me == 1 && fault == Fault::Silent) return "";
       StepViews<Exec, float> s(exec, c, in[me]);
       using Mem = typename Exec::memory_space;
-      const int N = capacity ? group.capacity_rows() : c.max_tokens_per_rank * c.top_k * R;
-      Kokkos::View<float**, Kokkos::LayoutRight, Mem> rx("rx", N, c.hidden);
+      const int N = capacity ? group.capacity_rows() : c.max_tokens_per_rank * c.topk * R;
+      Kokkos::View<float**, Kokkos::LayoutRight, Mem> rx("rx", N, c.hidden_size);
       Kokkos::View<float*, Mem> rw("rw", N);
       // The stall starts once every rank has its Views: a rank's own setup (allocations, whose release fences every
       // instance in Kokkos 4) must not wait for the stalled instance; only the EP calls are under test.
@@ -496,7 +496,7 @@ static void graph_capture_replays_new_routing(bool decode, int max_sms = -1) {
     auto handle = group.make_handle({false, "graph"});
     StepViews<Exec, float> s(exec, c, in1[me]), s2(exec, c, in2[me]);
     const int N = group.capacity_rows();
-    Kokkos::View<float**, Kokkos::LayoutRight, Mem> rx("rx", N, c.hidden), y("y", s.x.extent(0), c.hidden);
+    Kokkos::View<float**, Kokkos::LayoutRight, Mem> rx("rx", N, c.hidden_size), y("y", s.x.extent(0), c.hidden_size);
     Kokkos::View<float*, Mem> rw("rw", N);
     const auto step = [&] {
       if (decode) {
@@ -540,7 +540,7 @@ static void graph_capture_replays_new_routing(bool decode, int max_sms = -1) {
     const auto want = expected_step(c, in2, me, CombineMode::Weighted, false);
     // Rows past off(L) are never written: they hold whatever the first routing left there.
     std::vector<float> want_x = want.recv_x;
-    want_x.resize(static_cast<std::size_t>(want.offsets.back()) * c.hidden);
+    want_x.resize(static_cast<std::size_t>(want.offsets.back()) * c.hidden_size);
     diff(out, "recv_x (replayed)", to_host_floats(exec, rx), want_x, false);
     const std::vector<float> y_identity = identity_combine(c, in2, me);
     diff(out, "y (replayed)", to_host_floats(exec, y), y_identity, false);

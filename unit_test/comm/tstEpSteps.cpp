@@ -25,8 +25,8 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(step_matches_oracle, DeviceType, KOKKOSMOE_DEVICE_
   auto c = default_config(R);
   auto c2 = c;
   c2.num_experts = 3 * R;
-  c2.hidden = 37;  // not a multiple of 16 bytes: the element-wise path
-  c2.top_k = 3;
+  c2.hidden_size = 37;  // not a multiple of 16 bytes: the element-wise path
+  c2.topk = 3;
   c2.max_tokens_per_rank = 50;
   c2.expert_alignment = 4;
   for (Routing r : {Routing::Uniform, Routing::Skewed, Routing::AllToOneExpert, Routing::SomeExpertsEmpty,
@@ -38,18 +38,18 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(step_matches_oracle, DeviceType, KOKKOSMOE_DEVICE_
   }
   // Capacity mode with room for everything, and the fixed expert-major layout.
   auto cap = c2;
-  cap.max_recv_tokens_per_rank = cap.max_tokens_per_rank * cap.top_k * R + 64;
+  cap.max_recv_tokens_per_rank = cap.max_tokens_per_rank * cap.topk * R + 64;
   check_step<Exec, float>(cap, Routing::Skewed, CombineMode::Weighted, 300, true, "capacity mode");
   check_step<Exec, bf16_t>(cap, Routing::Uniform, CombineMode::Sum, 301, false, "capacity mode");
   // FP8 rows (H a multiple of 128): every step also dispatches them, quantized in the pack and given quantized.
   auto f8 = c;
-  f8.hidden = 256;
+  f8.hidden_size = 256;
   f8.max_tokens_per_rank = 9;
   f8.expert_alignment = 4;  // padding rows: zero codes and zero scales
   check_step<Exec, bf16_t>(f8, Routing::Uniform, CombineMode::Weighted, 310, true, "FP8 rows");
   check_step<Exec, float>(f8, Routing::WithMinusOne, CombineMode::Sum, 311, false, "FP8 rows");
   auto f8cap = f8;
-  f8cap.max_recv_tokens_per_rank = f8cap.max_tokens_per_rank * f8cap.top_k * R / 2 + 1;
+  f8cap.max_recv_tokens_per_rank = f8cap.max_tokens_per_rank * f8cap.topk * R / 2 + 1;
   f8cap.drop_on_overflow = true;
   check_step<Exec, float>(f8cap, Routing::Skewed, CombineMode::Weighted, 312, true, "FP8 rows, capacity with drops");
   auto fixed = c;
@@ -100,10 +100,10 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(step_matches_oracle, DeviceType, KOKKOSMOE_DEVICE_
   // Rows the per-token kernels split into column blocks at decode sizes (RowSplit): two blocks of bf16 Chunk16 units;
   // float units (an unaligned row) in blocks whose last is short. The combine of both splits too (T < 1024).
   auto wide = fixed;
-  wide.hidden = 2048;
+  wide.hidden_size = 2048;
   check_step<Exec, bf16_t>(wide, Routing::Skewed, CombineMode::Weighted, 363, true, "decode, wide rows", false, true);
   auto wide_odd = odd_fixed;
-  wide_odd.hidden = 1030;
+  wide_odd.hidden_size = 1030;
   check_step<Exec, float>(wide_odd, Routing::WithMinusOne, CombineMode::Sum, 364, false, "decode, wide unaligned rows",
                           false, true);
 }
@@ -121,7 +121,7 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(decode_rules_are_typed, DeviceType, KOKKOSMOE_DEVI
     auto handle = group.make_handle({false, "decode"});
     const auto in = group_inputs(c, Routing::Uniform, 93, false, false);
     StepViews<Exec, float> sv(exec, c, in[me]);
-    Kokkos::View<float**, Kokkos::LayoutRight, Mem> rx("rx", c.max_tokens_per_rank * c.top_k * R, c.hidden);
+    Kokkos::View<float**, Kokkos::LayoutRight, Mem> rx("rx", c.max_tokens_per_rank * c.topk * R, c.hidden_size);
     Kokkos::View<float*, Mem> rw("rw", rx.extent(0));
     int rule = -1;
     std::string param, msg;
@@ -147,7 +147,7 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(decode_rules_are_typed, DeviceType, KOKKOSMOE_DEVI
     in[0].idx[1] = in[0].idx[0];
     StepViews<Exec, float> sv(exec, c, in[me]);
     const int N = group.capacity_rows();
-    Kokkos::View<float**, Kokkos::LayoutRight, Mem> rx("rx", N, c.hidden);
+    Kokkos::View<float**, Kokkos::LayoutRight, Mem> rx("rx", N, c.hidden_size);
     Kokkos::View<float*, Mem> rw("rw", N);
     ep_decode_dispatch(exec, handle, sv.idx, sv.x, sv.w, rx, rw);
     int rule = -1;
@@ -183,7 +183,7 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(receive_hook_misuse_is_typed, DeviceType, KOKKOSMO
   StepViews<Exec, float> sv(exec, c, in[comm.rank()]);
   ep_layout(exec, handle, sv.idx);
   const int N = handle.num_recv_rows(), T = in[comm.rank()].T;
-  Kokkos::View<float**, Kokkos::LayoutRight, Mem> rx("rx", N, c.hidden), y("y", T, c.hidden);
+  Kokkos::View<float**, Kokkos::LayoutRight, Mem> rx("rx", N, c.hidden_size), y("y", T, c.hidden_size);
   Kokkos::View<float*, Mem> rw("rw", N);
   auto refused = [&](const char* what, auto&& f, const char* arg) { refused_as_handle_state(what, f, arg); };
   auto hook = ep_dispatch_send(exec, handle, sv.x, sv.w, rx, rw);
@@ -209,13 +209,13 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(receive_hook_misuse_is_typed, DeviceType, KOKKOSMO
   auto hy = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), y);
   int bad = 0;
   for (int t = 0; t < T; ++t)
-    for (int h = 0; h < c.hidden; ++h) {
+    for (int h = 0; h < c.hidden_size; ++h) {
       float want_y = 0.0f;
-      for (int k = 0; k < c.top_k; ++k) {
-        const int e = in[comm.rank()].idx[static_cast<std::size_t>(t) * c.top_k + k];
+      for (int k = 0; k < c.topk; ++k) {
+        const int e = in[comm.rank()].idx[static_cast<std::size_t>(t) * c.topk + k];
         if (e >= 0)
-          want_y += in[comm.rank()].w[static_cast<std::size_t>(t) * c.top_k + k] *
-                    in[comm.rank()].x[static_cast<std::size_t>(t) * c.hidden + h];
+          want_y += in[comm.rank()].w[static_cast<std::size_t>(t) * c.topk + k] *
+                    in[comm.rank()].x[static_cast<std::size_t>(t) * c.hidden_size + h];
       }
       if (!close(hy(t, h), want_y, false) && bad++ < 3)
         BOOST_TEST(false, "y(" << t << ", " << h << ") = " << hy(t, h) << ", expected " << want_y);
@@ -230,7 +230,7 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(fp8_bad_input_is_typed, DeviceType, KOKKOSMOE_DEVI
   Exec exec;
   const Communicator& comm = ep_comm<Exec>();
   auto c = default_config(comm.size());
-  c.hidden = 128;
+  c.hidden_size = 128;
   const auto in = group_inputs(c, Routing::Uniform, 77, false, false);
   EpGroup<Exec> group(exec, comm, c);
   auto handle = group.make_handle();
@@ -288,24 +288,24 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(identity_expert_round_trip, DeviceType, KOKKOSMOE_
     EpGroup<Exec> group(exec, comm, c);
     auto handle = group.make_handle({false, "identity"});
     // 3-D input [batch = 3, sequence = 4, hidden] flattened to [12, hidden] without a copy.
-    Kokkos::View<float***, Kokkos::LayoutRight, Mem> x3("x3", 3, 4, c.hidden);
+    Kokkos::View<float***, Kokkos::LayoutRight, Mem> x3("x3", 3, 4, c.hidden_size);
     StepViews<Exec, float> s(c, mine);
     Kokkos::deep_copy(
-        x3, Kokkos::View<float***, Kokkos::LayoutRight, Mem, Kokkos::MemoryUnmanaged>(s.x.data(), 3, 4, c.hidden));
-    Kokkos::View<float**, Kokkos::LayoutRight, Mem, Kokkos::MemoryUnmanaged> x2(x3.data(), 12, c.hidden);
+        x3, Kokkos::View<float***, Kokkos::LayoutRight, Mem, Kokkos::MemoryUnmanaged>(s.x.data(), 3, 4, c.hidden_size));
+    Kokkos::View<float**, Kokkos::LayoutRight, Mem, Kokkos::MemoryUnmanaged> x2(x3.data(), 12, c.hidden_size);
     // Normalized weights: the Weighted combine of the identity expert gives the input back.
     auto hw = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), s.w);
     for (int t = 0; t < mine.T; ++t) {
       float sum = 0;
-      for (int k = 0; k < c.top_k; ++k) sum += hw(t, k);
-      for (int k = 0; k < c.top_k; ++k) hw(t, k) /= sum;
+      for (int k = 0; k < c.topk; ++k) sum += hw(t, k);
+      for (int k = 0; k < c.topk; ++k) hw(t, k) /= sum;
     }
     Kokkos::deep_copy(s.w, hw);
     ep_layout(exec, handle, s.idx);
     const int N = handle.num_recv_rows();
-    Kokkos::View<float**, Kokkos::LayoutRight, Mem> rx("rx", N, c.hidden);
+    Kokkos::View<float**, Kokkos::LayoutRight, Mem> rx("rx", N, c.hidden_size);
     Kokkos::View<float*, Mem> rw("rw", N);
-    Kokkos::View<float**, Kokkos::LayoutRight, Mem> y("y", mine.T, c.hidden), ysum("ysum", mine.T, c.hidden);
+    Kokkos::View<float**, Kokkos::LayoutRight, Mem> y("y", mine.T, c.hidden_size), ysum("ysum", mine.T, c.hidden_size);
     ep_dispatch(exec, handle, x2, s.w, rx, rw);
     ep_combine(exec, handle, CombineMode::Weighted, rx, s.w, y);
     ep_combine(exec, handle, CombineMode::Sum, rx, Kokkos::View<float**, Kokkos::LayoutRight, Mem>(), ysum);
@@ -313,10 +313,10 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(identity_expert_round_trip, DeviceType, KOKKOSMOE_
     auto hy = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), y);
     auto hs = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), ysum);
     for (int t = 0; t < mine.T; ++t)
-      for (int h = 0; h < c.hidden; ++h) {
-        const float xv = mine.x[static_cast<std::size_t>(t) * c.hidden + h];
+      for (int h = 0; h < c.hidden_size; ++h) {
+        const float xv = mine.x[static_cast<std::size_t>(t) * c.hidden_size + h];
         BOOST_TEST(close(hy(t, h), xv, false), "y(" << t << ", " << h << ") = " << hy(t, h) << ", x = " << xv);
-        BOOST_TEST(close(hs(t, h), c.top_k * xv, false));
+        BOOST_TEST(close(hs(t, h), c.topk * xv, false));
       }
   }
 }
@@ -334,7 +334,7 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(closed_form_gradients, DeviceType, KOKKOSMOE_DEVIC
   auto handle = group.make_handle();
   StepViews<Exec, float> s(c, mine);
   ep_layout(exec, handle, s.idx);
-  const int N = handle.num_recv_rows(), T = mine.T, K = c.top_k, H = c.hidden;
+  const int N = handle.num_recv_rows(), T = mine.T, K = c.topk, H = c.hidden_size;
   Kokkos::View<float**, Kokkos::LayoutRight, Mem> rx("rx", N, H), gout("gout", N, H), gx("gx", T, H);
   Kokkos::View<float*, Mem> rw("rw", N);
   Kokkos::View<float**, Kokkos::LayoutRight, Mem> gw("gw", T, K), gwc("gwc", T, K), uni("uni", T, K);
@@ -372,7 +372,7 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(same_bits_every_run, DeviceType, KOKKOSMOE_DEVICE_
   const Communicator& comm = ep_comm<Exec>();
   auto c = default_config(comm.size());
   c.max_tokens_per_rank = 40;
-  c.top_k = 2;
+  c.topk = 2;
   const auto in = group_inputs(c, Routing::Skewed, 71, true, true);
   EpGroup<Exec> group(exec, comm, c);
   auto h1 = group.make_handle();
@@ -444,9 +444,9 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(fp8_only_forward_then_backwards, DeviceType, KOKKO
   for (const bool capacity : {false, true}) {
     BOOST_TEST_CONTEXT((capacity ? "capacity" : "eager") << " mode, " << R << " ranks") {
       auto c = default_config(R);
-      c.hidden = 256;
-      if (capacity) c.max_recv_tokens_per_rank = c.max_tokens_per_rank * c.top_k * R;
-      const int H = c.hidden, K = c.top_k, nb = H / kFp8BlockChannels;
+      c.hidden_size = 256;
+      if (capacity) c.max_recv_tokens_per_rank = c.max_tokens_per_rank * c.topk * R;
+      const int H = c.hidden_size, K = c.topk, nb = H / kFp8BlockChannels;
       const auto in = group_inputs(c, Routing::Skewed, 515, false, false);
       const StepOutputs want = expected_step(c, in, me, CombineMode::Sum, false);
       const int T = in[me].T;
@@ -505,7 +505,7 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(no_stray_communication, DeviceType, KOKKOSMOE_DEVI
   const Communicator& comm = ep_comm<Exec>();
   for (bool capacity : {false, true}) {
     auto c = default_config(comm.size());
-    if (capacity) c.max_recv_tokens_per_rank = c.max_tokens_per_rank * c.top_k * c.ep_size;
+    if (capacity) c.max_recv_tokens_per_rank = c.max_tokens_per_rank * c.topk * c.ep_size;
     const auto in = group_inputs(c, Routing::Uniform, 81, false, false);
     EpGroup<Exec> group(exec, comm, c);
     auto handle = group.make_handle();
@@ -533,17 +533,17 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(wire_bytes_are_exact, DeviceType, KOKKOSMOE_DEVICE
   const int R = comm.size(), me = comm.rank();
   const bool windows = writes_directly(comm);
   auto c = default_config(R);
-  c.top_k = 3;
+  c.topk = 3;
   c.num_experts = 3 * R;
   c.max_tokens_per_rank = 10;
   const auto in = group_inputs(c, Routing::Uniform, 97, false, false);
   // The oracle of docs/ep.md §9: one FP32 row per (token, remote rank it reaches), trailer of K floats.
-  const int L = c.num_experts / R, H = c.hidden;
+  const int L = c.num_experts / R, H = c.hidden_size;
   std::int64_t rows = 0, slots = 0;
   for (int t = 0; t < in[me].T; ++t) {
     std::set<int> ranks;
-    for (int k = 0; k < c.top_k; ++k) {
-      const int e = in[me].idx[static_cast<std::size_t>(t) * c.top_k + k];
+    for (int k = 0; k < c.topk; ++k) {
+      const int e = in[me].idx[static_cast<std::size_t>(t) * c.topk + k];
       if (e >= 0 && e / L != me) {
         ranks.insert(e / L);
         ++slots;
@@ -551,7 +551,7 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(wire_bytes_are_exact, DeviceType, KOKKOSMOE_DEVICE
     }
     rows += static_cast<std::int64_t>(ranks.size());
   }
-  const std::int64_t pitch = (4 * H + 15) / 16 * 16 + (4 * c.top_k + 15) / 16 * 16;
+  const std::int64_t pitch = (4 * H + 15) / 16 * 16 + (4 * c.topk + 15) / 16 * 16;
   const std::int64_t signals = windows ? 16 * (R - 1) : 0;
   std::int64_t eager_wire = 0;
   // Eager, capacity, and the decode path on the fixed layout (docs/ep.md §15).
@@ -559,7 +559,7 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(wire_bytes_are_exact, DeviceType, KOKKOSMOE_DEVICE
     const bool capacity = mode > 0, decode = mode == 2;
     BOOST_TEST_CONTEXT((decode ? "decode" : (capacity ? "capacity" : "eager")) << " mode") {
       auto cc = c;
-      if (mode == 1) cc.max_recv_tokens_per_rank = c.max_tokens_per_rank * c.top_k * R;
+      if (mode == 1) cc.max_recv_tokens_per_rank = c.max_tokens_per_rank * c.topk * R;
       if (decode) cc.layout = RecvLayout::ExpertMajorFixed;
       EpGroup<Exec> group(exec, comm, cc);
       auto handle = group.make_handle();
@@ -574,7 +574,7 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(wire_bytes_are_exact, DeviceType, KOKKOSMOE_DEVICE
         // The layout's share of the decode path: every token's K codes and the L + 2 counts to each peer, with
         // their two signals.
         const std::int64_t layout_wire = group.stats().bytes["ep_layout"].wire - layout_before.wire;
-        BOOST_TEST(layout_wire == static_cast<std::int64_t>(R - 1) * ((L + 2 + in[me].T * c.top_k) * 4 + 32));
+        BOOST_TEST(layout_wire == static_cast<std::int64_t>(R - 1) * ((L + 2 + in[me].T * c.topk) * 4 + 32));
       }
       if (!capacity) {
         BOOST_TEST(wire == (R == 1 ? 0 : rows * pitch + signals));
@@ -697,13 +697,13 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(kept_rows_arrive_at_every_world_size, DeviceType, 
     if (R >= 3 && me == 0) {
       // Row 0 is rank 2's token 0 (expert 0 comes first); rank 1's two rows for expert 1 are past the capacity.
       BOOST_TEST(got.recv_expert[0] == 0);
-      for (int h = 0; h < c.hidden; ++h) BOOST_TEST(got.recv_x[h] == in[2].x[h]);
+      for (int h = 0; h < c.hidden_size; ++h) BOOST_TEST(got.recv_x[h] == in[2].x[h]);
       BOOST_TEST(got.status.dropped_recv_slots == 2);
       BOOST_TEST(got.status.recv_demand == 3);
     }
     if (R >= 3 && me == 2) {
       const float cf = m == CombineMode::Weighted ? in[2].w[0] : 1.0f;
-      for (int h = 0; h < c.hidden; ++h) BOOST_TEST(close(got.y[h], cf * expert_fn(in[2].x[h], 0, false), false));
+      for (int h = 0; h < c.hidden_size; ++h) BOOST_TEST(close(got.y[h], cf * expert_fn(in[2].x[h], 0, false), false));
     }
     if (R >= 2 && me == 1) BOOST_TEST(got.status.dropped_slots == (R >= 3 ? 2 : 1));
   }
@@ -763,20 +763,20 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(randomized_capacity_steps_match_oracle, DeviceType
     EpGroupConfig c;
     c.ep_size = R;
     c.num_experts = R * pick(1, 6);
-    c.top_k = pick(1, std::min(4, c.num_experts));
-    c.hidden = i % 3 == 0 ? 13 : 16;  // 13: the element-wise path
+    c.topk = pick(1, std::min(4, c.num_experts));
+    c.hidden_size = i % 3 == 0 ? 13 : 16;  // 13: the element-wise path
     c.max_tokens_per_rank = pick(1, 10);
     const bool fixed = i % 5 == 4;
     c.layout = fixed ? RecvLayout::ExpertMajorFixed : RecvLayout::ExpertMajor;
     c.expert_alignment = fixed ? 1 : std::vector<int>{1, 2, 3, 4}[pick(0, 3)];
     // Mostly below the demand, so that slots drop: the room left after the first experts' rows is what the
     // receiver keeps.
-    c.max_recv_tokens_per_rank = fixed ? 0 : pick(1, c.max_tokens_per_rank * c.top_k * R / (i % 2 == 0 ? 4 : 1) + 1);
+    c.max_recv_tokens_per_rank = fixed ? 0 : pick(1, c.max_tokens_per_rank * c.topk * R / (i % 2 == 0 ? 4 : 1) + 1);
     c.drop_on_overflow = true;
     const Routing routing = fixed ? Routing::Duplicates : routings[pick(0, 5)];
     const CombineMode mode = i % 2 == 0 ? CombineMode::Weighted : CombineMode::Sum;
     const std::string label = "random case " + std::to_string(i) + " (E " + std::to_string(c.num_experts) + ", K " +
-                              std::to_string(c.top_k) + ", B " + std::to_string(c.max_tokens_per_rank) + ", C " +
+                              std::to_string(c.topk) + ", B " + std::to_string(c.max_tokens_per_rank) + ", C " +
                               std::to_string(c.max_recv_tokens_per_rank) + ", A " + std::to_string(c.expert_alignment) +
                               (fixed ? ", fixed" : "") + ")";
     const bool vary = i % 3 == 2 && c.max_tokens_per_rank >= 3;  // T = B - (rank % 3), T = 0 on rank 1
@@ -806,7 +806,7 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(graph_capture_replays_new_routing, DeviceType, KOK
     const Communicator& comm = ep_comm<Exec>();
     auto c = default_config(comm.size());
     c.max_tokens_per_rank = 24;
-    c.max_recv_tokens_per_rank = c.max_tokens_per_rank * c.top_k * c.ep_size;
+    c.max_recv_tokens_per_rank = c.max_tokens_per_rank * c.topk * c.ep_size;
     cudaStream_t stream = nullptr;
     cudaStreamCreate(&stream);
     {
@@ -817,7 +817,7 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(graph_capture_replays_new_routing, DeviceType, KOK
       const auto in2 = group_inputs(c, Routing::Skewed, 502, false, false);
       StepViews<Exec, float> s(c, in1[comm.rank()]);
       const int N = group.capacity_rows();
-      Kokkos::View<float**, Kokkos::LayoutRight, Mem> rx("rx", N, c.hidden), y("y", s.x.extent(0), c.hidden);
+      Kokkos::View<float**, Kokkos::LayoutRight, Mem> rx("rx", N, c.hidden_size), y("y", s.x.extent(0), c.hidden_size);
       Kokkos::View<float*, Mem> rw("rw", N);
       // Warm up once eagerly (Kokkos' lazy first-launch setup), then capture layout, dispatch and combine.
       ep_layout(exec, handle, s.idx);
@@ -843,7 +843,7 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(graph_capture_replays_new_routing, DeviceType, KOK
       const auto want = expected_step(c, in2, comm.rank(), CombineMode::Weighted, false);
       // Rows past off(L) are never written: they hold whatever the first routing left there.
       compare("recv_x (replayed)", to_host_floats(rx), want.recv_x, false,
-              static_cast<std::size_t>(want.offsets.back()) * c.hidden);
+              static_cast<std::size_t>(want.offsets.back()) * c.hidden_size);
       // The captured combine ran on the received rows themselves (an identity expert): y = sum of w * x.
       const std::vector<float> y_identity = identity_combine(c, in2, comm.rank());
       compare("y (replayed)", to_host_floats(y), y_identity, false, y_identity.size());

@@ -110,8 +110,8 @@ BOOST_AUTO_TEST_CASE(ep_groups_take_a_partition_under_a_cap) {
         EpGroupConfig c;
         c.ep_size = R;
         c.num_experts = 4;
-        c.hidden = 64;
-        c.top_k = 2;
+        c.hidden_size = 64;
+        c.topk = 2;
         c.max_tokens_per_rank = 8;
         std::string& f = found[r];
         c.max_sms = 16;

@@ -43,7 +43,7 @@ void combine(const Exec& exec, EpHandleState<Exec>& h, CombineMode mode, const O
   ScopedRegion region("KokkosMoE::ep_combine");
   EpGroupState<Exec>& g = *h.group;
   const EpShape& s = h.shape;
-  const int H = g.config.hidden;
+  const int H = g.config.hidden_size;
   const bool weighted = mode == CombineMode::Weighted;
   check_on_every_rank(fn, g, [&] {
     require_layout(fn, h);
@@ -148,7 +148,7 @@ void combine_backward(const Exec& exec, EpHandleState<Exec>& h, CombineMode mode
   ScopedRegion region("KokkosMoE::ep_combine_backward");
   EpGroupState<Exec>& g = *h.group;
   const EpShape& s = h.shape;
-  const int H = g.config.hidden;
+  const int H = g.config.hidden_size;
   const bool weighted = mode == CombineMode::Weighted;
   check_on_every_rank(fn, g, [&] {
     require_layout(fn, h);
@@ -243,7 +243,7 @@ void dispatch_backward(const Exec& exec, EpHandleState<Exec>& h, const GradRecvX
   ScopedRegion region("KokkosMoE::ep_dispatch_backward");
   EpGroupState<Exec>& g = *h.group;
   const EpShape& s = h.shape;
-  const int H = g.config.hidden;
+  const int H = g.config.hidden_size;
   const bool with_w = grad_w.extent(0) > 0 || grad_w.extent(1) > 0;
   check_on_every_rank(fn, g, [&] {
     require_layout(fn, h);

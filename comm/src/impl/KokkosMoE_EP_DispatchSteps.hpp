@@ -65,7 +65,7 @@ void dispatch(const Exec& exec, EpHandleState<Exec>& h, const XView& x, const WV
   ScopedRegion region("KokkosMoE::ep_dispatch");
   EpGroupState<Exec>& g = *h.group;
   const EpShape& s = h.shape;
-  const int H = g.config.hidden;
+  const int H = g.config.hidden_size;
   bool with_w = false;
   check_on_every_rank(fn, g, [&] {
     require_layout(fn, h);
@@ -191,7 +191,7 @@ void dispatch_fp8(const Exec& exec, EpHandleState<Exec>& h, const XArg& x, const
   ScopedRegion region("KokkosMoE::ep_dispatch");
   EpGroupState<Exec>& g = *h.group;
   const EpShape& s = h.shape;
-  const int H = g.config.hidden;
+  const int H = g.config.hidden_size;
   bool with_w = false;
   check_on_every_rank(fn, g, [&] {
     require_layout(fn, h);
@@ -306,7 +306,7 @@ void decode_dispatch(const Exec& exec, EpHandleState<Exec>& h, const IdxView& id
   using Mem = typename Exec::memory_space;
   using Scalar = typename XView::non_const_value_type;
   EpGroupState<Exec>& g = *h.group;
-  const int H = g.config.hidden;
+  const int H = g.config.hidden_size;
   bool with_w = false;
   check_on_every_rank(fn, g, [&] {
     check_decode_group(fn, g);
@@ -334,7 +334,7 @@ void decode_dispatch_fp8(const Exec& exec, EpHandleState<Exec>& h, const IdxView
   using Mem = typename Exec::memory_space;
   fp8_dispatch_static<Exec, XArg, WView, RecvQView, RecvSView, RecvWView>();
   EpGroupState<Exec>& g = *h.group;
-  const int H = g.config.hidden, T = static_cast<int>(idx.extent(0));
+  const int H = g.config.hidden_size, T = static_cast<int>(idx.extent(0));
   bool with_w = false;
   check_on_every_rank(fn, g, [&] {
     check_decode_group(fn, g);

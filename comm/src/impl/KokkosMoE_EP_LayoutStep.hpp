@@ -33,11 +33,11 @@ void check_layout(const char* fn, const EpHandleState<Exec>& h, const IdxView& i
                 "KokkosMoE EP: topk_idx must hold int16_t, int32_t or int64_t expert ids");
   const EpGroupConfig& c = h.group->config;
   if (idx.extent(0) > static_cast<std::size_t>(c.max_tokens_per_rank) ||
-      idx.extent(1) != static_cast<std::size_t>(c.top_k))
+      idx.extent(1) != static_cast<std::size_t>(c.topk))
     ep_fail(fn, "topk_idx", Rule::ShapeMismatch,
             "topk_idx has extents [" + std::to_string(idx.extent(0)) + ", " + std::to_string(idx.extent(1)) +
                 "], expected [T <= max_tokens_per_rank = " + std::to_string(c.max_tokens_per_rank) +
-                ", top_k = " + std::to_string(c.top_k) + "]");
+                ", top_k = " + std::to_string(c.topk) + "]");
   if (h.options.training && !h.backward_done)
     ep_fail(fn, "handle", Rule::HandleReuse,
             "the handle" + (h.options.name.empty() ? std::string() : " '" + h.options.name + "'") +

@@ -273,7 +273,7 @@ struct EpHandleState {
   EpHandleState(std::shared_ptr<EpGroupState<Exec>> g, const EpHandleOptions& o) : group(std::move(g)), options(o) {
     const EpShape& s = group->shape;
     const EpGroupConfig& c = group->config;
-    const std::int64_t B = c.max_tokens_per_rank, BK = B * c.top_k, RB = static_cast<std::int64_t>(s.R) * B;
+    const std::int64_t B = c.max_tokens_per_rank, BK = B * c.topk, RB = static_cast<std::int64_t>(s.R) * B;
     const int nch = (c.max_tokens_per_rank + s.chunk - 1) / s.chunk;
     auto a = [](const char* n, std::int64_t len) {
       return Kokkos::View<int*, Mem>(std::string("KokkosMoE::ep::") + n, static_cast<std::size_t>(len));
@@ -308,7 +308,7 @@ struct EpHandleState {
     v.slot_row = a("slot_row", BK);
     v.slot_rank = a("slot_rank", BK);
     v.slot_kept = bytes("slot_kept", BK);
-    v.fwd_rows = a("fwd_rows", s.R > 1 ? RB * c.top_k : 0);
+    v.fwd_rows = a("fwd_rows", s.R > 1 ? RB * c.topk : 0);
     v.arrive_rank = a("arrive_rank", s.R > 1 ? RB : 0);
     v.sent_rows = a("sent_rows", s.R);
     v.ret_rows = a("ret_rows", s.R);
@@ -321,7 +321,7 @@ struct EpHandleState {
     // peers' kernels may wait for this rank: such groups size the receive maps for the most rows a layout can need.
     if (group->windows && !group->capacity_mode())
       recv_rows_alloc = std::min<std::int64_t>(std::numeric_limits<int>::max(),
-                                               RB * c.top_k + static_cast<std::int64_t>(s.L) * (s.align - 1));
+                                               RB * c.topk + static_cast<std::int64_t>(s.L) * (s.align - 1));
     alloc_recv_maps();
   }
 
@@ -411,8 +411,8 @@ constexpr int kMaxWireBuffers = 8;
 inline std::uint64_t config_digest(const EpGroupConfig& c) {
   const std::int64_t fields[] = {c.ep_size,
                                  c.num_experts,
-                                 c.hidden,
-                                 c.top_k,
+                                 c.hidden_size,
+                                 c.topk,
                                  c.max_tokens_per_rank,
                                  c.max_recv_tokens_per_rank,
                                  c.expert_alignment,
@@ -427,6 +427,23 @@ inline std::uint64_t config_digest(const EpGroupConfig& c) {
     }
   }
   return h;
+}
+
+/// \p c with the deprecated aliases (EpGroupConfig::hidden, ::top_k) resolved: an alias set where its field is 0
+/// gives the field its value; set beside a different value is InvalidArgument (Rule::ConfigValue) naming the alias.
+/// Both names then hold the field's value.
+inline EpGroupConfig resolve_config_aliases(const char* fn, EpGroupConfig c) {
+  auto resolve = [&](const char* alias, const char* field, int& value, int& old) {
+    if (old != 0 && value != 0 && old != value)
+      ep_fail(fn, alias, Rule::ConfigValue,
+              std::string(alias) + " (" + std::to_string(old) + ", deprecated) and " + field + " (" +
+                  std::to_string(value) + ") name the same field: set " + field + " only");
+    if (value == 0) value = old;
+    old = value;
+  };
+  resolve("hidden", "hidden_size", c.hidden_size, c.hidden.value);
+  resolve("top_k", "topk", c.topk, c.top_k.value);
+  return c;
 }
 
 inline void check_group_config(const char* fn, const EpGroupConfig& c, int comm_size, int processors,
@@ -448,9 +465,9 @@ inline void check_group_config(const char* fn, const EpGroupConfig& c, int comm_
     ep_fail(fn, "num_experts", Rule::ConfigValue,
             "num_experts (" + std::to_string(c.num_experts) + ") must be a multiple of ep_size (" +
                 std::to_string(c.ep_size) + ")");
-  range("hidden", c.hidden, 1, 1 << 24);
-  range("top_k", c.top_k, 1, c.num_experts);
-  range("max_tokens_per_rank", c.max_tokens_per_rank, 1, imax / c.top_k);
+  range("hidden_size", c.hidden_size, 1, 1 << 24);
+  range("topk", c.topk, 1, c.num_experts);
+  range("max_tokens_per_rank", c.max_tokens_per_rank, 1, imax / c.topk);
   range("max_recv_tokens_per_rank", c.max_recv_tokens_per_rank, 0, imax);
   range("expert_alignment", c.expert_alignment, 1, 1 << 16);
   range("wire_buffers", c.wire_buffers, 1, kMaxWireBuffers);
@@ -534,7 +551,7 @@ void make_wire(const EpShape& s, EpGroupState<Exec>& g, EpWire<Exec>& w, const T
 
 template <class Exec>
 std::shared_ptr<EpGroupState<Exec>> make_group_state(const Exec& exec, const Communicator& comm,
-                                                     const EpGroupConfig& config) {
+                                                     const EpGroupConfig& given) {
   constexpr const char* fn = "EpGroup";
   using Mem = typename Exec::memory_space;
   if (!comm.valid()) ep_fail(fn, "comm", Rule::ConfigValue, "the communicator is empty");
@@ -553,7 +570,9 @@ std::shared_ptr<EpGroupState<Exec>> make_group_state(const Exec& exec, const Com
   // (docs/ep.md §2). Errors above this point need the communicator itself and stay local.
   std::exception_ptr invalid;
   EpLane<Exec> lane;
+  EpGroupConfig config = given;
   try {
+    config = resolve_config_aliases(fn, given);
     check_group_config(fn, config, t->size(), ExecTraits<Exec>::processors(exec), ExecTraits<Exec>::processor_name);
     lane = EpLane<Exec>::make(fn, exec, config);
   } catch (const InvalidArgument&) {
@@ -597,8 +616,8 @@ std::shared_ptr<EpGroupState<Exec>> make_group_state(const Exec& exec, const Com
   g->transport = t;
   g->lane = std::move(lane);
   EpShape& s = g->shape;
-  s.K = config.top_k;
-  s.chunk = layout_chunk(config.top_k);
+  s.K = config.topk;
+  s.chunk = layout_chunk(config.topk);
   s.E = config.num_experts;
   s.R = config.ep_size;
   s.L = s.E / s.R;
@@ -612,7 +631,7 @@ std::shared_ptr<EpGroupState<Exec>> make_group_state(const Exec& exec, const Com
   s.max_teams = g->lane.partitioned() ? -1 : config.max_sms;
   s.capacity_mode = g->capacity_mode();
   if (s.capacity_mode) g->recv_rows_fixed = s.fixed ? s.L * s.slab : config.max_recv_tokens_per_rank;
-  g->stage_pitch_max = token_pitch(static_cast<std::size_t>(config.hidden) * sizeof(float), s.K, true);
+  g->stage_pitch_max = token_pitch(static_cast<std::size_t>(config.hidden_size) * sizeof(float), s.K, true);
   g->stage_rows = s.R > 1 ? static_cast<std::int64_t>(s.R) * s.B : 0;
   const std::size_t RB = static_cast<std::size_t>(g->stage_rows);
   const std::size_t rows_bytes = RB * g->stage_pitch_max, floats_bytes = pad16(RB * s.K * sizeof(float));

@@ -33,8 +33,8 @@ EpGroupConfig ep_group_config(const Plan& plan, int max_recv_tokens_per_rank, in
   EpGroupConfig c;
   c.ep_size = plan.ep_size();
   c.num_experts = plan.layer.num_experts;
-  c.hidden = plan.layer.hidden_size;
-  c.top_k = plan.layer.topk;
+  c.hidden_size = plan.layer.hidden_size;
+  c.topk = plan.layer.topk;
   c.max_tokens_per_rank = static_cast<int>(plan.layer.tokens_per_rank);
   c.max_recv_tokens_per_rank = max_recv_tokens_per_rank;
   c.expert_alignment = expert_alignment;
