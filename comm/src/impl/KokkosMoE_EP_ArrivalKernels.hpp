@@ -179,9 +179,8 @@ void expand_arrivals(const Exec& exec, const EpShape s, std::int64_t arrivals, i
 /// Return direction, expert side (combine, dispatch backward): for every arrival a, the FP32 sum in k order of
 /// c_k * src(row_k) over the rows it fed (c_k = the arrived weight when \p coef is given, else 1), rounded to the row
 /// type, goes back once to its source rank, with a trailer of extra_f(row_k) per slot when \p trailer_off > 0. A team
-/// function over walkers (arrival_teams) for one-kernel steps; reduce_arrivals launches it. \p Batch > 1: a thread
-/// sums Batch units of the row at once (gather_sum_batch), for kernels of few teams that take rows in turn.
-template <class Exec, class Scalar, class Unit, int Batch = 1>
+/// function over walkers (arrival_teams) for one-kernel steps; reduce_arrivals launches it.
+template <class Exec, class Scalar, class Unit>
 struct ReduceArrivals {
   using Mem = typename Exec::memory_space;
   using Team = typename Kokkos::TeamPolicy<Exec>::member_type;
@@ -242,21 +241,13 @@ struct ReduceArrivals {
       const int n = i >= 0 ? rows(s.K) : 0;
       if (n > 0) {
         char* out = ret.template at<char>(i, static_cast<int>(a - arrive_base(i)));
-        if constexpr (Batch > 1) {
-          team_unit_block<Batch>(m, 0, units, [&](int b, int nb, int end) {
-            gather_sum_batch<Ops, Unit, Batch>(
-                n, b, nb, end, [&](int r, int u) { return src(rows(r), u); }, [&](int r) { return cs(r); },
-                [&](int u, const float* acc) { Ops::store(acc, reinterpret_cast<Unit*>(out)[u]); });
-          });
-        } else {
-          Kokkos::parallel_for(Kokkos::TeamThreadRange(m, units), [&](int u) {
-            float acc[Ops::n];
-            for (int e = 0; e < Ops::n; ++e) acc[e] = 0.0f;
-            gather_sum<Ops, Unit>(
-                n, [&](int r) { return src(rows(r), u); }, [&](int r) { return cs(r); }, acc);
-            Ops::store(acc, reinterpret_cast<Unit*>(out)[u]);
-          });
-        }
+        Kokkos::parallel_for(Kokkos::TeamThreadRange(m, units), [&](int u) {
+          float acc[Ops::n];
+          for (int e = 0; e < Ops::n; ++e) acc[e] = 0.0f;
+          gather_sum<Ops, Unit>(
+              n, [&](int r) { return src(rows(r), u); }, [&](int r) { return cs(r); }, acc);
+          Ops::store(acc, reinterpret_cast<Unit*>(out)[u]);
+        });
         if (trailer_off > 0) {
           Kokkos::parallel_for(Kokkos::TeamThreadRange(m, s.K), [&](int k) {
             const int row = fwd(k);
@@ -287,10 +278,8 @@ void reduce_arrivals(const Exec& exec, const EpShape s, std::int64_t arrivals,
 /// each rank's partial rounded to the row type: this rank's own from the local rows (FP32 in k order, times w(t,k)
 /// when \p coef is given), the others' as returned. out_f(t,k) gets the slot's float (local_f of its row here, the
 /// returned trailer otherwise; 0 for empty and dropped slots). A team function over (token, column block) items for
-/// one-kernel steps; reduce_ranks launches it. \p Batch > 1: a thread sums Batch units of the row at once, every
-/// rank's loads of them in flight together (the same sums in the same order, so the same bits), for kernels of few
-/// teams that take rows in turn.
-template <class Exec, class Scalar, class Unit, int Batch = 1>
+/// one-kernel steps; reduce_ranks launches it.
+template <class Exec, class Scalar, class Unit>
 struct ReduceRanks {
   using Mem = typename Exec::memory_space;
   using Team = typename Kokkos::TeamPolicy<Exec>::member_type;
@@ -381,73 +370,38 @@ struct ReduceRanks {
     m.team_barrier();
     const int nd = order(s.K), nl = lrow(s.K);
     const int u0 = split.begin(c);
-    if constexpr (Batch > 1) {
-      team_unit_block<Batch>(m, u0, split.end(c, units), [&](int b, int nb, int end) {
-        float acc[Batch][Ops::n];
-        for (int j = 0; j < Batch; ++j)
-          for (int e = 0; e < Ops::n; ++e) acc[j][e] = 0.0f;
-        for (int d = 0; d < nd; ++d) {
-          if (from(d) < 0) {
-            // This rank's partial at its place in rank order: FP32 in k order, rounded to the row type.
-            gather_sum_batch<Ops, Unit, Batch>(
-                nl, b, nb, end, [&](int l, int u) { return local(lrow(l), u); }, [&](int l) { return lcoef(l); },
-                [&](int u, const float* mine) {
-                  Unit rounded;
-                  Ops::store(mine, rounded);
-                  float part[Ops::n];
-                  Ops::load(rounded, part);
-                  for (int e = 0; e < Ops::n; ++e) acc[(u - b) / nb][e] += part[e];
-                });
-            continue;
-          }
-          const Unit* row = ret.at<Unit>(from(d));
-          Unit raw[Batch];
-          for (int j = 0; j < Batch; ++j)
-            if (b + j * nb < end) raw[j] = row[b + j * nb];
-          for (int j = 0; j < Batch; ++j) {
-            if (b + j * nb >= end) break;
-            float part[Ops::n];
+    Kokkos::parallel_for(Kokkos::TeamThreadRange(m, split.end(c, units) - u0), [&](int ju) {
+      const int u = u0 + ju;
+      // This rank's partial (FP32 in k order, rounded to the row type), then the ranks' partials in ascending
+      // rank order, the returned ones read kReduceGather at a time.
+      float mine[Ops::n];
+      for (int e = 0; e < Ops::n; ++e) mine[e] = 0.0f;
+      if (nl > 0) {
+        gather_sum<Ops, Unit>(
+            nl, [&](int l) { return local(lrow(l), u); }, [&](int l) { return lcoef(l); }, mine);
+        Unit rounded;
+        Ops::store(mine, rounded);
+        Ops::load(rounded, mine);
+      }
+      float acc[Ops::n];
+      for (int e = 0; e < Ops::n; ++e) acc[e] = 0.0f;
+      for (int d0 = 0; d0 < nd; d0 += kReduceGather) {
+        Unit raw[kReduceGather];
+        for (int j = 0; j < kReduceGather; ++j)
+          if (d0 + j < nd && from(d0 + j) >= 0) raw[j] = ret.at<Unit>(from(d0 + j))[u];
+        for (int j = 0; j < kReduceGather; ++j) {
+          if (d0 + j >= nd) break;
+          float part[Ops::n];
+          if (from(d0 + j) < 0) {
+            for (int e = 0; e < Ops::n; ++e) part[e] = mine[e];
+          } else {
             Ops::load(raw[j], part);
-            for (int e = 0; e < Ops::n; ++e) acc[j][e] += part[e];
           }
+          for (int e = 0; e < Ops::n; ++e) acc[e] += part[e];
         }
-        for (int j = 0; j < Batch; ++j)
-          if (b + j * nb < end) Ops::store(acc[j], y(t, b + j * nb));
-      });
-    } else {
-      Kokkos::parallel_for(Kokkos::TeamThreadRange(m, split.end(c, units) - u0), [&](int ju) {
-        const int u = u0 + ju;
-        // This rank's partial (FP32 in k order, rounded to the row type), then the ranks' partials in ascending
-        // rank order, the returned ones read kReduceGather at a time.
-        float mine[Ops::n];
-        for (int e = 0; e < Ops::n; ++e) mine[e] = 0.0f;
-        if (nl > 0) {
-          gather_sum<Ops, Unit>(
-              nl, [&](int l) { return local(lrow(l), u); }, [&](int l) { return lcoef(l); }, mine);
-          Unit rounded;
-          Ops::store(mine, rounded);
-          Ops::load(rounded, mine);
-        }
-        float acc[Ops::n];
-        for (int e = 0; e < Ops::n; ++e) acc[e] = 0.0f;
-        for (int d0 = 0; d0 < nd; d0 += kReduceGather) {
-          Unit raw[kReduceGather];
-          for (int j = 0; j < kReduceGather; ++j)
-            if (d0 + j < nd && from(d0 + j) >= 0) raw[j] = ret.at<Unit>(from(d0 + j))[u];
-          for (int j = 0; j < kReduceGather; ++j) {
-            if (d0 + j >= nd) break;
-            float part[Ops::n];
-            if (from(d0 + j) < 0) {
-              for (int e = 0; e < Ops::n; ++e) part[e] = mine[e];
-            } else {
-              Ops::load(raw[j], part);
-            }
-            for (int e = 0; e < Ops::n; ++e) acc[e] += part[e];
-          }
-        }
-        Ops::store(acc, y(t, u));
-      });
-    }
+      }
+      Ops::store(acc, y(t, u));
+    });
     if (with_f && c == 0) {
       Kokkos::parallel_for(Kokkos::TeamThreadRange(m, s.K), [&](int k) {
         const int row = slots(k), r = slots(s.K + k);

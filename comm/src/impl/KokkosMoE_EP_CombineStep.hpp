@@ -32,8 +32,8 @@ struct CombineStep {
   Unmanaged2<const float, Mem> w;  // Weighted: the weights each expert's rank applies
   Kokkos::View<int*, Mem> tok_pos;
   PeerRows<Mem> wdst;  // the peers' forward float rows
-  ReduceArrivals<Exec, Scalar, Unit, kResidentReduceBatch> arrivals;
-  ReduceRanks<Exec, Scalar, Unit, kResidentReduceBatch> ranks;
+  ReduceArrivals<Exec, Scalar, Unit> arrivals;
+  ReduceRanks<Exec, Scalar, Unit> ranks;
   // The traffic counters' view of the step: the weights' and the returned rows' bytes.
   Kokkos::View<int*, Mem> sent_rows, ret_rows;
   Kokkos::View<std::int64_t*, Mem> traffic;

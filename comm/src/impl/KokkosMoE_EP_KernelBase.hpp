@@ -180,8 +180,6 @@ constexpr int kResidentTeamsPerSm = 4;
 /// Units a thread of such a kernel loads before it stores them: its few teams take whole rows in turn, and a
 /// 7168-wide bf16 row is then one round of loads (team_fan_out).
 constexpr int kResidentBatch = 8;
-/// Units a thread of such a kernel sums at once in a reduction (its FP32 accumulators hold them all).
-constexpr int kResidentReduceBatch = 4;
 
 /// A kernel whose teams wait for each other and for the peers' kernels (docs/ep.md §15): f(member, buf) on \p league
 /// teams that are all resident at once, buf the team's \p shmem bytes of scratch. A device keeps kResidentTeamsPerSm

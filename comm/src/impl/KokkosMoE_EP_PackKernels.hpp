@@ -79,31 +79,6 @@ KOKKOS_INLINE_FUNCTION void gather_sum(int n, const RowAt& row, const CoefAt& co
   }
 }
 
-/// gather_sum over the units b, b + nb, ... below end (Batch of them at most) of the same n rows: a row's loads of
-/// all of them in flight before they are added, then store(u, acc) for each. The sums run in r order per unit, as
-/// gather_sum's, so the bits are the same.
-template <class Ops, class Unit, int Batch, class RowAt, class CoefAt, class Store>
-KOKKOS_INLINE_FUNCTION void gather_sum_batch(int n, int b, int nb, int end, const RowAt& row, const CoefAt& coef,
-                                             const Store& store) {
-  float acc[Batch][Ops::n];
-  for (int j = 0; j < Batch; ++j)
-    for (int e = 0; e < Ops::n; ++e) acc[j][e] = 0.0f;
-  for (int r = 0; r < n; ++r) {
-    Unit raw[Batch];
-    for (int j = 0; j < Batch; ++j)
-      if (b + j * nb < end) raw[j] = row(r, b + j * nb);
-    const float c = coef(r);
-    for (int j = 0; j < Batch; ++j) {
-      if (b + j * nb >= end) break;
-      float f[Ops::n];
-      Ops::load(raw[j], f);
-      for (int e = 0; e < Ops::n; ++e) acc[j][e] += c * f[e];
-    }
-  }
-  for (int j = 0; j < Batch; ++j)
-    if (b + j * nb < end) store(b + j * nb, acc[j]);
-}
-
 /// Column blocks of a token row for the per-token kernels at decode sizes: with a team per token, 128 tokens leave
 /// a device of 132 SMs one team each, too few loads in flight to reach the memory's rate. A row of more than
 /// kSplitUnits units is split into blocks of at least that many, until the kernel has about kSplitTeams teams; a team
