@@ -430,13 +430,18 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(bad_input_is_a_typed_error, DeviceType, KOKKOSMOE_
   BOOST_CHECK_EXCEPTION(ep_combine(exec, h, static_cast<CombineMode>(7), rx, s.w, y), InvalidArgument,
                         rule(Rule::ConfigValue));
   ep_synchronize(exec, h);
-  // Expert ids >= E and < -1 on one rank: every rank gets the typed error (the counts carry the finding).
+  // Expert ids >= E and < -1 on one rank: every rank gets the typed error (the counts carry the finding), and the
+  // layouts that threw add nothing to the expert load.
+  const auto load_before = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), h.expert_load());
   for (int bad : {c.num_experts, -2, 1 << 30}) {
     auto hi = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), s.idx);
     if (comm.rank() == 0 && hi.extent(0) > 0) hi(0, 0) = bad;
     Kokkos::deep_copy(s.idx, hi);
     BOOST_CHECK_EXCEPTION(ep_layout(exec, h, s.idx), InvalidArgument, rule(Rule::ExpertIdRange));
   }
+  const auto load_after = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), h.expert_load());
+  for (std::size_t l = 0; l < load_after.extent(0); ++l)
+    BOOST_TEST(load_after(l) == load_before(l), "expert load of local expert " << l);
   // Capacity mode: the finding surfaces at the next synchronization; those slots were treated as -1.
   auto cc = c;
   cc.max_recv_tokens_per_rank = c.max_tokens_per_rank * c.topk * c.ep_size;

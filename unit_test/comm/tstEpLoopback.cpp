@@ -158,6 +158,7 @@ struct Case {
   bool split = false;    // dispatch and combine in two halves (docs/ep.md §14)
   bool decode = false;   // ep_decode_dispatch instead of ep_layout + ep_dispatch (docs/ep.md §15; layout 3)
   SmCap sm_cap = SmCap::Auto;  // how the cap is kept: on Cuda, Auto takes an SM partition where the device makes one
+  int tokens = 9;              // max_tokens_per_rank
 };
 
 EpGroupConfig case_config(int R, const Case& k) {
@@ -166,7 +167,7 @@ EpGroupConfig case_config(int R, const Case& k) {
   c.num_experts = 2 * R;
   c.hidden_size = k.hidden_size;
   c.topk = 3 < c.num_experts ? 3 : c.num_experts;
-  c.max_tokens_per_rank = 9;
+  c.max_tokens_per_rank = k.tokens;
   c.expert_alignment = k.layout == 0 ? 4 : 1;
   if (k.layout == 1) c.max_recv_tokens_per_rank = c.max_tokens_per_rank * c.topk * R;
   if (k.layout == 2) {
@@ -242,6 +243,11 @@ void steps_match_oracle() {
        true},
       {"decode -1 fp32 sum, wide unaligned rows", Routing::WithMinusOne, CombineMode::Sum, false, 3, 1030, -1, false,
        true},
+      // Many tokens: the layout's count kernel takes spans of several chunks (docs/ep.md §3.1), the last one partial.
+      {"eager skewed fp32 weighted, many tokens", Routing::Skewed, CombineMode::Weighted, false, 0, 16, -1, false,
+       false, SmCap::Auto, 1500},
+      {"capacity drops duplicates bf16 sum, many tokens", Routing::Duplicates, CombineMode::Sum, true, 2, 16, -1, false,
+       false, SmCap::Auto, 1500},
   };
   // Direct writes at every R; messages (the staged path, peer_windows = off) at R = 3.
   const std::pair<int, PeerWindows> runs[] = {{1, PeerWindows::Auto}, {2, PeerWindows::Auto}, {3, PeerWindows::Auto},

@@ -36,6 +36,17 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(step_matches_oracle, DeviceType, KOKKOSMOE_DEVICE_
       check_step<Exec, bf16_t>(c2, r, m, 200 + static_cast<int>(r), true, "odd shape, T varies (T = 0 on rank 1)");
     }
   }
+  // Many tokens: the layout's count kernel takes spans of several chunks (docs/ep.md §3.1), the last span partial;
+  // repeated ids within a token, and drops in capacity mode, across the chunks of a span.
+  auto many = c2;
+  many.hidden_size = 16;
+  many.max_tokens_per_rank = 1500;
+  for (Routing r : {Routing::Skewed, Routing::Duplicates})
+    check_step<Exec, float>(many, r, CombineMode::Weighted, 370 + static_cast<int>(r), true, "many tokens");
+  auto many_cap = many;
+  many_cap.max_recv_tokens_per_rank = many.max_tokens_per_rank * many.topk * R / 2 + 1;
+  many_cap.drop_on_overflow = true;
+  check_step<Exec, bf16_t>(many_cap, Routing::Skewed, CombineMode::Sum, 380, false, "many tokens, capacity with drops");
   // Capacity mode with room for everything, and the fixed expert-major layout.
   auto cap = c2;
   cap.max_recv_tokens_per_rank = cap.max_tokens_per_rank * cap.topk * R + 64;
