@@ -15,7 +15,9 @@
 ///   TeamVectorTokenRoute<Member>::invoke(member, ...)                                threads and vector lanes
 ///   ThreadVectorTokenRoute<Member>::invoke(member, ...)                              one thread's vector lanes
 /// and their Quantile Balancing forms (SerialTokenRouteQB, ...: the same arguments, the cutoff returned;
-/// make_token_router_qb_params; docs/router.md §19).
+/// make_token_router_qb_params; docs/router.md §19). As in kokkos-kernels' Batched functions, the variant is also a
+/// tag: TokenRoute<Member, Mode::Team>::invoke(member, ...) is TeamTokenRoute<Member>::invoke(member, ...), and
+/// Mode::Serial takes the member too (and ignores it), so that a kernel templated on its mode calls one name.
 /// Team variants are collective: every thread of the team (ThreadVector: every vector lane of the calling thread)
 /// calls them with the same arguments. Serial selects in one pass with an insertion buffer; the others run k rounds
 /// of a max reduction; both give the same slots (selection keys are unique, docs/router.md §6).
@@ -113,6 +115,61 @@ struct ThreadVectorTokenRoute {
   }
 };
 
+/// Who works on a token row, as a template argument (kokkos-kernels' KokkosBatched::Mode): TokenRoute<Member, Mode::X>
+/// and TokenRouteQB<Member, Mode::X> run the variant X above.
+struct Mode {
+  struct Serial {
+    static const char* name() { return "Serial"; }
+  };
+  struct Team {
+    static const char* name() { return "Team"; }
+  };
+  struct TeamVector {
+    static const char* name() { return "TeamVector"; }
+  };
+  struct ThreadVector {
+    static const char* name() { return "ThreadVector"; }
+  };
+};
+
+namespace Impl {
+/// The loops of a mode: what distributes the experts of one row among the callers.
+template <class Member, class ArgMode>
+struct ModeLoops;
+template <class Member>
+struct ModeLoops<Member, Mode::Serial> {
+  using type = SerialLoops;
+  KOKKOS_INLINE_FUNCTION static type make(const Member&) { return type{}; }
+};
+template <class Member>
+struct ModeLoops<Member, Mode::Team> {
+  using type = TeamLoops<Member>;
+  KOKKOS_INLINE_FUNCTION static type make(const Member& m) { return type{m}; }
+};
+template <class Member>
+struct ModeLoops<Member, Mode::TeamVector> {
+  using type = TeamVectorLoops<Member>;
+  KOKKOS_INLINE_FUNCTION static type make(const Member& m) { return type{m}; }
+};
+template <class Member>
+struct ModeLoops<Member, Mode::ThreadVector> {
+  using type = ThreadVectorLoops<Member>;
+  KOKKOS_INLINE_FUNCTION static type make(const Member& m) { return type{m}; }
+};
+}  // namespace Impl
+
+/// The variant of \p ArgMode (Mode::Serial, Team, TeamVector or ThreadVector) routes one token; the same arguments
+/// and results as SerialTokenRoute, TeamTokenRoute, TeamVectorTokenRoute and ThreadVectorTokenRoute.
+template <class MemberType, class ArgMode>
+struct TokenRoute {
+  template <class LogitsRow, class BiasRow, class Work, class IdsRow, class WeightsRow>
+  KOKKOS_INLINE_FUNCTION static void invoke(const MemberType& member, const TokenRouterParams& p,
+                                            const LogitsRow& logits, const BiasRow& bias, const Work& work,
+                                            const IdsRow& ids, const WeightsRow& weights) {
+    Impl::token_route_compact(Impl::ModeLoops<MemberType, ArgMode>::make(member), p, logits, bias, work, ids, weights);
+  }
+};
+
 // ---- Quantile Balancing (docs/router.md §19) --------------------------------------------------------------------
 
 /// Validates \p config for the QB variants (Sigmoid, an expert bias, no grouping, no pre-softmax,
@@ -184,6 +241,19 @@ struct ThreadVectorTokenRouteQB {
                                              const LogitsRow& logits, const BiasRow& bias, const Work& work,
                                              const IdsRow& ids, const WeightsRow& weights) {
     return Impl::token_route_qb(Impl::ThreadVectorLoops<MemberType>{member}, p, logits, bias, work, ids, weights);
+  }
+};
+
+/// QB for one token by the variant of \p ArgMode (Mode::Serial, Team, TeamVector or ThreadVector): the same
+/// arguments and results as SerialTokenRouteQB, TeamTokenRouteQB, TeamVectorTokenRouteQB and ThreadVectorTokenRouteQB.
+template <class MemberType, class ArgMode>
+struct TokenRouteQB {
+  template <class LogitsRow, class BiasRow, class Work, class IdsRow, class WeightsRow>
+  KOKKOS_INLINE_FUNCTION static float invoke(const MemberType& member, const TokenRouterParams& p,
+                                             const LogitsRow& logits, const BiasRow& bias, const Work& work,
+                                             const IdsRow& ids, const WeightsRow& weights) {
+    return Impl::token_route_qb(Impl::ModeLoops<MemberType, ArgMode>::make(member), p, logits, bias, work, ids,
+                                weights);
   }
 };
 

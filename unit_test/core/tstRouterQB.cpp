@@ -683,18 +683,26 @@ struct QbTokenKernel {
   V2<D, float> weights;
   V1<D, float> cutoff;
   int tokens_per_team;
+  bool tagged = false;  // TokenRouteQB<member_type, Mode::...> instead of the variant's own name
 
   template <class V>
   KOKKOS_INLINE_FUNCTION static auto row(const V& v, int t) {
     return Kokkos::subview(v, t, Kokkos::ALL);
   }
+  template <class ArgMode>
+  KOKKOS_INLINE_FUNCTION float by_mode(const member_type& m, int t, const Work& w) const {
+    return KokkosMoE::TokenRouteQB<member_type, ArgMode>::invoke(m, p, row(logits, t), bias, w, row(ids, t),
+                                                                 row(weights, t));
+  }
   KOKKOS_INLINE_FUNCTION void operator()(const member_type& m) const {
+    using KokkosMoE::Mode;
     if (variant == Variant::ThreadVector) {
       const int t = m.league_rank() * tokens_per_team + m.team_rank();
       if (t >= static_cast<int>(logits.extent(0))) return;
       const Work w(m.thread_scratch(0), p);
-      const float c = KokkosMoE::ThreadVectorTokenRouteQB<member_type>::invoke(m, p, row(logits, t), bias, w,
-                                                                               row(ids, t), row(weights, t));
+      const float c = tagged ? by_mode<Mode::ThreadVector>(m, t, w)
+                             : KokkosMoE::ThreadVectorTokenRouteQB<member_type>::invoke(m, p, row(logits, t), bias, w,
+                                                                                        row(ids, t), row(weights, t));
       Kokkos::single(Kokkos::PerThread(m), [&]() { cutoff(t) = c; });
       return;
     }
@@ -702,14 +710,21 @@ struct QbTokenKernel {
     const Work w(m.team_scratch(0), p);
     if (variant == Variant::Serial) {
       Kokkos::single(Kokkos::PerTeam(m), [&]() {
-        cutoff(t) = KokkosMoE::SerialTokenRouteQB::invoke(p, row(logits, t), bias, w, row(ids, t), row(weights, t));
+        cutoff(t) =
+            tagged ? by_mode<Mode::Serial>(m, t, w)
+                   : KokkosMoE::SerialTokenRouteQB::invoke(p, row(logits, t), bias, w, row(ids, t), row(weights, t));
       });
       return;
     }
-    const float c = variant == Variant::Team ? KokkosMoE::TeamTokenRouteQB<member_type>::invoke(
-                                                   m, p, row(logits, t), bias, w, row(ids, t), row(weights, t))
-                                             : KokkosMoE::TeamVectorTokenRouteQB<member_type>::invoke(
-                                                   m, p, row(logits, t), bias, w, row(ids, t), row(weights, t));
+    float c = 0.0f;
+    if (tagged) {
+      c = variant == Variant::Team ? by_mode<Mode::Team>(m, t, w) : by_mode<Mode::TeamVector>(m, t, w);
+    } else {
+      c = variant == Variant::Team ? KokkosMoE::TeamTokenRouteQB<member_type>::invoke(m, p, row(logits, t), bias, w,
+                                                                                      row(ids, t), row(weights, t))
+                                   : KokkosMoE::TeamVectorTokenRouteQB<member_type>::invoke(
+                                         m, p, row(logits, t), bias, w, row(ids, t), row(weights, t));
+    }
     Kokkos::single(Kokkos::PerTeam(m), [&]() { cutoff(t) = c; });
   }
 };
@@ -736,47 +751,49 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(token_functions, DeviceType, KOKKOSMOE_DEVICE_TYPE
     const Got api = run_qb<D, float>(p, Out::Idx32, QbHistogramMode::FusedAtomic,
                                      std::vector<std::int32_t>(static_cast<std::size_t>(p.E) * p.num_bins, 0));
     const std::size_t bytes = KokkosMoE::TokenRouterWorkspace<typename Exec::scratch_memory_space>::shmem_size(params);
-    for (const Variant v : {Variant::Serial, Variant::Team, Variant::TeamVector, Variant::ThreadVector}) {
-      BOOST_TEST_CONTEXT("variant " << static_cast<int>(v) << ", T " << p.T << " E " << p.E << " k " << p.k) {
-        auto ids = make2<D, std::int32_t>("ids", p.T, p.k, -1);
-        auto weights = make2<D, float>("weights", p.T, p.k, -1.0f);
-        auto cutoff = make1<D, float>("cutoff", p.T, -3.0f);
-        QbTokenKernel<D> kernel{v, params, logits, bias, ids, weights, cutoff, 1};
-        if (v == Variant::ThreadVector) {
-          const int vl = host ? 1 : 8, tpt = host ? 1 : 4;
-          kernel.tokens_per_team = tpt;
-          Kokkos::TeamPolicy<Exec> policy(Exec{}, (p.T + tpt - 1) / tpt, tpt, vl);
-          policy.set_scratch_size(0, Kokkos::PerThread(bytes));
-          Kokkos::parallel_for("test::qb_thread_vector", policy, kernel);
-        } else {
-          const int ts = (host || v == Variant::Serial) ? 1 : (v == Variant::TeamVector ? 8 : 32);
-          Kokkos::TeamPolicy<Exec> policy(Exec{}, p.T, ts, (!host && v == Variant::TeamVector) ? 4 : 1);
-          policy.set_scratch_size(0, Kokkos::PerTeam(bytes));
-          Kokkos::parallel_for("test::qb_team", policy, kernel);
-        }
-        Exec{}.fence();
-        const auto got_ids = download(ids);
-        const auto got_w = download(weights);
-        const auto got_c = download(cutoff);
-        const Tol tol = fp32_tol(p.E);
-        Mismatches log("per-token QB vs oracle");
-        for (int t = 0; t < p.T; ++t) {
-          for (int i = 0; i < p.k; ++i) {
-            const std::size_t j = static_cast<std::size_t>(t) * p.k + i;
-            const bool w_ok = host ? same_float(got_w[j], o.weights[j]) : close(got_w[j], o.weights[j], tol);
-            if (got_ids[j] != o.routes[j] || !w_ok)
-              log.add([&](std::ostream& os) { os << "token " << t << " slot " << i << ": id " << got_ids[j]; });
+    for (const Variant v : {Variant::Serial, Variant::Team, Variant::TeamVector, Variant::ThreadVector})
+      for (const bool tagged : {false, true}) {
+        BOOST_TEST_CONTEXT("variant " << static_cast<int>(v) << (tagged ? " (Mode tag)" : "") << ", T " << p.T << " E "
+                                      << p.E << " k " << p.k) {
+          auto ids = make2<D, std::int32_t>("ids", p.T, p.k, -1);
+          auto weights = make2<D, float>("weights", p.T, p.k, -1.0f);
+          auto cutoff = make1<D, float>("cutoff", p.T, -3.0f);
+          QbTokenKernel<D> kernel{v, params, logits, bias, ids, weights, cutoff, 1, tagged};
+          if (v == Variant::ThreadVector) {
+            const int vl = host ? 1 : 8, tpt = host ? 1 : 4;
+            kernel.tokens_per_team = tpt;
+            Kokkos::TeamPolicy<Exec> policy(Exec{}, (p.T + tpt - 1) / tpt, tpt, vl);
+            policy.set_scratch_size(0, Kokkos::PerThread(bytes));
+            Kokkos::parallel_for("test::qb_thread_vector", policy, kernel);
+          } else {
+            const int ts = (host || v == Variant::Serial) ? 1 : (v == Variant::TeamVector ? 8 : 32);
+            Kokkos::TeamPolicy<Exec> policy(Exec{}, p.T, ts, (!host && v == Variant::TeamVector) ? 4 : 1);
+            policy.set_scratch_size(0, Kokkos::PerTeam(bytes));
+            Kokkos::parallel_for("test::qb_team", policy, kernel);
           }
-          const bool c_ok = host ? same_float(got_c[t], o.cutoff[t]) : close(got_c[t], o.cutoff[t], tol);
-          if (!c_ok || !same_float(got_c[t], api.cutoff[t]))
-            log.add([&](std::ostream& os) {
-              os << "token " << t << ": cutoff " << got_c[t] << " (oracle " << o.cutoff[t] << ", topk_router_qb "
-                 << api.cutoff[t] << ")";
-            });
+          Exec{}.fence();
+          const auto got_ids = download(ids);
+          const auto got_w = download(weights);
+          const auto got_c = download(cutoff);
+          const Tol tol = fp32_tol(p.E);
+          Mismatches log("per-token QB vs oracle");
+          for (int t = 0; t < p.T; ++t) {
+            for (int i = 0; i < p.k; ++i) {
+              const std::size_t j = static_cast<std::size_t>(t) * p.k + i;
+              const bool w_ok = host ? same_float(got_w[j], o.weights[j]) : close(got_w[j], o.weights[j], tol);
+              if (got_ids[j] != o.routes[j] || !w_ok)
+                log.add([&](std::ostream& os) { os << "token " << t << " slot " << i << ": id " << got_ids[j]; });
+            }
+            const bool c_ok = host ? same_float(got_c[t], o.cutoff[t]) : close(got_c[t], o.cutoff[t], tol);
+            if (!c_ok || !same_float(got_c[t], api.cutoff[t]))
+              log.add([&](std::ostream& os) {
+                os << "token " << t << ": cutoff " << got_c[t] << " (oracle " << o.cutoff[t] << ", topk_router_qb "
+                   << api.cutoff[t] << ")";
+              });
+          }
+          log.report();
         }
-        log.report();
       }
-    }
   }
   // The QB rules at the boundary of the device functions.
   RouterConfig bad;

@@ -5,7 +5,8 @@
 // each variant (Serial, Team, TeamVector, ThreadVector) on every backend against the double-precision oracle
 // (selected experts exact, weights within the §16.1 tolerance), and the four variants agreeing bit for bit with one
 // another (on a device, Softmax pre weights only within tolerance: their row sum is a reduction in the variant's
-// order). Workspaces come from team scratch, thread scratch and plain device Views.
+// order). Workspaces come from team scratch, thread scratch and plain device Views. Each variant runs twice: by its
+// own name (TeamTokenRoute, ...) and by its Mode tag (TokenRoute<Member, Mode::Team>, ...), bit for bit the same.
 
 #include <KokkosMoE_EnableDeviceTypes.hpp>
 #include <KokkosMoE_RouterToken.hpp>
@@ -19,6 +20,19 @@ using namespace KokkosMoETest;
 using Oracle::Score;
 
 namespace {
+
+// A Mode tag runs its variant's loops (KokkosBatched's Mode::Serial, Team, TeamVector; and ThreadVector).
+using HostMember = Kokkos::TeamPolicy<Kokkos::DefaultHostExecutionSpace>::member_type;
+template <class ArgMode>
+using LoopsOf = typename KokkosMoE::Impl::ModeLoops<HostMember, ArgMode>::type;
+static_assert(std::is_same<LoopsOf<KokkosMoE::Mode::Serial>, KokkosMoE::Impl::SerialLoops>::value, "Mode::Serial");
+static_assert(std::is_same<LoopsOf<KokkosMoE::Mode::Team>, KokkosMoE::Impl::TeamLoops<HostMember>>::value,
+              "Mode::Team");
+static_assert(std::is_same<LoopsOf<KokkosMoE::Mode::TeamVector>, KokkosMoE::Impl::TeamVectorLoops<HostMember>>::value,
+              "Mode::TeamVector");
+static_assert(
+    std::is_same<LoopsOf<KokkosMoE::Mode::ThreadVector>, KokkosMoE::Impl::ThreadVectorLoops<HostMember>>::value,
+    "Mode::ThreadVector");
 
 enum class Variant { Serial, Team, TeamVector, ThreadVector };
 constexpr Variant kVariants[] = {Variant::Serial, Variant::Team, Variant::TeamVector, Variant::ThreadVector};
@@ -49,24 +63,44 @@ struct RouteKernel {
   V2<D, std::int32_t> ids;
   V2<D, float> weights;
   int tokens_per_team;
+  bool tagged = false;  // TokenRoute<member_type, Mode::...> instead of the variant's own name
 
   KOKKOS_INLINE_FUNCTION void operator()(const member_type& m) const {
+    using KokkosMoE::Mode;
     if (variant == Variant::ThreadVector) {
       const int t = m.league_rank() * tokens_per_team + m.team_rank();
       if (t >= static_cast<int>(logits.extent(0))) return;
       const Work w(m.thread_scratch(0), p);
-      KokkosMoE::ThreadVectorTokenRoute<member_type>::invoke(m, p, row(logits, t), bias, w, row(ids, t),
-                                                             row(weights, t));
+      if (tagged) {
+        KokkosMoE::TokenRoute<member_type, Mode::ThreadVector>::invoke(m, p, row(logits, t), bias, w, row(ids, t),
+                                                                       row(weights, t));
+      } else {
+        KokkosMoE::ThreadVectorTokenRoute<member_type>::invoke(m, p, row(logits, t), bias, w, row(ids, t),
+                                                               row(weights, t));
+      }
       return;
     }
     const int t = m.league_rank();
     const Work w(m.team_scratch(0), p);
     if (variant == Variant::Serial) {
       Kokkos::single(Kokkos::PerTeam(m), [&]() {
-        KokkosMoE::SerialTokenRoute::invoke(p, row(logits, t), bias, w, row(ids, t), row(weights, t));
+        if (tagged) {
+          KokkosMoE::TokenRoute<member_type, Mode::Serial>::invoke(m, p, row(logits, t), bias, w, row(ids, t),
+                                                                   row(weights, t));
+        } else {
+          KokkosMoE::SerialTokenRoute::invoke(p, row(logits, t), bias, w, row(ids, t), row(weights, t));
+        }
       });
     } else if (variant == Variant::Team) {
-      KokkosMoE::TeamTokenRoute<member_type>::invoke(m, p, row(logits, t), bias, w, row(ids, t), row(weights, t));
+      if (tagged) {
+        KokkosMoE::TokenRoute<member_type, Mode::Team>::invoke(m, p, row(logits, t), bias, w, row(ids, t),
+                                                               row(weights, t));
+      } else {
+        KokkosMoE::TeamTokenRoute<member_type>::invoke(m, p, row(logits, t), bias, w, row(ids, t), row(weights, t));
+      }
+    } else if (tagged) {
+      KokkosMoE::TokenRoute<member_type, Mode::TeamVector>::invoke(m, p, row(logits, t), bias, w, row(ids, t),
+                                                                   row(weights, t));
     } else {
       KokkosMoE::TeamVectorTokenRoute<member_type>::invoke(m, p, row(logits, t), bias, w, row(ids, t), row(weights, t));
     }
@@ -90,51 +124,62 @@ void check_case(const Oracle::Attr& a, int T, int E, bool with_bias, std::uint64
   const bool host = Kokkos::SpaceAccessibility<Kokkos::HostSpace, typename D::memory_space>::accessible;
   std::vector<std::int32_t> first_ids;
   std::vector<float> first_weights;
-  for (const Variant v : kVariants) {
-    BOOST_TEST_CONTEXT(variant_name(v) << " " << describe(a, T, E, with_bias, Num<S>::name)) {
-      auto ids = make2<D, std::int32_t>("ids", T, a.topk, -1);
-      auto weights = make2<D, float>("weights", T, a.topk, -1.0f);
-      RouteKernel<D, S, float> kernel{v, p, logits, bias, ids, weights, 1};
-      if (v == Variant::ThreadVector) {
-        const int vl = host ? 1 : 8, tpt = host ? 1 : 4;
-        kernel.tokens_per_team = tpt;
-        Kokkos::TeamPolicy<Exec> policy(Exec{}, (T + tpt - 1) / tpt, tpt, vl);
-        policy.set_scratch_size(0, Kokkos::PerThread(bytes));
-        Kokkos::parallel_for("test::thread_vector_route", policy, kernel);
-      } else {
-        const int ts = (host || v == Variant::Serial) ? 1 : 32, vl = (!host && v == Variant::TeamVector) ? 4 : 1;
-        Kokkos::TeamPolicy<Exec> policy(Exec{}, T, v == Variant::TeamVector && !host ? 8 : ts, vl);
-        policy.set_scratch_size(0, Kokkos::PerTeam(bytes));
-        Kokkos::parallel_for("test::team_route", policy, kernel);
-      }
-      Exec{}.fence();
-      const std::vector<std::int32_t> got_ids = download(ids);
-      const std::vector<float> got_w = download(weights);
-      Mismatches log("per-token routing vs oracle");
-      const Tol tol = fp32_tol(E);
-      for (int t = 0; t < T; ++t)
-        for (int i = 0; i < a.topk; ++i) {
-          const std::size_t j = static_cast<std::size_t>(t) * a.topk + i;
-          if (got_ids[j] != ref[t].idx[i] || !close(got_w[j], ref[t].weight[i], tol))
-            log.add([&](std::ostream& os) {
-              os << "token " << t << " slot " << i << ": id " << got_ids[j] << " (oracle " << ref[t].idx[i]
-                 << "), weight " << got_w[j] << " (oracle " << ref[t].weight[i] << ")";
-            });
+  std::vector<std::int32_t> direct_ids;
+  std::vector<float> direct_weights;
+  for (const Variant v : kVariants)
+    for (const bool tagged : {false, true}) {
+      BOOST_TEST_CONTEXT(variant_name(v) << (tagged ? " (Mode tag)" : "") << " "
+                                         << describe(a, T, E, with_bias, Num<S>::name)) {
+        auto ids = make2<D, std::int32_t>("ids", T, a.topk, -1);
+        auto weights = make2<D, float>("weights", T, a.topk, -1.0f);
+        RouteKernel<D, S, float> kernel{v, p, logits, bias, ids, weights, 1, tagged};
+        if (v == Variant::ThreadVector) {
+          const int vl = host ? 1 : 8, tpt = host ? 1 : 4;
+          kernel.tokens_per_team = tpt;
+          Kokkos::TeamPolicy<Exec> policy(Exec{}, (T + tpt - 1) / tpt, tpt, vl);
+          policy.set_scratch_size(0, Kokkos::PerThread(bytes));
+          Kokkos::parallel_for("test::thread_vector_route", policy, kernel);
+        } else {
+          const int ts = (host || v == Variant::Serial) ? 1 : 32, vl = (!host && v == Variant::TeamVector) ? 4 : 1;
+          Kokkos::TeamPolicy<Exec> policy(Exec{}, T, v == Variant::TeamVector && !host ? 8 : ts, vl);
+          policy.set_scratch_size(0, Kokkos::PerTeam(bytes));
+          Kokkos::parallel_for("test::team_route", policy, kernel);
         }
-      log.report();
-      if (first_ids.empty()) {
-        first_ids = got_ids;
-        first_weights = got_w;
-      } else {
-        BOOST_TEST(bytes_equal(got_ids, first_ids), "ids differ from the Serial variant's");
-        // Softmax pre normalizes by a sum over all E experts, a reduction whose order is the variant's (sequential,
-        // or a tree over threads or lanes) on a device: equal within the tolerance above, not bit for bit. Every
-        // other weight is a function of the selected activations in slot order, the same on every variant.
-        if (!(a.f == Score::Softmax && a.pre) || host)
-          BOOST_TEST(bytes_equal(got_w, first_weights), "weights differ from the Serial variant's");
+        Exec{}.fence();
+        const std::vector<std::int32_t> got_ids = download(ids);
+        const std::vector<float> got_w = download(weights);
+        Mismatches log("per-token routing vs oracle");
+        const Tol tol = fp32_tol(E);
+        for (int t = 0; t < T; ++t)
+          for (int i = 0; i < a.topk; ++i) {
+            const std::size_t j = static_cast<std::size_t>(t) * a.topk + i;
+            if (got_ids[j] != ref[t].idx[i] || !close(got_w[j], ref[t].weight[i], tol))
+              log.add([&](std::ostream& os) {
+                os << "token " << t << " slot " << i << ": id " << got_ids[j] << " (oracle " << ref[t].idx[i]
+                   << "), weight " << got_w[j] << " (oracle " << ref[t].weight[i] << ")";
+              });
+          }
+        log.report();
+        if (!tagged) {
+          direct_ids = got_ids;
+          direct_weights = got_w;
+        } else {
+          BOOST_TEST(bytes_equal(got_ids, direct_ids), "ids differ from the variant's own name's");
+          BOOST_TEST(bytes_equal(got_w, direct_weights), "weights differ from the variant's own name's");
+        }
+        if (first_ids.empty()) {
+          first_ids = got_ids;
+          first_weights = got_w;
+        } else {
+          BOOST_TEST(bytes_equal(got_ids, first_ids), "ids differ from the Serial variant's");
+          // Softmax pre normalizes by a sum over all E experts, a reduction whose order is the variant's (sequential,
+          // or a tree over threads or lanes) on a device: equal within the tolerance above, not bit for bit. Every
+          // other weight is a function of the selected activations in slot order, the same on every variant.
+          if (!(a.f == Score::Softmax && a.pre) || host)
+            BOOST_TEST(bytes_equal(got_w, first_weights), "weights differ from the Serial variant's");
+        }
       }
     }
-  }
 }
 
 }  // namespace
