@@ -54,7 +54,6 @@ struct EpLayoutViews {
   Kokkos::View<int*, Mem> chunk_prefix;            // [nchunks*E] exclusive prefix over chunks, per expert
   Kokkos::View<int*, Mem> chunk_tokens;            // [nchunks*R] tokens of the chunk sending to rank r, then prefix
   Kokkos::View<int*, Mem> chunk_bad;               // [nchunks] invalid ids in the chunk
-  Kokkos::View<int*, Mem> ticket;                  // [1] teams of the count kernel done (the last one scans)
   Kokkos::View<int*, Mem> tok_local;               // [B*R] rank of token t among its chunk's tokens for rank r
   Kokkos::View<int*, Mem> gather_send;             // [E+1+R] slots per expert, invalid ids, tokens per rank
   Kokkos::View<int*, Mem> gathered;                // [R*(E+1+R)] every rank's gather_send

@@ -14,213 +14,144 @@
 namespace KokkosMoE {
 namespace Impl {
 
-/// Spans of the layout's count kernel: a team takes the tokens of one span, whole chunks of s.chunk tokens (the
-/// width of its token masks) one after the other, with the span's ids in team scratch (at most kLayoutSpanIds).
-/// Spans of several chunks keep their number small, so that one team can take the prefix over spans at the end of
-/// the kernel (layout_count) and no kernel of its own is needed.
-constexpr int kLayoutSpans = 32;
-constexpr int kLayoutChunksPerSpan = 8;
-constexpr int kLayoutSpanIds = 2048;
-
-/// Tokens per span: as many chunks as keep the spans at most kLayoutSpans, at most kLayoutChunksPerSpan chunks and
-/// kLayoutSpanIds ids (a chunk holds at most that many: layout_chunk).
-KOKKOS_INLINE_FUNCTION int layout_span(const EpShape& s) {
-  const int chunks = (s.T + s.chunk - 1) / s.chunk;
-  const int most =
-      kLayoutSpanIds / (s.chunk * s.K) < kLayoutChunksPerSpan ? kLayoutSpanIds / (s.chunk * s.K) : kLayoutChunksPerSpan;
-  int m = (chunks + kLayoutSpans - 1) / kLayoutSpans;
-  m = m > most ? most : m;
-  return (m < 1 ? 1 : m) * s.chunk;
-}
-
-/// A load of a value another team of the same kernel wrote, after an acquire fence: not served from this core's
-/// cache (on a device L1 is not coherent between the SMs).
-KOKKOS_INLINE_FUNCTION int load_fresh(const int* p) { return *static_cast<const volatile int*>(p); }
-
-/// Counts and ranks of the layout, and the prefix over spans (docs/ep.md §3.1). One team per span: a slot's rank
-/// among the span's slots of its expert, a token's among the span's tokens for a rank, and the span's histograms;
-/// the last team to finish (a ticket: which team it is does not change any value) takes the exclusive prefix over
-/// spans per expert and per rank and the totals every rank all-gathers.
+/// K1 + K2 of the layout: per-chunk ranks and histograms, then the prefix over chunks (docs/ep.md §3.1).
 template <class Exec, class IdxView>
 void layout_count(const Exec& exec, const EpShape s, const IdxView& idx,
                   const EpLayoutViews<typename Exec::memory_space>& v) {
   using Team = typename Kokkos::TeamPolicy<Exec>::member_type;
   using Scratch = Kokkos::View<int*, typename Exec::scratch_memory_space, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
-  const int span = layout_span(s);
-  const int nsp = (s.T + span - 1) / span;
+  const int nch = (s.T + s.chunk - 1) / s.chunk;
   auto local_pos = v.local_pos;
   auto chunk_prefix = v.chunk_prefix;
   auto chunk_tokens = v.chunk_tokens;
   auto chunk_bad = v.chunk_bad;
   auto token_in_rank = v.token_in_rank;
   auto tok_local = v.tok_local;
-  auto send = v.gather_send;
-  auto own = v.gathered;  // at one rank the gathered vectors are this rank's own: no exchange follows
-  auto status = v.status;
-  auto ticket = v.ticket;
-  const bool alone = s.R == 1;
-  if (nsp == 0) {
-    range_items(
-        exec, s, "KokkosMoE::ep_layout::count", s.E + 1 + s.R, KOKKOS_LAMBDA(std::int64_t i) {
-          send(i) = 0;
-          if (alone) own(i) = 0;
-          if (i == 0) {
-            status(0) = 0;
-            status(1) = 0;
-            status(3) = 0;
-          }
-        });
-    return;
-  }
-  // The span's ids are checked and staged in scratch (a thread per token), with a bit mask of a chunk's tokens
-  // (chunk <= 32) per expert and per rank. A slot's rank among the span's slots of its expert is then the expert's
-  // count in the span's earlier chunks plus the number of earlier tokens in its expert's mask (a population count),
-  // and so is a token's rank among the span's tokens for a rank; no serial walk. Where a token holds one expert twice
-  // (allowed outside the decode contract) a token may stand for two slots: such a span counts the earlier equal ids
-  // in scratch instead.
-  using Masks =
-      Kokkos::View<std::uint32_t*, typename Exec::scratch_memory_space, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
-  const int n_max = span * s.K;
-  const std::size_t shmem = Scratch::shmem_size(s.E) + Scratch::shmem_size(s.R) + Scratch::shmem_size(n_max) +
-                            Masks::shmem_size(s.E + s.R + 1);
-  team_items(
-      exec, s, "KokkosMoE::ep_layout::count", nsp, shmem,
-      KOKKOS_LAMBDA(const Team& m, std::int64_t item, const TeamScratch<Exec>& sp) {
-        const int c = static_cast<int>(item);
-        Scratch cnt(sp, s.E);   // the span's slots per expert so far
-        Scratch toks(sp, s.R);  // the span's tokens per rank so far
-        Scratch ids(sp, n_max);
-        Masks mask(sp, s.E + s.R + 1);  // a chunk's tokens per expert, per rank; the last word: a repeat in the span
-        const int ts = c * span;
-        const int te = ts + span < s.T ? ts + span : s.T;
-        Kokkos::parallel_for(Kokkos::TeamThreadRange(m, s.E + s.R + 1), [&](int e) {
-          if (e < s.E) {
-            cnt(e) = 0;
-          } else if (e < s.E + s.R) {
-            toks(e - s.E) = 0;
-          } else {
+  if (nch > 0) {
+    // The chunk's ids are staged in scratch, with a bit mask of the chunk's tokens (chunk <= 32) per expert and per
+    // rank. A slot's rank among the chunk's slots of its expert is then the number of earlier tokens in its expert's
+    // mask (a population count), and so is a token's rank among the chunk's tokens for a rank; no serial walk. Where
+    // a token holds one expert twice (allowed outside the decode contract) a token may stand for two slots: such a
+    // chunk counts the earlier equal ids in scratch instead.
+    using Masks =
+        Kokkos::View<std::uint32_t*, typename Exec::scratch_memory_space, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
+    const int n_max = s.chunk * s.K;
+    const std::size_t shmem = Scratch::shmem_size(s.E) + Scratch::shmem_size(n_max) + Masks::shmem_size(s.E + s.R + 1);
+    team_items(
+        exec, s, "KokkosMoE::ep_layout::count", nch, shmem,
+        KOKKOS_LAMBDA(const Team& m, std::int64_t item, const TeamScratch<Exec>& sp) {
+          const int c = static_cast<int>(item);
+          Scratch cnt(sp, s.E);
+          Scratch ids(sp, n_max);
+          Masks mask(sp, s.E + s.R + 1);  // tokens per expert, per rank; the last word: a repeated id in the chunk
+          const int t0 = c * s.chunk;
+          const int t1 = t0 + s.chunk < s.T ? t0 + s.chunk : s.T;
+          const int n = (t1 - t0) * s.K;
+          Kokkos::parallel_for(Kokkos::TeamThreadRange(m, s.E + s.R + 1), [&](int e) {
             mask(e) = 0;
-          }
-        });
-        m.team_barrier();
-        int bad = 0;
-        Kokkos::parallel_reduce(
-            Kokkos::TeamThreadRange(m, te - ts),
-            [&](int jt, int& acc) {
-              bool repeat = false;
-              for (int k = 0; k < s.K; ++k) {
-                const long long e = static_cast<long long>(idx(ts + jt, k));
-                bool ok = e >= 0 && e < s.E, again = false;
-                // An earlier slot of the token with e keeps e, or an even earlier one does (the decode contract).
-                if (ok)
-                  for (int k2 = 0; k2 < k; ++k2) again = again || ids(jt * s.K + k2) == static_cast<int>(e);
-                if (again && s.unique_ids) ok = false;
-                repeat = repeat || (ok && again);
-                if (!ok && e != -1) ++acc;
-                ids(jt * s.K + k) = ok ? static_cast<int>(e) : -1;
-              }
-              if (repeat) Kokkos::atomic_fetch_or(&mask(s.E + s.R), std::uint32_t(1));
-            },
-            bad);
-        m.team_barrier();
-        const bool repeats = mask(s.E + s.R) != 0;  // a token of the span holds an expert twice
-        for (int t0 = ts; t0 < te; t0 += s.chunk) {
-          const int t1 = t0 + s.chunk < te ? t0 + s.chunk : te;
-          const int n = (t1 - t0) * s.K, j0 = (t0 - ts) * s.K;
-          Kokkos::parallel_for(Kokkos::TeamThreadRange(m, s.E + s.R), [&](int e) { mask(e) = 0; });
-          m.team_barrier();
-          Kokkos::parallel_for(Kokkos::TeamThreadRange(m, n), [&](int j) {
-            const int e = ids(j0 + j);
-            if (e < 0) return;
-            const std::uint32_t bit = std::uint32_t(1) << (j / s.K);
-            Kokkos::atomic_fetch_or(&mask(e), bit);
-            Kokkos::atomic_fetch_or(&mask(s.E + e / s.L), bit);
+            if (e < s.E) cnt(e) = 0;
           });
           m.team_barrier();
+          int bad = 0;
+          Kokkos::parallel_reduce(
+              Kokkos::TeamThreadRange(m, n),
+              [&](int j, int& acc) {
+                const int jt = j / s.K, k = j % s.K;
+                const long long e = static_cast<long long>(idx(t0 + jt, k));
+                bool ok = e >= 0 && e < s.E;
+                bool repeat = false;
+                if (ok)
+                  for (int k2 = 0; k2 < k; ++k2) repeat = repeat || static_cast<long long>(idx(t0 + jt, k2)) == e;
+                if (repeat && s.unique_ids) ok = false;
+                if (!ok && e != -1) ++acc;
+                ids(j) = ok ? static_cast<int>(e) : -1;
+                if (!ok) return;
+                const std::uint32_t bit = std::uint32_t(1) << jt;
+                Kokkos::atomic_fetch_or(&mask(static_cast<int>(e)), bit);
+                Kokkos::atomic_fetch_or(&mask(s.E + static_cast<int>(e) / s.L), bit);
+                if (repeat) Kokkos::atomic_fetch_or(&mask(s.E + s.R), std::uint32_t(1));
+              },
+              bad);
+          m.team_barrier();
+          const bool repeats = mask(s.E + s.R) != 0;
           Kokkos::parallel_for(Kokkos::TeamThreadRange(m, n), [&](int j) {
-            const int e = ids(j0 + j), jt = j / s.K;
+            const int e = ids(j), jt = j / s.K;
             int pos = -1;
             if (e >= 0 && !repeats) {
-              pos = cnt(e) + popcount32(mask(e) & ((std::uint32_t(1) << jt) - 1));
+              pos = popcount32(mask(e) & ((std::uint32_t(1) << jt) - 1));
             } else if (e >= 0) {
-              pos = cnt(e);
-              for (int i = 0; i < j; ++i) pos += ids(j0 + i) == e ? 1 : 0;
+              pos = 0;
+              for (int i = 0; i < j; ++i) pos += ids(i) == e ? 1 : 0;
+              Kokkos::atomic_add(&cnt(e), 1);
             }
             local_pos(static_cast<std::int64_t>(t0) * s.K + j) = pos;
           });
-          // A token's rank among the span's tokens for rank r: the span's earlier ones, then the earlier tokens in
-          // r's mask.
+          // A token's rank among the chunk's tokens for rank r: the earlier tokens in r's mask.
           Kokkos::parallel_for(Kokkos::TeamThreadRange(m, (t1 - t0) * s.R), [&](int j) {
             const int jt = j / s.R, r = j % s.R;
             const std::uint32_t rm = mask(s.E + r);
             const bool in = (rm >> jt) & 1u;
             token_in_rank(static_cast<std::int64_t>(t0 + jt) * s.R + r) = in ? 1 : 0;
             tok_local(static_cast<std::int64_t>(t0 + jt) * s.R + r) =
-                in ? toks(r) + popcount32(rm & ((std::uint32_t(1) << jt) - 1)) : -1;
+                in ? popcount32(rm & ((std::uint32_t(1) << jt) - 1)) : -1;
           });
           m.team_barrier();
-          Kokkos::parallel_for(Kokkos::TeamThreadRange(m, s.E + s.R), [&](int e) {
-            if (e >= s.E) {
-              toks(e - s.E) += popcount32(mask(e));
-            } else if (!repeats) {
-              cnt(e) += popcount32(mask(e));
-            } else {
-              for (int i = 0; i < n; ++i) cnt(e) += ids(j0 + i) == e ? 1 : 0;
-            }
+          Kokkos::single(Kokkos::PerTeam(m), [&]() { chunk_bad(c) = bad; });
+          Kokkos::parallel_for(Kokkos::TeamThreadRange(m, s.E), [&](int e) {
+            chunk_prefix(static_cast<std::int64_t>(c) * s.E + e) = repeats ? cnt(e) : popcount32(mask(e));
           });
-          m.team_barrier();
-        }
-        Kokkos::parallel_for(Kokkos::TeamThreadRange(m, s.E + s.R), [&](int e) {
-          if (e < s.E) {
-            chunk_prefix(static_cast<std::int64_t>(c) * s.E + e) = cnt(e);
-          } else {
-            chunk_tokens(static_cast<std::int64_t>(c) * s.R + e - s.E) = toks(e - s.E);
-          }
+          Kokkos::parallel_for(Kokkos::TeamThreadRange(m, s.R), [&](int r) {
+            chunk_tokens(static_cast<std::int64_t>(c) * s.R + r) = popcount32(mask(s.E + r));
+          });
         });
-        Kokkos::single(Kokkos::PerTeam(m), [&]() { chunk_bad(c) = bad; });
-        // Every thread's writes before the ticket (release); the last team reads them after it (acquire).
-        Kokkos::memory_fence();
-        m.team_barrier();
-        int last = 0;
-        Kokkos::single(
-            Kokkos::PerTeam(m),
-            [&](int& l) {
-              Kokkos::memory_fence();
-              l = Kokkos::atomic_fetch_add(&ticket(0), 1) == nsp - 1 ? 1 : 0;
-              Kokkos::memory_fence();
-            },
-            last);
-        if (last == 0) return;
-        Kokkos::memory_fence();
-        // The exclusive prefix over spans per expert (columns e < E) and per destination rank (E..E+R), the invalid
-        // ids (the last column). The totals form the vector every rank all-gathers: slots per expert, invalid ids,
-        // tokens per rank.
-        Kokkos::parallel_for(Kokkos::TeamThreadRange(m, s.E + s.R + 1), [&](int i) {
-          if (i < s.E + s.R) {
-            const bool expert = i < s.E;
-            const int stride = expert ? s.E : s.R, col = expert ? i : i - s.E;
-            int* prefix = expert ? chunk_prefix.data() : chunk_tokens.data();
-            int part = 0;
-            for (int q = 0; q < nsp; ++q) {
-              int* at = prefix + static_cast<std::int64_t>(q) * stride + col;
-              const int n = load_fresh(at);
-              *at = part;
-              part += n;
+  }
+  // K2: exclusive prefix over chunks per expert (teams e < E) and per destination rank (teams E..E+R), invalid ids
+  // (the last team). A team scan, so that no thread walks the chunks serially through global memory. The totals form
+  // the vector every rank all-gathers: slots per expert, invalid ids, tokens per rank.
+  auto send = v.gather_send;
+  auto own = v.gathered;  // at one rank the gathered vectors are this rank's own: no exchange follows
+  const bool alone = s.R == 1;
+  auto status = v.status;
+  team_items(
+      exec, s, "KokkosMoE::ep_layout::prefix", s.E + s.R + 1, 0,
+      KOKKOS_LAMBDA(const Team& m, std::int64_t item, const TeamScratch<Exec>& sp) {
+        const int i = static_cast<int>(item);
+        if (i < s.E + s.R) {
+          const bool expert = i < s.E;
+          const int stride = expert ? s.E : s.R, col = expert ? i : i - s.E;
+          auto& prefix = expert ? chunk_prefix : chunk_tokens;
+          const int out = expert ? i : s.E + 1 + col;
+          if (nch == 0) {
+            Kokkos::single(Kokkos::PerTeam(m), [&]() {
+              send(out) = 0;
+              if (alone) own(out) = 0;
+            });
+            return;
+          }
+          Kokkos::parallel_scan(Kokkos::TeamThreadRange(m, nch), [&](int c, int& part, bool final) {
+            const std::int64_t at = static_cast<std::int64_t>(c) * stride + col;
+            const int n = prefix(at);
+            if (final) {
+              prefix(at) = part;
+              if (c == nch - 1) {
+                send(out) = part + n;
+                if (alone) own(out) = part + n;
+              }
             }
-            const int out = expert ? i : s.E + 1 + col;
-            send(out) = part;
-            if (alone) own(out) = part;
-          } else {
-            int all = 0;
-            for (int q = 0; q < nsp; ++q) all += load_fresh(chunk_bad.data() + q);
-            status(0) = all;
+            part += n;
+          });
+        } else {
+          int bad = 0;
+          Kokkos::parallel_reduce(
+              Kokkos::TeamThreadRange(m, nch), [&](int c, int& acc) { acc += chunk_bad(c); }, bad);
+          Kokkos::single(Kokkos::PerTeam(m), [&]() {
+            status(0) = bad;
             status(1) = 0;
             status(3) = 0;
-            send(s.E) = all;  // travels with the counts: every rank learns of every rank's invalid ids
-            if (alone) own(s.E) = all;
-            ticket(0) = 0;  // every team has taken its ticket: the next layout starts from 0
-          }
-        });
+            send(s.E) = bad;  // travels with the counts: every rank learns of every rank's invalid ids
+            if (alone) own(s.E) = bad;
+          });
+        }
       });
 }
 
@@ -247,11 +178,9 @@ constexpr int kPlaceItemsPerTeam = 128;
 /// per-rank bases, demands and drops and adds the demand to the load; then every team places its share of the slots
 /// (receive row on the expert's rank), of the (token, rank) pairs (position among the tokens for that rank) and of
 /// this rank's receive rows (their expert, their arrival sources cleared for meta_scatter).
-/// \p recv_rows: this rank's receive rows, or -1 where the kernel takes them from the counts (eager mode at one rank,
-/// launched before the host has read the counts), \p row_bound rows at most.
 template <class Exec, class IdxView>
 void layout_place(const Exec& exec, const EpShape s, const IdxView& idx,
-                  const EpLayoutViews<typename Exec::memory_space>& v, int recv_rows, int row_bound = -1) {
+                  const EpLayoutViews<typename Exec::memory_space>& v, int recv_rows) {
   using Team = typename Kokkos::TeamPolicy<Exec>::member_type;
   using Scratch = Kokkos::View<int*, typename Exec::scratch_memory_space, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
   auto gathered = v.gathered;
@@ -282,15 +211,13 @@ void layout_place(const Exec& exec, const EpShape s, const IdxView& idx,
   auto recv_src = v.recv_src;
   const std::int64_t slots = static_cast<std::int64_t>(s.T) * s.K;
   const std::int64_t pairs = static_cast<std::int64_t>(s.T) * s.R;
-  const int span = layout_span(s);  // layout_count's spans
   std::int64_t n = slots;
-  const int rows_max = recv_rows >= 0 ? recv_rows : row_bound;
-  n = rows_max > n ? rows_max : n;
+  n = recv_rows > n ? recv_rows : n;
   n = pairs > n ? pairs : n;
   const std::int64_t items = (n + kPlaceItemsPerTeam - 1) / kPlaceItemsPerTeam;
   std::int64_t league = s.max_teams > 0 && items > s.max_teams ? s.max_teams : items;
   league = league < 1 ? 1 : league;  // team 0 writes the offsets even where nothing is placed
-  const std::size_t shmem = 4 * Scratch::shmem_size(s.E) + Scratch::shmem_size(s.E + 1) + 2 * Scratch::shmem_size(s.R);
+  const std::size_t shmem = 3 * Scratch::shmem_size(s.E) + Scratch::shmem_size(s.E + 1) + 2 * Scratch::shmem_size(s.R);
   Kokkos::TeamPolicy<Exec> policy(exec, static_cast<int>(league), Kokkos::AUTO);
   Kokkos::parallel_for(
       "KokkosMoE::ep_layout::place", light(policy.set_scratch_size(0, Kokkos::PerTeam(shmem))),
@@ -300,11 +227,6 @@ void layout_place(const Exec& exec, const EpShape s, const IdxView& idx,
         const bool lead = m.league_rank() == 0;
         Scratch tot(m.team_scratch(0), E), base(m.team_scratch(0), E), limit(m.team_scratch(0), E);
         Scratch ex(m.team_scratch(0), E + 1), drops(m.team_scratch(0), R), big(m.team_scratch(0), R);
-        // The prefix over spans of the span of the team's first slot, loaded beside the counts: its slots then wait
-        // for one round of loads, not two.
-        Scratch pre(m.team_scratch(0), E);
-        const std::int64_t first_q = static_cast<std::int64_t>(m.league_rank()) * kPlaceItemsPerTeam;
-        const int c0 = first_q < slots ? static_cast<int>(first_q / s.K) / span : -1;
         auto count = [&](int i, int e) { return gathered(static_cast<std::int64_t>(i) * W + e); };
         auto tok = [&](int i, int r) { return gathered(static_cast<std::int64_t>(i) * W + E + 1 + r); };
         // Capacity mode: offsets never point past the receive rows (docs/ep.md §4).
@@ -322,9 +244,6 @@ void layout_place(const Exec& exec, const EpShape s, const IdxView& idx,
           for (int q = 0; q < i; ++q) k += q == r ? 0 : tok(q, r);
           return k;
         };
-        bool counted = true;
-        if (s.eager())
-          for (int i = 0; i < R; ++i) counted = counted && count(i, E) == 0;
         // Slots per expert from every rank, and this rank's slots of it before its own (ranks below it come first).
         Kokkos::parallel_for(Kokkos::TeamThreadRange(m, E), [&](int e) {
           int all = 0, before = 0;
@@ -335,7 +254,6 @@ void layout_place(const Exec& exec, const EpShape s, const IdxView& idx,
           }
           tot(e) = all;
           base(e) = before;
-          if (c0 >= 0) pre(e) = chunk_prefix(static_cast<std::int64_t>(c0) * E + e);
         });
         if (lead)
           Kokkos::parallel_for(Kokkos::TeamThreadRange(m, R), [&](int j) {
@@ -369,17 +287,13 @@ void layout_place(const Exec& exec, const EpShape s, const IdxView& idx,
             const int room = s.capacity - off;
             kept = room <= 0 ? 0 : (room < kept ? room : kept);
           }
-          // Scratch atomics on one word per rank serialize: only experts that drop add, only the fixed layout's
-          // largest expert is kept, and a count already below the stored one skips (the word only grows).
-          if (tot(e) > kept) Kokkos::atomic_add(&drops(j), tot(e) - kept);
-          if (s.fixed && tot(e) > big(j)) Kokkos::atomic_fetch_max(&big(j), tot(e));
+          Kokkos::atomic_add(&drops(j), tot(e) - kept);
+          Kokkos::atomic_fetch_max(&big(j), tot(e));
           if (j == me) {
             const int l = e - me * L;
             recv_count(l) = tot(e);
             expert_offsets(l) = clamp(off);
-            // On the device only, so that a captured layout keeps counting at every replay; not where an eager layout
-            // throws for invalid ids after this kernel (one rank: docs/ep.md §3.1).
-            if (counted) load(l) += tot(e);
+            load(l) += tot(e);  // on the device only, so that a captured layout keeps counting at every replay
           }
         });
         m.team_barrier();
@@ -407,7 +321,6 @@ void layout_place(const Exec& exec, const EpShape s, const IdxView& idx,
         }
         const int first = ex(me * L);
         auto own_offset = [&](int l) { return clamp(l == L ? ex((me + 1) * L) - first : ex(me * L + l) - first); };
-        const int rows = recv_rows >= 0 ? recv_rows : own_offset(L);
         for (std::int64_t item = m.league_rank(); item < items; item += league) {
           const std::int64_t q0 = item * kPlaceItemsPerTeam;
           const int len = static_cast<int>(n - q0 < kPlaceItemsPerTeam ? n - q0 : kPlaceItemsPerTeam);
@@ -418,9 +331,8 @@ void layout_place(const Exec& exec, const EpShape s, const IdxView& idx,
               int row = -1, rank = -1;
               if (pos >= 0) {
                 const int e = static_cast<int>(idx(q / s.K, q % s.K));
-                const int c = static_cast<int>(q / s.K) / span;
-                const int dest =
-                    base(e) + (c == c0 ? pre(e) : chunk_prefix(static_cast<std::int64_t>(c) * E + e)) + pos;
+                const int c = static_cast<int>(q / s.K) / s.chunk;
+                const int dest = base(e) + chunk_prefix(static_cast<std::int64_t>(c) * E + e) + pos;
                 rank = e / L;
                 row = dest >= limit(e) ? -1 : dest;
                 if (row < 0) Kokkos::atomic_add(&status(1), 1);
@@ -432,9 +344,9 @@ void layout_place(const Exec& exec, const EpShape s, const IdxView& idx,
             if (q < pairs) {
               const int local = tok_local(q);
               const int t = static_cast<int>(q / R), r = static_cast<int>(q % R);
-              tok_pos(q) = local < 0 ? -1 : chunk_tokens(static_cast<std::int64_t>(t / span) * R + r) + local;
+              tok_pos(q) = local < 0 ? -1 : chunk_tokens(static_cast<std::int64_t>(t / s.chunk) * R + r) + local;
             }
-            if (q < rows) {
+            if (q < recv_rows) {
               int owner = -1;
               if (q < own_offset(L)) {
                 const int lo = last_start_at_or_below(L, q, own_offset);

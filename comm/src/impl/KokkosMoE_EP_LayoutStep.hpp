@@ -67,14 +67,6 @@ void run_layout(const Exec& exec, EpHandleState<Exec>& h, const IdxView& idx, co
   EpWire<Exec>& wire = take_wire(fn, h);
   enter_op(fn, g, s);
   layout_count(exec, s, idx, h.v);  // at one rank it writes the gathered vector too
-  // Eager mode at one rank: the place kernel takes the receive rows from the counts on the device, so it runs before
-  // the host's wait rather than after it, on receive maps of the most rows any routing of T tokens needs.
-  const std::int64_t row_bound = static_cast<std::int64_t>(s.T) * s.K + static_cast<std::int64_t>(s.L) * (s.align - 1);
-  const bool place_early = !s.capacity_mode && s.R == 1 && row_bound <= std::numeric_limits<int>::max();
-  if (place_early) {
-    h.ensure_eager_rows(exec, row_bound);
-    layout_place(exec, s, idx, h.v, -1, static_cast<int>(row_bound));
-  }
   if (s.R == 1) {
     // Nothing to exchange.
   } else if (g.windows) {
@@ -151,7 +143,7 @@ void run_layout(const Exec& exec, EpHandleState<Exec>& h, const IdxView& idx, co
     h.recv_rows = g.recv_rows_fixed;
     h.arrivals = g.stage_rows;
   }
-  if (!place_early) layout_place(exec, s, idx, h.v, h.recv_rows);
+  layout_place(exec, s, idx, h.v, h.recv_rows);
   // The receivers learn which of their rows each arriving token feeds: K ints per token row, one transfer.
   const std::size_t meta_pitch = static_cast<std::size_t>(s.K) * sizeof(int);
   wire_acquire(exec, fn, g, wire, kRegionMeta);

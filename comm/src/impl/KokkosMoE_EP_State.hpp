@@ -285,7 +285,6 @@ struct EpHandleState {
     v.chunk_prefix = a("chunk_prefix", static_cast<std::int64_t>(nch) * s.E);
     v.chunk_tokens = a("chunk_tokens", static_cast<std::int64_t>(nch) * s.R);
     v.chunk_bad = a("chunk_bad", nch);
-    v.ticket = a("layout_ticket", 1);
     v.tok_local = a("tok_local", B * s.R);
     v.gather_send = a("gather_send", s.E + 1 + s.R);
     v.gathered = a("gathered", static_cast<std::int64_t>(s.R) * (s.E + 1 + s.R));
@@ -372,7 +371,7 @@ std::size_t handle_bytes(const EpGroupState<Exec>& g) {
   const std::size_t nch = (B + s.chunk - 1) / s.chunk, R = s.R, E = s.E, L = s.L;
   const std::size_t N = g.capacity_mode() ? static_cast<std::size_t>(g.recv_rows_fixed) : BK;
   const std::size_t RB = R > 1 ? R * B : 0;
-  const std::size_t ints = BK + nch * E + nch * R + nch + 1 + 2 * B * R + (E + 1 + R) + R * (E + 1 + R) + R * (E + 1) +
+  const std::size_t ints = BK + nch * E + nch * R + nch + 2 * B * R + (E + 1 + R) + R * (E + 1 + R) + R * (E + 1) +
                            2 * E + (L + 1) + L + 5 * R + 2 * BK + RB * s.K + RB + 3 * N + 4 + 2 * R + 2 * R;
   // + token_in_rank, slot_kept, the traffic counters and the expert load
   return ints * sizeof(int) + B * R + BK + 2 * kEpOps * 8 + L * 8;
@@ -391,14 +390,13 @@ std::size_t buffer_bytes(const EpGroupState<Exec>& g) {
 template <class Exec>
 std::vector<const void*> handle_buffers(const EpHandleState<Exec>& h) {
   const auto& v = h.v;
-  return {v.local_pos.data(),     v.chunk_prefix.data(),   v.chunk_tokens.data(), v.chunk_bad.data(),
-          v.ticket.data(),        v.tok_local.data(),      v.gather_send.data(),  v.gathered.data(),
-          v.token_in_rank.data(), v.tok_pos.data(),        v.counts.data(),       v.dest_base.data(),
-          v.dest_limit.data(),    v.expert_offsets.data(), v.recv_count.data(),   v.send_base.data(),
-          v.fwd_base.data(),      v.arrive_base.data(),    v.arrive_count.data(), v.ret_base.data(),
-          v.slot_row.data(),      v.slot_rank.data(),      v.slot_kept.data(),    v.fwd_rows.data(),
-          v.arrive_rank.data(),   v.recv_expert.data(),    v.recv_src.data(),     v.recv_k.data(),
-          v.status.data(),        v.rank_status.data(),    v.expert_load.data()};
+  return {
+      v.local_pos.data(),   v.chunk_prefix.data(), v.chunk_tokens.data(),   v.chunk_bad.data(),   v.tok_local.data(),
+      v.gather_send.data(), v.gathered.data(),     v.token_in_rank.data(),  v.tok_pos.data(),     v.counts.data(),
+      v.dest_base.data(),   v.dest_limit.data(),   v.expert_offsets.data(), v.recv_count.data(),  v.send_base.data(),
+      v.fwd_base.data(),    v.arrive_base.data(),  v.arrive_count.data(),   v.ret_base.data(),    v.slot_row.data(),
+      v.slot_rank.data(),   v.slot_kept.data(),    v.fwd_rows.data(),       v.arrive_rank.data(), v.recv_expert.data(),
+      v.recv_src.data(),    v.recv_k.data(),       v.status.data(),         v.rank_status.data(), v.expert_load.data()};
 }
 
 template <class Exec>
