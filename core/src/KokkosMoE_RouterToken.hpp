@@ -16,8 +16,8 @@
 ///   ThreadVectorTokenRoute<Member>::invoke(member, ...)                              one thread's vector lanes
 /// and their Quantile Balancing forms (SerialTokenRouteQB, ...: the same arguments, the cutoff returned;
 /// make_token_router_qb_params; docs/router.md §19). As in kokkos-kernels' Batched functions, the variant is also a
-/// tag: TokenRoute<Member, Mode::Team>::invoke(member, ...) is TeamTokenRoute<Member>::invoke(member, ...), and
-/// Mode::Serial takes the member too (and ignores it), so that a kernel templated on its mode calls one name.
+/// tag: TeamTokenRoute<Member> is TokenRoute<Member, Mode::Team> (and so on), and TokenRoute<Member, Mode::Serial>
+/// is SerialTokenRoute taking the member too (and ignoring it), so that a kernel templated on its mode calls one name.
 /// Team variants are collective: every thread of the team (ThreadVector: every vector lane of the calling thread)
 /// calls them with the same arguments. Serial selects in one pass with an insertion buffer; the others run k rounds
 /// of a max reduction; both give the same slots (selection keys are unique, docs/router.md §6).
@@ -81,40 +81,6 @@ struct SerialTokenRoute {
   }
 };
 
-/// The threads of a team route one token (TeamThreadRange over the experts).
-template <class MemberType>
-struct TeamTokenRoute {
-  template <class LogitsRow, class BiasRow, class Work, class IdsRow, class WeightsRow>
-  KOKKOS_INLINE_FUNCTION static void invoke(const MemberType& member, const TokenRouterParams& p,
-                                            const LogitsRow& logits, const BiasRow& bias, const Work& work,
-                                            const IdsRow& ids, const WeightsRow& weights) {
-    Impl::token_route_compact(Impl::TeamLoops<MemberType>{member}, p, logits, bias, work, ids, weights);
-  }
-};
-
-/// The threads and vector lanes of a team route one token (TeamVectorRange over the experts).
-template <class MemberType>
-struct TeamVectorTokenRoute {
-  template <class LogitsRow, class BiasRow, class Work, class IdsRow, class WeightsRow>
-  KOKKOS_INLINE_FUNCTION static void invoke(const MemberType& member, const TokenRouterParams& p,
-                                            const LogitsRow& logits, const BiasRow& bias, const Work& work,
-                                            const IdsRow& ids, const WeightsRow& weights) {
-    Impl::token_route_compact(Impl::TeamVectorLoops<MemberType>{member}, p, logits, bias, work, ids, weights);
-  }
-};
-
-/// The vector lanes of the calling team thread route one token (ThreadVectorRange over the experts): several
-/// tokens per team, one per thread.
-template <class MemberType>
-struct ThreadVectorTokenRoute {
-  template <class LogitsRow, class BiasRow, class Work, class IdsRow, class WeightsRow>
-  KOKKOS_INLINE_FUNCTION static void invoke(const MemberType& member, const TokenRouterParams& p,
-                                            const LogitsRow& logits, const BiasRow& bias, const Work& work,
-                                            const IdsRow& ids, const WeightsRow& weights) {
-    Impl::token_route_compact(Impl::ThreadVectorLoops<MemberType>{member}, p, logits, bias, work, ids, weights);
-  }
-};
-
 /// Who works on a token row, as a template argument (kokkos-kernels' KokkosBatched::Mode): TokenRoute<Member, Mode::X>
 /// and TokenRouteQB<Member, Mode::X> run the variant X above.
 struct Mode {
@@ -158,8 +124,8 @@ struct ModeLoops<Member, Mode::ThreadVector> {
 };
 }  // namespace Impl
 
-/// The variant of \p ArgMode (Mode::Serial, Team, TeamVector or ThreadVector) routes one token; the same arguments
-/// and results as SerialTokenRoute, TeamTokenRoute, TeamVectorTokenRoute and ThreadVectorTokenRoute.
+/// The variant of \p ArgMode (Mode::Serial, Team, TeamVector or ThreadVector) routes one token (Mode::Serial: as
+/// SerialTokenRoute, the member ignored).
 template <class MemberType, class ArgMode>
 struct TokenRoute {
   template <class LogitsRow, class BiasRow, class Work, class IdsRow, class WeightsRow>
@@ -169,6 +135,17 @@ struct TokenRoute {
     Impl::token_route_compact(Impl::ModeLoops<MemberType, ArgMode>::make(member), p, logits, bias, work, ids, weights);
   }
 };
+
+/// The threads of a team route one token (TeamThreadRange over the experts).
+template <class MemberType>
+using TeamTokenRoute = TokenRoute<MemberType, Mode::Team>;
+/// The threads and vector lanes of a team route one token (TeamVectorRange over the experts).
+template <class MemberType>
+using TeamVectorTokenRoute = TokenRoute<MemberType, Mode::TeamVector>;
+/// The vector lanes of the calling team thread route one token (ThreadVectorRange over the experts): several
+/// tokens per team, one per thread.
+template <class MemberType>
+using ThreadVectorTokenRoute = TokenRoute<MemberType, Mode::ThreadVector>;
 
 // ---- Quantile Balancing (docs/router.md §19) --------------------------------------------------------------------
 
@@ -211,41 +188,8 @@ struct SerialTokenRouteQB {
   }
 };
 
-/// QB for one token on the threads of a team (TeamThreadRange); every thread gets the cutoff.
-template <class MemberType>
-struct TeamTokenRouteQB {
-  template <class LogitsRow, class BiasRow, class Work, class IdsRow, class WeightsRow>
-  KOKKOS_INLINE_FUNCTION static float invoke(const MemberType& member, const TokenRouterParams& p,
-                                             const LogitsRow& logits, const BiasRow& bias, const Work& work,
-                                             const IdsRow& ids, const WeightsRow& weights) {
-    return Impl::token_route_qb(Impl::TeamLoops<MemberType>{member}, p, logits, bias, work, ids, weights);
-  }
-};
-
-/// QB for one token on the threads and vector lanes of a team (TeamVectorRange).
-template <class MemberType>
-struct TeamVectorTokenRouteQB {
-  template <class LogitsRow, class BiasRow, class Work, class IdsRow, class WeightsRow>
-  KOKKOS_INLINE_FUNCTION static float invoke(const MemberType& member, const TokenRouterParams& p,
-                                             const LogitsRow& logits, const BiasRow& bias, const Work& work,
-                                             const IdsRow& ids, const WeightsRow& weights) {
-    return Impl::token_route_qb(Impl::TeamVectorLoops<MemberType>{member}, p, logits, bias, work, ids, weights);
-  }
-};
-
-/// QB for one token on the vector lanes of the calling team thread (ThreadVectorRange).
-template <class MemberType>
-struct ThreadVectorTokenRouteQB {
-  template <class LogitsRow, class BiasRow, class Work, class IdsRow, class WeightsRow>
-  KOKKOS_INLINE_FUNCTION static float invoke(const MemberType& member, const TokenRouterParams& p,
-                                             const LogitsRow& logits, const BiasRow& bias, const Work& work,
-                                             const IdsRow& ids, const WeightsRow& weights) {
-    return Impl::token_route_qb(Impl::ThreadVectorLoops<MemberType>{member}, p, logits, bias, work, ids, weights);
-  }
-};
-
-/// QB for one token by the variant of \p ArgMode (Mode::Serial, Team, TeamVector or ThreadVector): the same
-/// arguments and results as SerialTokenRouteQB, TeamTokenRouteQB, TeamVectorTokenRouteQB and ThreadVectorTokenRouteQB.
+/// QB for one token by the variant of \p ArgMode (Mode::Serial, Team, TeamVector or ThreadVector); every calling
+/// thread and lane gets the cutoff (Mode::Serial: as SerialTokenRouteQB, the member ignored).
 template <class MemberType, class ArgMode>
 struct TokenRouteQB {
   template <class LogitsRow, class BiasRow, class Work, class IdsRow, class WeightsRow>
@@ -256,6 +200,16 @@ struct TokenRouteQB {
                                 weights);
   }
 };
+
+/// QB for one token on the threads of a team (TeamThreadRange); every thread gets the cutoff.
+template <class MemberType>
+using TeamTokenRouteQB = TokenRouteQB<MemberType, Mode::Team>;
+/// QB for one token on the threads and vector lanes of a team (TeamVectorRange).
+template <class MemberType>
+using TeamVectorTokenRouteQB = TokenRouteQB<MemberType, Mode::TeamVector>;
+/// QB for one token on the vector lanes of the calling team thread (ThreadVectorRange).
+template <class MemberType>
+using ThreadVectorTokenRouteQB = TokenRouteQB<MemberType, Mode::ThreadVector>;
 
 }  // namespace KokkosMoE
 

@@ -36,8 +36,8 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(step_matches_oracle, DeviceType, KOKKOSMOE_DEVICE_
       check_step<Exec, bf16_t>(c2, r, m, 200 + static_cast<int>(r), true, "odd shape, T varies (T = 0 on rank 1)");
     }
   }
-  // Many tokens: the layout's count kernel takes spans of several chunks (docs/ep.md §3.1), the last span partial;
-  // repeated ids within a token, and drops in capacity mode, across the chunks of a span.
+  // Many tokens: the layout's prefix over many chunks (docs/ep.md §3.1), the last chunk partial; repeated ids within a
+  // token, and drops in capacity mode, across the chunks.
   auto many = c2;
   many.hidden_size = 16;
   many.max_tokens_per_rank = 1500;
