@@ -200,6 +200,48 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(fallback_shapes_are_portable, DeviceType, KOKKOSMO
   }
 }
 
+// The map and aux-score backward kernels of the Kokkos::Cuda specialization move rows in chunks of eight experts:
+// other expert counts run the portable backward on every backend and say so; the dense-indices and compact backward
+// take every shape natively.
+BOOST_AUTO_TEST_CASE_TEMPLATE(backward_fallback_shapes_are_portable, DeviceType, KOKKOSMOE_DEVICE_TYPES) {
+  using D = DeviceType;
+  using Exec = typename D::execution_space;
+  const Exec exec;
+  RecordRegions rec;
+  const std::string native = is_cuda<Exec>() ? "[cuda]" : "[portable]";
+  for (const int E : {130, 13}) {
+    BOOST_TEST_CONTEXT("E = " << E) {
+      constexpr int T = 40, K = 4;
+      const auto logits = device_values<D, float>("logits", T, E, random_values<float>(T * E, 5, -4.0, 4.0));
+      const auto grad = device_values<D, float>("grad", T, E, random_values<float>(T * E, 6, -1.0, 1.0));
+      const auto gw = device_values<D, float>("gw", T, K, random_values<float>(T * K, 7, -1.0, 1.0));
+      auto probs = make2<D, float>("probs", T, E, 0.f), inter = make2<D, float>("inter", T, E, 0.f);
+      auto grad_logits = make2<D, float>("grad_logits", T, E, 0.f);
+      auto map = make2<D, std::uint8_t>("map", T, E, 0);
+      auto idx = make2<D, std::int32_t>("idx", T, K, 0);
+      auto ids = make2<D, std::int32_t>("ids", T, K, 0);
+      auto weights = make2<D, float>("weights", T, K, 0.f);
+      KokkosMoE::RouterConfig cfg;
+      cfg.topk = K;
+      cfg.score_function = KokkosMoE::ScoreFunction::Sigmoid;
+      KokkosMoE::topk_router(exec, cfg, logits, probs, map, inter);
+      KokkosMoE::topk_router_indices(exec, cfg, logits, probs, idx, inter);
+      KokkosMoE::topk_router_compact(exec, cfg, logits, ids, weights);
+      rec.expect("KokkosMoE::topk_router_backward[portable]",
+                 [&] { KokkosMoE::topk_router_backward(exec, cfg, map, inter, grad, grad_logits); });
+      rec.expect("KokkosMoE::topk_router_backward" + native,
+                 [&] { KokkosMoE::topk_router_indices_backward(exec, cfg, idx, inter, grad, grad_logits); });
+      rec.expect("KokkosMoE::topk_router_backward" + native,
+                 [&] { KokkosMoE::topk_router_compact_backward(exec, cfg, logits, ids, gw, grad_logits); });
+      KokkosMoE::AuxScoresConfig acfg;
+      acfg.topk = K;
+      acfg.score_function = KokkosMoE::ScoreFunction::Sigmoid;
+      rec.expect("KokkosMoE::aux_scores_backward[portable]",
+                 [&] { KokkosMoE::aux_scores_backward(exec, acfg, inter, grad, grad_logits); });
+    }
+  }
+}
+
 BOOST_AUTO_TEST_SUITE_END()
 
 namespace {

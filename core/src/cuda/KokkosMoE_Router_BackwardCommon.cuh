@@ -4,8 +4,8 @@
 #ifndef KOKKOSMOE_ROUTER_BACKWARDCOMMON_CUH
 #define KOKKOSMOE_ROUTER_BACKWARDCOMMON_CUH
 
-// What the backward kernels (KokkosMoE_Router_Backward.cu, KokkosMoE_Router_BackwardSparse.cuh) share: their
-// parameters, the per-token coefficients of the score functions' gradients, and the map chunk loads.
+// What the backward kernels (KokkosMoE_Router_BackwardDense.cuh, KokkosMoE_Router_BackwardSparse.cuh) share: their
+// typed parameters, the per-token coefficients of the score functions' gradients, and the map chunk loads.
 
 #include <cuda/KokkosMoE_Router_Kernels.hpp>
 
@@ -16,30 +16,60 @@ namespace Impl {
 namespace CudaKernels {
 namespace detail {
 
-struct BwdParams {
+/// The sizes and the score function's rule of a backward call, as the kernels read them.
+struct BwdRule {
   long long T = 0;
   int E = 0, k = 1;
-  int fn = 0, pre = 0, aux = 0;
+  int fn = 0, pre = 0;
   float scale = 1.0f;
-  int map_kind = 0;  // 0 Bytemap, 1 BitmapU8 (dense path, not aux)
+};
+inline BwdRule lower_rule(long long T, int E, const BackwardRule& r) {
+  BwdRule b;
+  b.T = T;
+  b.E = E;
+  b.k = r.topk;
+  b.fn = static_cast<int>(r.score_function);
+  b.pre = r.pre_softmax ? 1 : 0;
+  b.scale = r.scaling_factor;
+  return b;
+}
+
+/// The streaming and sparse map kernels (map backward, aux-scores backward): GI is the incoming gradient's element
+/// type (grad_probs, or FP32 grad_scores), GO grad_logits'.
+template <class GI, class GO>
+struct DenseBwdParams : BwdRule {
+  int aux = 0;       // aux_scores backward: every expert counts as routed, always normalized
+  int map_kind = 0;  // 0 Bytemap, 1 BitmapU8 (not aux)
   const unsigned char* map = nullptr;
   const float* inter = nullptr;
-  const void* gin = nullptr;  // grad_probs / grad_scores
-  void* gout = nullptr;       // grad_logits
-  int idx_type = 0;
-  const void* indices = nullptr;
-  int compact = 0;
-  const void* logits = nullptr;
-  const int* ids = nullptr;
-  int gw_type = 0;
-  const void* gw = nullptr;
+  const typename Elem<GI>::S* gin = nullptr;
+  typename Elem<GO>::S* gout = nullptr;
 };
 
-__device__ __forceinline__ int load_index(const void* p, int dt, long long i) {
-  if (dt == static_cast<int>(DType::I16)) return __ldg(static_cast<const short*>(p) + i);
-  if (dt == static_cast<int>(DType::I64)) return static_cast<int>(__ldg(static_cast<const long long*>(p) + i));
-  return __ldg(static_cast<const int*>(p) + i);
-}
+/// bwd_sparse from dense indices: gathers the intermediate and grad_probs (element type G) at the k indices (I).
+template <class G, class I>
+struct IndicesBwdParams : BwdRule {
+  static constexpr bool compact = false;
+  using Out = G;
+  using Logit = G;  // no logits on this path
+  const I* indices = nullptr;
+  const float* inter = nullptr;
+  const typename Elem<G>::S* gin = nullptr;
+  typename Elem<G>::S* gout = nullptr;
+};
+
+/// bwd_sparse in compact form: gathers the logits (L) at the ids and recomputes the activations; gradient weights GW.
+template <class L, class GW>
+struct CompactBwdParams : BwdRule {
+  static constexpr bool compact = true;
+  using Out = L;
+  using Logit = L;
+  const typename Elem<L>::S* logits = nullptr;
+  const int* ids = nullptr;
+  const typename Elem<GW>::S* gw = nullptr;
+  typename Elem<L>::S* gout = nullptr;
+  __device__ __forceinline__ float weight(long long i) const { return Elem<GW>::to_f(__ldg(gw + i)); }
+};
 
 /// dx of one routed (or, for Softmax pre, any) expert; sums already reduced.
 struct BwdCoef {
@@ -80,7 +110,8 @@ struct MapChunk {
   using MB = Vec<unsigned char, W>;
   typename MB::R bytes;
   unsigned char bits;
-  __device__ __forceinline__ void load(const BwdParams& P, long long t, int e0, int nb, bool in) {
+  template <class Params>
+  __device__ __forceinline__ void load(const Params& P, long long t, int e0, int nb, bool in) {
     memset(&bytes, 0, sizeof(bytes));
     bits = 0;
     if (!in) return;
@@ -90,7 +121,8 @@ struct MapChunk {
       bits = __ldg(P.map + t * static_cast<long long>(nb) + (e0 >> 3));
   }
   /// Bit w: expert e0 + w is routed.
-  __device__ __forceinline__ unsigned flags(const BwdParams& P, int e0) const {
+  template <class Params>
+  __device__ __forceinline__ unsigned flags(const Params& P, int e0) const {
     if (P.map_kind == 0) {
       unsigned char b[W];
       MB::to_array(bytes, b);
@@ -104,8 +136,8 @@ struct MapChunk {
 };
 
 /// The W routed flags of the chunk at e0 of token t, read now.
-template <int W>
-__device__ __forceinline__ unsigned map_chunk_flags(const BwdParams& P, long long t, int e0, int nb) {
+template <int W, class Params>
+__device__ __forceinline__ unsigned map_chunk_flags(const Params& P, long long t, int e0, int nb) {
   MapChunk<W> m;
   m.load(P, t, e0, nb, true);
   return m.flags(P, e0);

@@ -4,8 +4,9 @@
 #ifndef KOKKOSMOE_ROUTER_BACKWARDSPARSE_CUH
 #define KOKKOSMOE_ROUTER_BACKWARDSPARSE_CUH
 
-// bwd_sparse<GO, LD, TPT, VEC>: topk_backward's dense-indices path (gathers intermediate/grad at the k indices) and
-// compact path (gathers logits at the ids and recomputes the activations; Softmax pre reads the whole row). The k
+// bwd_sparse<Params, TPT, VEC>: topk_backward's dense-indices path (IndicesBwdParams: gathers intermediate/grad at
+// the k indices) and compact path (CompactBwdParams: gathers logits at the ids and recomputes the activations;
+// Softmax pre reads the whole row). The k
 // sums run in slot order (shuffles) when k <= TPT. The row is written as zeros (or -a*P for Softmax pre), then the k
 // routed entries are overwritten after a warp barrier.
 
@@ -21,17 +22,18 @@ namespace detail {
 /// The row fill of bwd_sparse before its routed entries are written: Softmax pre's non-routed gradient
 /// softmax_grad(0, a, P) (docs/router.md §9), +0.0 for every other score function. The activations a come from the
 /// forward's intermediate row, or, when lrow is set (compact form), from the logits row as exp(x - M) * inv.
-template <int GO, int LD, int TPT, int VO, bool VEC>
-__device__ __forceinline__ void fill_unrouted(typename Ty<GO>::S* orow, int E, int ls, bool pre, float Psum,
-                                              const float* inter, const typename Ty<LD>::S* lrow, float M, float inv) {
+template <class GO, class LD, int TPT, int VO, bool VEC>
+__device__ __forceinline__ void fill_unrouted(typename Elem<GO>::S* orow, int E, int ls, bool pre, float Psum,
+                                              const float* inter, const typename Elem<LD>::S* lrow, float M,
+                                              float inv) {
   for (int e0 = ls * VO; e0 < E; e0 += TPT * VO) {
     float o[VO];
     if (pre) {
       if (lrow != nullptr) {
 #pragma unroll
-        for (int w = 0; w < VO; ++w) o[w] = softmax_exp(Ty<LD>::to_f(lrow[e0 + w]), M) * inv;
+        for (int w = 0; w < VO; ++w) o[w] = softmax_exp(Elem<LD>::to_f(lrow[e0 + w]), M) * inv;
       } else if constexpr (VEC) {
-        load_chunk<kDtF32, VO>(inter + e0, o);
+        load_elems<float, VO>(inter + e0, o);
       } else {
         o[0] = inter[e0];
       }
@@ -42,24 +44,26 @@ __device__ __forceinline__ void fill_unrouted(typename Ty<GO>::S* orow, int E, i
       for (int w = 0; w < VO; ++w) o[w] = 0.0f;
     }
     if constexpr (VEC)
-      store_chunk<GO, VO>(orow + e0, o);
+      store_elems<GO, VO>(orow + e0, o);
     else
-      orow[e0] = Ty<GO>::from_f(o[0]);
+      orow[e0] = Elem<GO>::from_f(o[0]);
   }
 }
 
-template <int GO, int LD, int TPT, bool VEC>
-__global__ void __launch_bounds__(128) bwd_sparse(const BwdParams P) {
-  using TO = Ty<GO>;
+template <class Params, int TPT, bool VEC>
+__global__ void __launch_bounds__(128) bwd_sparse(const Params P) {
+  using GO = typename Params::Out;
+  using LD = typename Params::Logit;
+  using TO = Elem<GO>;
   using OS = typename TO::S;
-  using TL = Ty<LD>;
+  using TL = Elem<LD>;
   using LS = typename TL::S;
   constexpr int TPW = 32 / TPT;
   constexpr int VO = VEC ? 16 / static_cast<int>(sizeof(OS)) : 1;  // output elements per store
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int seg = lane / TPT, ls = lane % TPT;
   const int E = P.E, k = P.k, fn = P.fn;
-  const bool compact = P.compact != 0;
+  constexpr bool compact = Params::compact;
   const bool pre = fn == kFnSoftmax && P.pre;
   const bool post = fn == kFnSoftmax && !P.pre;
   const bool small = k <= TPT;
@@ -76,11 +80,11 @@ __global__ void __launch_bounds__(128) bwd_sparse(const BwdParams P) {
       gw = 0.0f;
       if (t < P.T && ls < k) {
         const long long o = t * static_cast<long long>(k) + ls;
-        if (compact) {
+        if constexpr (compact) {
           idx = __ldg(P.ids + o);
-          gw = load_any(P.gw, P.gw_type, o);
+          gw = P.weight(o);
         } else {
-          idx = load_index(P.indices, P.idx_type, o);
+          idx = static_cast<int>(__ldg(P.indices + o));
         }
       }
     };
@@ -90,11 +94,11 @@ __global__ void __launch_bounds__(128) bwd_sparse(const BwdParams P) {
       g = 0.0f;
       if (t < P.T && ls < k) {
         const long long rowE = t * static_cast<long long>(E);
-        if (compact) {
-          u = TL::to_f(__ldg(static_cast<const LS*>(P.logits) + rowE + idx));
+        if constexpr (compact) {
+          u = TL::to_f(__ldg(P.logits + rowE + idx));
         } else {
           u = __ldg(P.inter + rowE + idx);
-          g = load_any(P.gin, GO, rowE + idx);
+          g = TO::to_f(__ldg(P.gin + rowE + idx));
         }
       }
     };
@@ -113,7 +117,7 @@ __global__ void __launch_bounds__(128) bwd_sparse(const BwdParams P) {
       const bool has = valid && ls < k;
       // activations of the k slots
       float a, v, g;
-      if (compact) {
+      if constexpr (compact) {
         g = w0 * P.scale;
         if (fn == kFnSigmoid) {
           a = sigmoid(u0);
@@ -147,13 +151,15 @@ __global__ void __launch_bounds__(128) bwd_sparse(const BwdParams P) {
       cf.P = Ps;
       cf.norm = k > 1;
       cf.set_sums(S, Q);
-      if (valid)
-        fill_unrouted<GO, LD, TPT, VO, VEC>(static_cast<OS*>(P.gout) + rowE, E, ls, pre, cf.P,
-                                            compact ? nullptr : P.inter + rowE, nullptr, 0.0f, 0.0f);
+      if (valid) {
+        const float* inter_row = nullptr;
+        if constexpr (!compact) inter_row = P.inter + rowE;
+        fill_unrouted<GO, LD, TPT, VO, VEC>(P.gout + rowE, E, ls, pre, cf.P, inter_row, nullptr, 0.0f, 0.0f);
+      }
       __syncwarp();
       if (has) {
         const float dx = (fn == kFnSoftmax) ? softmax_grad(g, a, cf.P) : dx_sig_ssp(fn, cf, true, a, v, g);
-        static_cast<OS*>(P.gout)[rowE + i0] = TO::from_f(dx);
+        P.gout[rowE + i0] = TO::from_f(dx);
       }
       __syncwarp();
       i0 = i1;
@@ -171,7 +177,8 @@ __global__ void __launch_bounds__(128) bwd_sparse(const BwdParams P) {
     const bool valid = t < P.T;
     const long long rowE = t * static_cast<long long>(E);
     const long long rowK = t * static_cast<long long>(k);
-    const LS* lrow = compact ? static_cast<const LS*>(P.logits) + rowE : nullptr;
+    const LS* lrow = nullptr;
+    if constexpr (compact) lrow = P.logits + rowE;
 
     // Softmax pre in compact form: full-row statistics from the logits
     float M = 0.0f, inv = 0.0f;
@@ -195,14 +202,15 @@ __global__ void __launch_bounds__(128) bwd_sparse(const BwdParams P) {
     }
     // Softmax post in compact form: logit of slot 0 and the softmax sum over the slots
     float x0 = 0.0f, sinv = 0.0f;
-    if (compact && post && valid) x0 = TL::to_f(lrow[P.ids[rowK]]);
+    if constexpr (compact)
+      if (post && valid) x0 = TL::to_f(lrow[P.ids[rowK]]);
 
     // per-slot values: idx, a (intermediate-equivalent), v (normalization value), g (scaled gradient)
     auto slot = [&](int r, int& idx, float& a, float& v, float& g, float& e) {
-      if (compact) {
+      if constexpr (compact) {
         idx = P.ids[rowK + r];
         const float x = TL::to_f(lrow[idx]);
-        g = load_any(P.gw, P.gw_type, rowK + r) * P.scale;
+        g = P.weight(rowK + r) * P.scale;
         e = 0.0f;
         if (fn == kFnSigmoid) {
           a = sigmoid(x);
@@ -215,9 +223,9 @@ __global__ void __launch_bounds__(128) bwd_sparse(const BwdParams P) {
           a = (x == -INFINITY) ? -INFINITY : e;  // marker for the sum; fixed below
         }
       } else {
-        idx = load_index(P.indices, P.idx_type, rowK + r);
+        idx = static_cast<int>(P.indices[rowK + r]);
         a = P.inter[rowE + idx];
-        g = load_any(P.gin, GO, rowE + idx) * P.scale;
+        g = TO::to_f(P.gin[rowE + idx]) * P.scale;
         e = 0.0f;
       }
       v = (fn == kFnSqrtSoftplus) ? sqrt_softplus(a) : a;
@@ -291,13 +299,15 @@ __global__ void __launch_bounds__(128) bwd_sparse(const BwdParams P) {
     cf.set_sums(S, Q);
 
     // row fill: +0.0, or the non-routed Softmax pre gradient
-    if (valid)
-      fill_unrouted<GO, LD, TPT, VO, VEC>(static_cast<OS*>(P.gout) + rowE, E, ls, pre, cf.P,
-                                          compact ? nullptr : P.inter + rowE, lrow, M, inv);
+    if (valid) {
+      const float* inter_row = nullptr;
+      if constexpr (!compact) inter_row = P.inter + rowE;
+      fill_unrouted<GO, LD, TPT, VO, VEC>(P.gout + rowE, E, ls, pre, cf.P, inter_row, lrow, M, inv);
+    }
     __syncwarp();
     // routed entries
     if (valid) {
-      OS* orow = static_cast<OS*>(P.gout) + rowE;
+      OS* orow = P.gout + rowE;
       auto put = [&](int idx, float a, float v, float g) {
         float dx;
         if (fn == kFnSoftmax)

@@ -46,17 +46,15 @@ struct CudaRouter {
     ScopedRegion region("KokkosMoE::topk_router[cuda]");
     throw_on_cuda_error(CudaKernels::run_forward(plan, cuda_queue(exec)), "topk_router");
   }
-  static void topk_backward(const Kokkos::Cuda& exec, const TopkBackwardArgs& a) {
-    ScopedRegion region("KokkosMoE::topk_router_backward[cuda]");
-    throw_on_cuda_error(CudaKernels::topk_backward(a, cuda_queue(exec)), "topk_router_backward");
+  /// A backward operation of cuda/KokkosMoE_Router_Cuda_Backward.hpp (CudaKernels::handles(a) holds); \p op names it.
+  template <class Args>
+  static void backward(const Kokkos::Cuda& exec, const char* op, const Args& a) {
+    ScopedRegion region(std::string("KokkosMoE::") + op + "[cuda]");
+    throw_on_cuda_error(CudaKernels::backward(a, cuda_queue(exec)), op);
   }
   static void aux_scores_forward(const Kokkos::Cuda& exec, const CudaKernels::ForwardPlan& plan) {
     ScopedRegion region("KokkosMoE::aux_scores[cuda]");
     throw_on_cuda_error(CudaKernels::run_forward(plan, cuda_queue(exec)), "aux_scores");
-  }
-  static void aux_scores_backward(const Kokkos::Cuda& exec, const AuxScoresBackwardArgs& a) {
-    ScopedRegion region("KokkosMoE::aux_scores_backward[cuda]");
-    throw_on_cuda_error(CudaKernels::aux_scores_backward(a, cuda_queue(exec)), "aux_scores_backward");
   }
   static void aux_loss_forward(const Kokkos::Cuda& exec, const AuxLossArgs& a) {
     ScopedRegion region("KokkosMoE::aux_loss[cuda]");

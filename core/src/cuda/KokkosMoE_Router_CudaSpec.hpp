@@ -6,8 +6,8 @@
 
 // Kokkos::Cuda specializations of the top-k router and aux-loss specs: lower the canonical typed operands to the
 // raw-pointer argument structs of the native kernels (the only place where the router's Views become pointers) and
-// launch them through CudaRouter (cuda/KokkosMoE_Router_Cuda.hpp). Shapes the native forward kernels do not handle
-// (a CudaKernels::ForwardPlan that is not native) run the portable path.
+// launch them through CudaRouter (cuda/KokkosMoE_Router_Cuda.hpp). Shapes the native kernels do not handle (a
+// CudaKernels::ForwardPlan that is not native; a backward whose CudaKernels::handles is false) run the portable path.
 
 #include <Kokkos_Macros.hpp>
 #if defined(KOKKOS_ENABLE_CUDA)
@@ -24,6 +24,15 @@
 namespace KokkosMoE {
 namespace Impl {
 
+/// Runs the native operation \p a where its kernels take it (CudaKernels::handles), else \p portable.
+template <class Args, class Portable>
+void native_or_portable(const Kokkos::Cuda& exec, const char* op, const Args& a, const Portable& portable) {
+  if (CudaKernels::handles(a))
+    CudaRouter::backward(exec, op, a);
+  else
+    portable();
+}
+
 template <>
 struct TopkSpec<Kokkos::Cuda> {
   static constexpr bool is_specialized = true;
@@ -32,17 +41,6 @@ struct TopkSpec<Kokkos::Cuda> {
     RouterConfig c = config;
     if (c.group_topk <= 0) c.group_topk = 0;
     return c;
-  }
-
-  /// The fields every backward form shares: sizes, config and the gradient output.
-  template <class Ops>
-  static TopkBackwardArgs backward_args(const RouterConfig& config, const Ops& o) {
-    TopkBackwardArgs a;
-    a.num_tokens = o.num_tokens;
-    a.num_experts = o.params.num_experts;
-    a.config = lowered_config(config);
-    a.grad_logits = o.grad_logits.data();
-    return a;
   }
 
   /// The forward operands lowered to the native kernels' argument struct.
@@ -88,30 +86,46 @@ struct TopkSpec<Kokkos::Cuda> {
     return plan.writes_cutoff();
   }
 
+  /// The map and dense-indices backward: the native kernel where it takes the shape (CudaKernels::handles), else
+  /// the portable one on the same instance.
   template <class Ops>
   static void backward(const Kokkos::Cuda& exec, const RouterConfig& config, const Ops& o) {
-    TopkBackwardArgs a = backward_args(config, o);
-    a.output = o.output;
+    using G = typename Ops::grad_type;
+    if (o.output == RoutingOutput::Indices) {
+      CudaKernels::IndicesBackward<G, typename Ops::index_type> a;
+      a.num_tokens = o.num_tokens;
+      a.num_experts = o.params.num_experts;
+      a.rule = CudaKernels::BackwardRule::of(config);
+      a.indices = o.indices.data();
+      a.intermediate = o.inter.data();
+      a.grad_probs = o.grad_probs.data();
+      a.grad_logits = o.grad_logits.data();
+      return native_or_portable(exec, "topk_router_backward", a,
+                                [&] { PortableTopk<Kokkos::Cuda>::backward(exec, o); });
+    }
+    CudaKernels::MapBackward<G> a;
+    a.num_tokens = o.num_tokens;
+    a.num_experts = o.params.num_experts;
+    a.rule = CudaKernels::BackwardRule::of(config);
+    a.bitmap = o.output == RoutingOutput::BitmapU8;
     a.routing_map = o.map.data();
-    a.indices_type = dtype_of<typename Ops::index_type>();
-    a.indices = o.indices.data();
     a.intermediate = o.inter.data();
-    a.grad_type = dtype_of<typename Ops::grad_type>();
     a.grad_probs = o.grad_probs.data();
-    CudaRouter::topk_backward(exec, a);
+    a.grad_logits = o.grad_logits.data();
+    native_or_portable(exec, "topk_router_backward", a, [&] { PortableTopk<Kokkos::Cuda>::backward(exec, o); });
   }
 
   template <class Ops>
   static void compact_backward(const Kokkos::Cuda& exec, const RouterConfig& config, const Ops& o) {
-    TopkBackwardArgs a = backward_args(config, o);
-    a.output = RoutingOutput::Compact;
-    a.logits_type = dtype_of<typename Ops::scalar_type>();
+    CudaKernels::CompactBackward<typename Ops::scalar_type, typename Ops::grad_weights_type> a;
+    a.num_tokens = o.num_tokens;
+    a.num_experts = o.params.num_experts;
+    a.rule = CudaKernels::BackwardRule::of(config);
     a.logits = o.logits.data();
     a.ids = o.ids.data();
-    a.grad_weights_type = dtype_of<typename Ops::grad_weights_type>();
     a.grad_weights = o.grad_weights.data();
-    a.grad_type = a.logits_type;
-    CudaRouter::topk_backward(exec, a);
+    a.grad_logits = o.grad_logits.data();
+    native_or_portable(exec, "topk_router_backward", a, [&] { PortableTopk<Kokkos::Cuda>::compact_backward(exec, o); });
   }
 };
 
@@ -139,15 +153,15 @@ struct AuxSpec<Kokkos::Cuda> {
 
   template <class Ops>
   static void aux_scores_backward(const Kokkos::Cuda& exec, const Ops& o) {
-    AuxScoresBackwardArgs a;
+    CudaKernels::AuxScoresBackward<typename Ops::grad_type> a;
     a.num_tokens = o.num_tokens;
     a.num_experts = o.num_experts;
     a.score_function = o.score_function;
     a.intermediate = o.inter.data();
     a.grad_scores = o.grad_scores.data();
-    a.grad_logits_type = dtype_of<typename Ops::grad_type>();
     a.grad_logits = o.grad_logits.data();
-    CudaRouter::aux_scores_backward(exec, a);
+    native_or_portable(exec, "aux_scores_backward", a,
+                       [&] { PortableAux<Kokkos::Cuda>::aux_scores_backward(exec, o); });
   }
 
   template <class Ops>

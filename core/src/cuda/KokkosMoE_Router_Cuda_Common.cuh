@@ -34,32 +34,60 @@ constexpr int kDtF16 = static_cast<int>(DType::F16);
 constexpr int kDtBF16 = static_cast<int>(DType::BF16);
 
 // ------------------------------------------------------------------------------------------------------------
-// dtype traits: storage type, 16-byte vector width, widening/narrowing (round to nearest even, once, on store; the
-// conversions are kokkos_ext/KokkosMoE_Float16.hpp's)
+// Element traits: storage type, 16-byte vector width, widening/narrowing (round to nearest even, once, on store; the
+// conversions are kokkos_ext/KokkosMoE_Float16.hpp's). Elem<T> takes the router's element type (float, fp16_t,
+// bf16_t, layout-compatible with its storage type); Ty<DT> the same by type code, for the forward kernels.
 // ------------------------------------------------------------------------------------------------------------
-template <int DT>
-struct Ty;
+template <class T>
+struct Elem;
 template <>
-struct Ty<kDtF32> {
+struct Elem<float> {
   using S = float;
   static constexpr int VW = 4;  // elements per 16 bytes
   __device__ __forceinline__ static float to_f(S v) { return v; }
   __device__ __forceinline__ static S from_f(float f) { return f; }
 };
 template <>
-struct Ty<kDtF16> {
+struct Elem<fp16_t> {
   using S = unsigned short;
   static constexpr int VW = 8;
   __device__ __forceinline__ static float to_f(S v) { return half_bits_to_float_hw(v); }
   __device__ __forceinline__ static S from_f(float f) { return float_to_half_bits_hw(f); }
 };
 template <>
-struct Ty<kDtBF16> {
+struct Elem<bf16_t> {
   using S = unsigned short;
   static constexpr int VW = 8;
   __device__ __forceinline__ static float to_f(S v) { return bf16_bits_to_float(v); }
   __device__ __forceinline__ static S from_f(float f) { return float_to_bf16_bits_hw(f); }
 };
+
+/// The storage view of a typed array (the same bytes).
+template <class T>
+__host__ __device__ __forceinline__ const typename Elem<T>::S* storage(const T* p) {
+  return reinterpret_cast<const typename Elem<T>::S*>(p);
+}
+template <class T>
+__host__ __device__ __forceinline__ typename Elem<T>::S* storage(T* p) {
+  return reinterpret_cast<typename Elem<T>::S*>(p);
+}
+
+template <int DT>
+struct DtElem;
+template <>
+struct DtElem<kDtF32> {
+  using type = float;
+};
+template <>
+struct DtElem<kDtF16> {
+  using type = fp16_t;
+};
+template <>
+struct DtElem<kDtBF16> {
+  using type = bf16_t;
+};
+template <int DT>
+struct Ty : Elem<typename DtElem<DT>::type> {};
 
 /// Reads element i of a type-erased float/fp16/bf16 array (scalar, cached load).
 __device__ __forceinline__ float load_any(const void* p, int dt, long long i) {
@@ -148,28 +176,37 @@ struct Vec {
   }
 };
 
-/// Loads W elements of dtype DT at p and widens them.
-template <int DT, int W>
-__device__ __forceinline__ void load_chunk(const typename Ty<DT>::S* p, float* out) {
-  using S = typename Ty<DT>::S;
+/// Loads W elements of type T at p and widens them.
+template <class T, int W>
+__device__ __forceinline__ void load_elems(const typename Elem<T>::S* p, float* out) {
+  using S = typename Elem<T>::S;
   using VV = Vec<S, W>;
   S s[W];
   VV::to_array(VV::ldg(p), s);
 #pragma unroll
-  for (int w = 0; w < W; ++w) out[w] = Ty<DT>::to_f(s[w]);
+  for (int w = 0; w < W; ++w) out[w] = Elem<T>::to_f(s[w]);
 }
-/// Narrows W floats to dtype DT and stores them at p: a streaming store, or with Streaming = false a write-back one.
-template <int DT, int W, bool Streaming = true>
-__device__ __forceinline__ void store_chunk(typename Ty<DT>::S* p, const float* in) {
-  using S = typename Ty<DT>::S;
+/// Narrows W floats to type T and stores them at p: a streaming store, or with Streaming = false a write-back one.
+template <class T, int W, bool Streaming = true>
+__device__ __forceinline__ void store_elems(typename Elem<T>::S* p, const float* in) {
+  using S = typename Elem<T>::S;
   using VV = Vec<S, W>;
   S s[W];
 #pragma unroll
-  for (int w = 0; w < W; ++w) s[w] = Ty<DT>::from_f(in[w]);
+  for (int w = 0; w < W; ++w) s[w] = Elem<T>::from_f(in[w]);
   if constexpr (Streaming)
     VV::stcs(p, VV::from_array(s));
   else
     VV::st(p, VV::from_array(s));
+}
+/// load_elems and store_elems by type code.
+template <int DT, int W>
+__device__ __forceinline__ void load_chunk(const typename Ty<DT>::S* p, float* out) {
+  load_elems<typename DtElem<DT>::type, W>(p, out);
+}
+template <int DT, int W, bool Streaming = true>
+__device__ __forceinline__ void store_chunk(typename Ty<DT>::S* p, const float* in) {
+  store_elems<typename DtElem<DT>::type, W, Streaming>(p, in);
 }
 template <int W>
 __device__ __forceinline__ void store_bytes(unsigned char* p, const unsigned char* in) {

@@ -62,30 +62,6 @@ struct TopkForwardArgs {
   float* qb_cutoff = nullptr;
 };
 
-/// topk_router backward. For Bytemap/BitmapU8/Indices: routing output + intermediate + grad_probs -> grad_logits
-/// (grad_logits has grad_probs' type). For Compact: logits + ids + grad_weights -> grad_logits (logits' type).
-struct TopkBackwardArgs {
-  std::int64_t num_tokens = 0;
-  int num_experts = 0;
-  RouterConfig config;
-  RoutingOutput output = RoutingOutput::Bytemap;
-
-  const std::uint8_t* routing_map = nullptr;  ///< Bytemap [T, E] / BitmapU8 [T, ceil(E/8)]
-  DType indices_type = DType::I32;
-  const void* indices = nullptr;        ///< [T, k] (Indices)
-  const float* intermediate = nullptr;  ///< [T, E] (not Compact)
-  DType grad_type = DType::F32;         ///< type of grad_probs and grad_logits (not Compact)
-  const void* grad_probs = nullptr;     ///< [T, E]
-
-  DType logits_type = DType::F32;        ///< Compact: type of logits and grad_logits
-  const void* logits = nullptr;          ///< [T, E] (Compact)
-  const std::int32_t* ids = nullptr;     ///< [T, k] (Compact)
-  DType grad_weights_type = DType::F32;  ///< F32 or logits_type (Compact)
-  const void* grad_weights = nullptr;    ///< [T, k] (Compact)
-
-  void* grad_logits = nullptr;  ///< [T, E]
-};
-
 /// aux_scores forward (docs/router.md §10): scores [T, E] F32, routing map, intermediate [T, E] F32.
 struct AuxScoresArgs {
   std::int64_t num_tokens = 0;
@@ -98,17 +74,6 @@ struct AuxScoresArgs {
   float* scores = nullptr;
   std::uint8_t* routing_map = nullptr;
   float* intermediate = nullptr;
-};
-
-/// aux_scores backward: intermediate [T, E] F32 + grad_scores [T, E] F32 -> grad_logits [T, E] (grad_logits_type).
-struct AuxScoresBackwardArgs {
-  std::int64_t num_tokens = 0;
-  int num_experts = 0;
-  ScoreFunction score_function = ScoreFunction::Softmax;
-  const float* intermediate = nullptr;
-  const float* grad_scores = nullptr;
-  DType grad_logits_type = DType::F32;
-  void* grad_logits = nullptr;
 };
 
 /// Rows per chunk of the deterministic two-stage column reduction of aux_loss. Fixed (never derived from the

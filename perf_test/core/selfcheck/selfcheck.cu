@@ -30,6 +30,7 @@
 #include <cuda/KokkosMoE_Router_Cuda_ForwardLaunch.cuh>
 #include <numeric>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 using namespace KokkosMoE;
@@ -44,6 +45,124 @@ namespace CK = KokkosMoE::Impl::CudaKernels;
       std::exit(2);                                                                                        \
     }                                                                                                      \
   } while (0)
+
+// ------------------------------------------------------------------------------------------------------------
+// The harness keeps its buffers type-erased (Buf + DType); these lower them to the typed backward launchers of
+// cuda/KokkosMoE_Router_Cuda_Backward.hpp. A map or aux-score call those kernels do not take (E % 8 != 0, unaligned
+// rows) returns cudaErrorNotSupported: the library runs the portable kernel there, which the Boost suites cover.
+// ------------------------------------------------------------------------------------------------------------
+struct TopkBackwardArgs {
+  long long num_tokens = 0;
+  int num_experts = 0;
+  RouterConfig config;
+  RoutingOutput output = RoutingOutput::Bytemap;
+  const std::uint8_t* routing_map = nullptr;
+  DType indices_type = DType::I32;
+  const void* indices = nullptr;
+  const float* intermediate = nullptr;
+  DType grad_type = DType::F32;
+  const void* grad_probs = nullptr;
+  DType logits_type = DType::F32;
+  const void* logits = nullptr;
+  const std::int32_t* ids = nullptr;
+  DType grad_weights_type = DType::F32;
+  const void* grad_weights = nullptr;
+  void* grad_logits = nullptr;
+};
+struct AuxScoresBackwardArgs {
+  long long num_tokens = 0;
+  int num_experts = 0;
+  ScoreFunction score_function = ScoreFunction::Softmax;
+  const float* intermediate = nullptr;
+  const float* grad_scores = nullptr;
+  DType grad_logits_type = DType::F32;
+  void* grad_logits = nullptr;
+};
+
+template <class G, class I>
+static cudaError_t indices_backward(const TopkBackwardArgs& a, CK::Queue q) {
+  CK::IndicesBackward<G, I> b;
+  b.num_tokens = a.num_tokens;
+  b.num_experts = a.num_experts;
+  b.rule = CK::BackwardRule::of(a.config);
+  b.indices = static_cast<const I*>(a.indices);
+  b.intermediate = a.intermediate;
+  b.grad_probs = static_cast<const G*>(a.grad_probs);
+  b.grad_logits = static_cast<G*>(a.grad_logits);
+  return CK::backward(b, q);
+}
+template <class L, class GW>
+static cudaError_t compact_backward(const TopkBackwardArgs& a, CK::Queue q) {
+  CK::CompactBackward<L, GW> b;
+  b.num_tokens = a.num_tokens;
+  b.num_experts = a.num_experts;
+  b.rule = CK::BackwardRule::of(a.config);
+  b.logits = static_cast<const L*>(a.logits);
+  b.ids = a.ids;
+  b.grad_weights = static_cast<const GW*>(a.grad_weights);
+  b.grad_logits = static_cast<L*>(a.grad_logits);
+  return CK::backward(b, q);
+}
+template <class G>
+static cudaError_t typed_backward(const TopkBackwardArgs& a, CK::Queue q) {
+  if (a.output == RoutingOutput::Compact) {
+    if (a.grad_weights_type == DType::F32) return compact_backward<G, float>(a, q);
+    if constexpr (!std::is_same_v<G, float>) return compact_backward<G, G>(a, q);
+    return cudaErrorInvalidValue;
+  }
+  if (a.output == RoutingOutput::Indices) {
+    if (a.indices_type == DType::I16) return indices_backward<G, std::int16_t>(a, q);
+    if (a.indices_type == DType::I64) return indices_backward<G, std::int64_t>(a, q);
+    return indices_backward<G, std::int32_t>(a, q);
+  }
+  CK::MapBackward<G> b;
+  b.num_tokens = a.num_tokens;
+  b.num_experts = a.num_experts;
+  b.rule = CK::BackwardRule::of(a.config);
+  b.bitmap = a.output == RoutingOutput::BitmapU8;
+  b.routing_map = a.routing_map;
+  b.intermediate = a.intermediate;
+  b.grad_probs = static_cast<const G*>(a.grad_probs);
+  b.grad_logits = static_cast<G*>(a.grad_logits);
+  if (!CK::handles(b)) return cudaErrorNotSupported;
+  return CK::backward(b, q);
+}
+static cudaError_t topk_backward(const TopkBackwardArgs& a, CK::Queue q) {
+  switch (a.output == RoutingOutput::Compact ? a.logits_type : a.grad_type) {
+    case DType::F32:
+      return typed_backward<float>(a, q);
+    case DType::F16:
+      return typed_backward<fp16_t>(a, q);
+    case DType::BF16:
+      return typed_backward<bf16_t>(a, q);
+    default:
+      return cudaErrorInvalidValue;
+  }
+}
+template <class G>
+static cudaError_t typed_aux_backward(const AuxScoresBackwardArgs& a, CK::Queue q) {
+  CK::AuxScoresBackward<G> b;
+  b.num_tokens = a.num_tokens;
+  b.num_experts = a.num_experts;
+  b.score_function = a.score_function;
+  b.intermediate = a.intermediate;
+  b.grad_scores = a.grad_scores;
+  b.grad_logits = static_cast<G*>(a.grad_logits);
+  if (!CK::handles(b)) return cudaErrorNotSupported;
+  return CK::backward(b, q);
+}
+static cudaError_t aux_scores_backward(const AuxScoresBackwardArgs& a, CK::Queue q) {
+  switch (a.grad_logits_type) {
+    case DType::F32:
+      return typed_aux_backward<float>(a, q);
+    case DType::F16:
+      return typed_aux_backward<fp16_t>(a, q);
+    case DType::BF16:
+      return typed_aux_backward<bf16_t>(a, q);
+    default:
+      return cudaErrorInvalidValue;
+  }
+}
 
 static int g_pass = 0, g_fail = 0, g_ill_rows = 0;
 static bool g_quick = false;
@@ -900,6 +1019,10 @@ struct BwdCfg {
 };
 
 static void test_backward(const BwdCfg& c, DType gt, std::uint64_t seed) {
+  if (c.E % 8 != 0) {
+    std::printf("SKIP bwd %s: no native map kernel for E %% 8 != 0 (the portable kernel runs there)\n", c.name.c_str());
+    return;
+  }
   Rng rng(seed);
   const int E = c.E, k = c.k;
   const size_t TE = static_cast<size_t>(c.T) * E, TK = static_cast<size_t>(c.T) * k;
@@ -976,7 +1099,7 @@ static void test_backward(const BwdCfg& c, DType gt, std::uint64_t seed) {
     a.grad_probs = gp.d;
     a.grad_logits = gl.d;
     gl.poison();
-    CUCHECK(CK::topk_backward(a, CK::Queue{}));
+    CUCHECK(topk_backward(a, CK::Queue{}));
     CUCHECK(cudaDeviceSynchronize());
     gl.down();
   };
@@ -1058,7 +1181,7 @@ static void test_compact_backward(const FwdCfg& c, DType dt, std::uint64_t seed)
   a.grad_weights = gw.d;
   a.grad_logits = gl.d;
   gl.poison();
-  CUCHECK(CK::topk_backward(a, CK::Queue{}));
+  CUCHECK(topk_backward(a, CK::Queue{}));
   CUCHECK(cudaDeviceSynchronize());
   gl.down();
   TopkBackwardArgs b;
@@ -1072,7 +1195,7 @@ static void test_compact_backward(const FwdCfg& c, DType dt, std::uint64_t seed)
   b.grad_probs = gdense.d;
   b.grad_logits = gld.d;
   gld.poison();
-  CUCHECK(CK::topk_backward(b, CK::Queue{}));
+  CUCHECK(topk_backward(b, CK::Queue{}));
   CUCHECK(cudaDeviceSynchronize());
   gld.down();
   // reference from the logits
@@ -1237,7 +1360,7 @@ static void test_aux_scores(int E, int k, ScoreFunction fn, DType dt, long long 
   b.grad_scores = static_cast<const float*>(gs.d);
   b.grad_logits_type = dt;
   b.grad_logits = gl.d;
-  CUCHECK(CK::aux_scores_backward(b, CK::Queue{}));
+  CUCHECK(aux_scores_backward(b, CK::Queue{}));
   CUCHECK(cudaDeviceSynchronize());
   gl.down();
   std::string err;
@@ -1419,7 +1542,7 @@ static void test_graph() {
   la.workspace = static_cast<float*>(ws.d);
   auto enqueue = [&](cudaStream_t s) {
     CUCHECK(CK::topk_forward(fa, CK::Queue{s, 0}));
-    CUCHECK(CK::topk_backward(ba, CK::Queue{s, 0}));
+    CUCHECK(topk_backward(ba, CK::Queue{s, 0}));
     CUCHECK(CK::aux_loss_forward(la, CK::Queue{s, 0}));
   };
   cudaStream_t s;
@@ -1719,10 +1842,10 @@ static void perf() {
         Row rows[4] = {
             {"fwd-dense", median_us([&] { CUCHECK(CK::topk_forward(fa, CK::Queue{})); }),
              T * (E * es + E * es + E + 4 * E)},
-            {"bwd-dense", median_us([&] { CUCHECK(CK::topk_backward(ba, CK::Queue{})); }),
+            {"bwd-dense", median_us([&] { CUCHECK(topk_backward(ba, CK::Queue{})); }),
              T * (E + 4 * E + E * es + E * es)},
             {"fwd-compact", median_us([&] { CUCHECK(CK::topk_forward(fc, CK::Queue{})); }), T * (E * es + 8 * k)},
-            {"bwd-compact", median_us([&] { CUCHECK(CK::topk_backward(bc, CK::Queue{})); }),
+            {"bwd-compact", median_us([&] { CUCHECK(topk_backward(bc, CK::Queue{})); }),
              T * (E * es + k * (es + 4 + 4))},
         };
         for (const Row& r : rows) {

@@ -1,8 +1,10 @@
 /*
  * KokkosMoE: Mixture-of-Experts routing for Kokkos. SPDX-License-Identifier: Apache-2.0
  */
-// Forward kernels (topk_router, aux_scores) instantiated for f16 logits.
+// The router's kernels for one element type (fp16_t): the forward (topk_router, aux_scores) for fp16_t logits, the
+// backward operations for fp16_t gradients (and, in compact form, fp16_t logits).
 
+#include <cuda/KokkosMoE_Router_BackwardLaunch.cuh>
 #include <cuda/KokkosMoE_Router_Cuda_ForwardLaunch.cuh>
 
 namespace KokkosMoE {
@@ -13,6 +15,10 @@ namespace detail {
 FwdKernel choose_forward_f16(FwdParams& P) { return choose_forward<kDtF16>(P); }
 
 }  // namespace detail
+
+KOKKOSMOE_ROUTER_INSTANTIATE_BACKWARD(fp16_t);
+template cudaError_t backward(const CompactBackward<fp16_t, fp16_t>&, const Queue&);
+
 }  // namespace CudaKernels
 }  // namespace Impl
 }  // namespace KokkosMoE

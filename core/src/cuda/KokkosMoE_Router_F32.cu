@@ -1,8 +1,10 @@
 /*
  * KokkosMoE: Mixture-of-Experts routing for Kokkos. SPDX-License-Identifier: Apache-2.0
  */
-// Forward kernels (topk_router, aux_scores) instantiated for f32 logits.
+// The router's kernels for one element type (float): the forward (topk_router, aux_scores) for float logits, the
+// backward operations for float gradients (and, in compact form, float logits).
 
+#include <cuda/KokkosMoE_Router_BackwardLaunch.cuh>
 #include <cuda/KokkosMoE_Router_Cuda_ForwardLaunch.cuh>
 
 namespace KokkosMoE {
@@ -13,6 +15,9 @@ namespace detail {
 FwdKernel choose_forward_f32(FwdParams& P) { return choose_forward<kDtF32>(P); }
 
 }  // namespace detail
+
+KOKKOSMOE_ROUTER_INSTANTIATE_BACKWARD(float);
+
 }  // namespace CudaKernels
 }  // namespace Impl
 }  // namespace KokkosMoE
