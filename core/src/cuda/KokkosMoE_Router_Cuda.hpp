@@ -56,11 +56,13 @@ struct CudaRouter {
     ScopedRegion region("KokkosMoE::aux_scores[cuda]");
     throw_on_cuda_error(CudaKernels::run_forward(plan, cuda_queue(exec)), "aux_scores");
   }
-  static void aux_loss_forward(const Kokkos::Cuda& exec, const AuxLossArgs& a) {
+  template <class Args>
+  static void aux_loss_forward(const Kokkos::Cuda& exec, const Args& a) {
     ScopedRegion region("KokkosMoE::aux_loss[cuda]");
     throw_on_cuda_error(CudaKernels::aux_loss_forward(a, cuda_queue(exec)), "aux_loss");
   }
-  static void aux_loss_backward(const Kokkos::Cuda& exec, const AuxLossBackwardArgs& a) {
+  template <class Args>
+  static void aux_loss_backward(const Kokkos::Cuda& exec, const Args& a) {
     ScopedRegion region("KokkosMoE::aux_loss_backward[cuda]");
     throw_on_cuda_error(CudaKernels::aux_loss_backward(a, cuda_queue(exec)), "aux_loss_backward");
   }

@@ -166,15 +166,13 @@ struct AuxSpec<Kokkos::Cuda> {
 
   template <class Ops>
   static void aux_loss_forward(const Kokkos::Cuda& exec, const Ops& o) {
-    AuxLossArgs a;
+    CudaKernels::AuxLossForward<typename Ops::probs_type, typename Ops::tpe_type> a;
     a.rows = o.rows;
     a.cols = o.cols;
     a.num_experts = o.num_experts;
     a.topk = o.topk;
     a.coeff = o.coeff;
-    a.probs_type = dtype_of<typename Ops::probs_type>();
     a.probs = o.probs.data();
-    a.tpe_type = dtype_of<typename Ops::tpe_type>();
     a.tokens_per_expert = o.tokens_per_expert.data();
     a.total_num_tokens = o.total_num_tokens;
     a.total_num_tokens_device = o.total_num_tokens_device.data();
@@ -186,15 +184,12 @@ struct AuxSpec<Kokkos::Cuda> {
 
   template <class Ops>
   static void aux_loss_backward(const Kokkos::Cuda& exec, const Ops& o) {
-    AuxLossBackwardArgs a;
+    CudaKernels::AuxLossBackward<typename Ops::grad_type, typename Ops::grad_loss_type, typename Ops::tpe_type> a;
     a.rows = o.rows;
     a.cols = o.cols;
     a.const_buf = o.const_buf.data();
-    a.tpe_type = dtype_of<typename Ops::tpe_type>();
     a.tokens_per_expert = o.tokens_per_expert.data();
-    a.grad_loss_type = dtype_of<typename Ops::grad_loss_type>();
     a.grad_loss = o.grad_loss.data();
-    a.grad_probs_type = dtype_of<typename Ops::grad_type>();
     a.grad_probs = o.grad_probs.data();
     CudaRouter::aux_loss_backward(exec, a);
   }

@@ -9,6 +9,7 @@
 // synchronization, no allocation (aux_loss uses the caller's workspace), so all of them are capturable in a
 // CUDA graph. Arguments are validated by the public entry points before they get here.
 
+#include <cuda/KokkosMoE_AuxLoss_Cuda.hpp>          // the aux_loss operations
 #include <cuda/KokkosMoE_Router_Cuda_Backward.hpp>  // the backward operations
 #include <cuda/KokkosMoE_Router_Cuda_Params.hpp>
 #include <cuda_runtime_api.h>
@@ -64,8 +65,6 @@ cudaError_t qb_histogram(const QbHistogramArgs& args, const Queue& queue);
 /// run_forward(plan_forward(args), queue). The other operations have native kernels for every shape.
 cudaError_t topk_forward(const TopkForwardArgs& args, const Queue& queue);
 cudaError_t aux_scores_forward(const AuxScoresArgs& args, const Queue& queue);
-cudaError_t aux_loss_forward(const AuxLossArgs& args, const Queue& queue);
-cudaError_t aux_loss_backward(const AuxLossBackwardArgs& args, const Queue& queue);
 
 }  // namespace CudaKernels
 }  // namespace Impl

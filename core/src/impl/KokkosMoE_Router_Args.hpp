@@ -85,37 +85,6 @@ constexpr std::size_t aux_loss_workspace_floats(std::int64_t rows, std::int64_t 
   return static_cast<std::size_t>(((rows + kAuxLossRowChunk - 1) / kAuxLossRowChunk) * cols + 2 * cols + 64);
 }
 
-/// aux_loss forward (docs/router.md §11).
-struct AuxLossArgs {
-  std::int64_t rows = 0;  ///< R (may be 0)
-  std::int64_t cols = 0;  ///< C = m * E
-  int num_experts = 1;
-  int topk = 1;
-  float coeff = 0.0f;
-  DType probs_type = DType::F32;
-  const void* probs = nullptr;                            ///< [R, C]
-  DType tpe_type = DType::I32;                            ///< I16/I32/I64/BF16/F32
-  const void* tokens_per_expert = nullptr;                ///< [C]
-  std::int64_t total_num_tokens = 0;                      ///< host-side total (used when the device pointer is null)
-  const std::int64_t* total_num_tokens_device = nullptr;  ///< rank-0 device scalar, read on the device
-  void* loss = nullptr;                                   ///< rank-0, probs_type
-  float* const_buf = nullptr;                             ///< [2]: {Const, FP32 loss value before the cast}
-  float* workspace = nullptr;                             ///< aux_loss_workspace_floats(R, C) floats
-};
-
-/// aux_loss backward: grad_probs[r, c] = const_buf[0] * tpe[c] * grad_loss.
-struct AuxLossBackwardArgs {
-  std::int64_t rows = 0;
-  std::int64_t cols = 0;
-  const float* const_buf = nullptr;
-  DType tpe_type = DType::I32;
-  const void* tokens_per_expert = nullptr;
-  DType grad_loss_type = DType::F32;
-  const void* grad_loss = nullptr;  ///< rank-0
-  DType grad_probs_type = DType::F32;
-  void* grad_probs = nullptr;  ///< [R, C]
-};
-
 }  // namespace Impl
 }  // namespace KokkosMoE
 
