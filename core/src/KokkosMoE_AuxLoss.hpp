@@ -33,11 +33,11 @@ struct is_tpe_type
 /// Runs one aux operation on its typed operands: the portable path when forced, the spec (vendor or generic)
 /// otherwise.
 template <class ExecSpace, class Ops>
-void run_aux_scores_forward(const ExecSpace& exec, Implementation impl, const Ops& o) {
+void run_aux_scores_forward(const ExecSpace& exec, Implementation impl, const Ops& o, const KernelChoice& choice = {}) {
   if (impl == Implementation::Portable)
     PortableAux<ExecSpace>::aux_scores_forward(exec, o);
   else
-    AuxSpec<ExecSpace>::aux_scores_forward(exec, o);
+    AuxSpec<ExecSpace>::aux_scores_forward(exec, o, choice);
 }
 template <class ExecSpace, class Ops>
 void run_aux_scores_backward(const ExecSpace& exec, Implementation impl, const Ops& o) {

@@ -1,21 +1,24 @@
 /*
  * KokkosMoE: Mixture-of-Experts routing for Kokkos. SPDX-License-Identifier: Apache-2.0
  */
-// The native CUDA map backward has two kernels for the score functions whose gradient needs only the routed entries
-// (Sigmoid, SqrtSoftplus, Softmax post): the sparse one the library runs (map first, then the routed entries
-// gathered) and the streaming one (every chunk of the row loaded), which the test seam can force. They must give the
-// same bits (docs/router.md §9, §17), for both map formats, every gradient type and every lane layout (E from 8 to
-// 1024); the gradients of the default kernel are checked against the oracle by router_backward. The portable kernels
-// route a token of at most 16 experts on one thread and larger ones on a thread's vector lanes; on small E the two
-// variants must give the same bits too (the one-thread map backward sums in the lane reduction's order).
+// Kernel variants that must give the same bits, forced through the kernel choice the specs take (KernelChoice,
+// RouterWithChoice.hpp), each against the library's own choice:
+// - the native CUDA map backward's sparse kernel (map first, then the routed entries gathered) and its streaming
+//   one (every chunk of the row loaded), for Sigmoid, SqrtSoftplus and Softmax post (docs/router.md §9, §17), both
+//   map formats, every gradient type and every lane layout (E from 8 to 1024);
+// - the native forward's kernels: the lane kernel at chunk widths 8 and 4, the rounds and the candidate/threshold
+//   register kernels, every output kind and aux_scores, on ties (a few distinct logit values) and on distinct values;
+// - the portable kernels' one-thread and lane variants on small E (the one-thread map backward sums in the lane
+//   reduction's order).
+// The default kernels' outputs are checked against the oracle by the other router suites.
 
 #include <KokkosMoE_Router.hpp>
 
 #include <Kokkos_Core.hpp>
 
 #include <boost/test/unit_test.hpp>
-#include <impl/KokkosMoE_TestSeam.hpp>
 
+#include <cmath>
 #include <cstdint>
 #include <tuple>
 #include <type_traits>
@@ -23,6 +26,7 @@
 #include <vector>
 
 #include "RouterTestUtils.hpp"
+#include "RouterWithChoice.hpp"
 
 #if defined(KOKKOS_ENABLE_CUDA)
 
@@ -31,7 +35,6 @@ using namespace KokkosMoETest;
 namespace {
 
 using D = Kokkos::Cuda::device_type;
-namespace Seam = KokkosMoE::Impl::TestSeam;
 
 struct Mode {
   KokkosMoE::ScoreFunction f;
@@ -56,10 +59,10 @@ void compare_kernels(int T, int E, const Mode& m, KokkosMoE::RoutingMapFormat fo
   const auto grad = device_values<D, G>("grad_probs", T, E, random_values<G>(std::size_t(T) * E, seed + 1));
   std::vector<G> out[2];
   for (int streaming = 0; streaming < 2; ++streaming) {
-    const Seam::Scoped<Seam::CudaBackwardKernel> guard(Seam::cuda_backward_kernel,
-                                                       Seam::CudaBackwardKernel{streaming == 1});
+    KernelChoice choice;
+    choice.backward_streaming = streaming == 1;
     auto grad_logits = make2<D, G>("grad_logits", T, E, G(7.f));
-    KokkosMoE::topk_router_backward(exec, cfg, map, inter, grad, grad_logits);
+    topk_router_backward_with(choice, exec, cfg, map, inter, grad, grad_logits);
     exec.fence();
     out[streaming] = download(grad_logits);
   }
@@ -73,16 +76,16 @@ void compare_kernels(int T, int E, const Mode& m, KokkosMoE::RoutingMapFormat fo
   }
 }
 
-/// Runs f once with the portable kernels' default device geometry (a token of at most 16 experts on one thread) and
-/// once with every token on a thread's vector lanes, and returns both results.
+/// Runs f(choice) once with the portable kernels' default device geometry (a token of at most 16 experts on one
+/// thread) and once with every token on a thread's vector lanes, and returns both results.
 template <class F>
 auto both_variants(const F& f) {
-  using R = decltype(f());
+  using R = decltype(f(KernelChoice{}));
   R r[2];
   for (int lanes = 0; lanes < 2; ++lanes) {
-    const Seam::Scoped<Seam::PortableDeviceTokens> guard(Seam::portable_device_tokens,
-                                                         Seam::PortableDeviceTokens{lanes == 1});
-    r[lanes] = f();
+    KernelChoice choice;
+    choice.portable_lanes_only = lanes == 1;
+    r[lanes] = f(choice);
   }
   return std::pair<R, R>(r[0], r[1]);
 }
@@ -121,18 +124,19 @@ void compare_portable_variants(int T, int E, const Oracle::Attr& a, KokkosMoE::R
   auto ids = make2<D, std::int32_t>("ids", T, k, -3);
   auto weights = make2<D, float>("weights", T, k, 7.f);
   // the backward of both variants on the same inputs, into a fresh gradient View each
+  const V1<D, const float> no_bias;
   auto gradients = [&](const auto& backward) {
-    return both_variants([&] {
+    return both_variants([&](const KernelChoice& choice) {
       auto gl = make2<D, G>("grad_logits", T, E, G(7.f));
-      backward(gl);
+      backward(choice, gl);
       exec.fence();
       return download(gl);
     });
   };
   BOOST_TEST_CONTEXT("E=" << E << " k=" << k << " score " << static_cast<int>(a.f) << (a.pre ? " pre" : "") << " map "
                           << map_cols << " cols, logits " << sizeof(S) << " B, grad " << sizeof(G) << " B") {
-    const auto fwd = both_variants([&] {
-      KokkosMoE::topk_router(exec, cfg, logits, probs, map, inter);
+    const auto fwd = both_variants([&](const KernelChoice& choice) {
+      topk_router_with(choice, exec, cfg, logits, no_bias, probs, map, inter);
       exec.fence();
       return std::make_tuple(download(probs), download(inter), download(map));
     });
@@ -143,22 +147,25 @@ void compare_portable_variants(int T, int E, const Oracle::Attr& a, KokkosMoE::R
     }
     // the backwards of both variants read the same forward outputs: the default variant's, left in the Views
     KokkosMoE::topk_router(exec, cfg, logits, probs, map, inter);
-    expect_same(gradients([&](const auto& gl) { KokkosMoE::topk_router_backward(exec, cfg, map, inter, grad, gl); }),
+    expect_same(gradients([&](const KernelChoice& c, const auto& gl) {
+                  topk_router_backward_with(c, exec, cfg, map, inter, grad, gl);
+                }),
                 "map backward");
     KokkosMoE::topk_router_indices(exec, cfg, logits, probs, idx, inter);
-    expect_same(
-        gradients([&](const auto& gl) { KokkosMoE::topk_router_indices_backward(exec, cfg, idx, inter, grad, gl); }),
-        "indices backward");
-    const auto cw = both_variants([&] {
-      KokkosMoE::topk_router_compact(exec, cfg, logits, ids, weights);
+    expect_same(gradients([&](const KernelChoice& c, const auto& gl) {
+                  topk_router_indices_backward_with(c, exec, cfg, idx, inter, grad, gl);
+                }),
+                "indices backward");
+    const auto cw = both_variants([&](const KernelChoice& choice) {
+      topk_router_compact_with(choice, exec, cfg, logits, no_bias, ids, weights);
       exec.fence();
       return download(weights);
     });
     if (!softmax_pre) expect_same(cw, "compact weights");
     KokkosMoE::topk_router_compact(exec, cfg, logits, ids, weights);
-    const auto cb = both_variants([&] {
+    const auto cb = both_variants([&](const KernelChoice& choice) {
       auto gl = make2<D, S>("grad_logits", T, E, S(7.f));
-      KokkosMoE::topk_router_compact_backward(exec, cfg, logits, ids, grad_w, gl);
+      topk_router_compact_backward_with(choice, exec, cfg, logits, ids, grad_w, gl);
       exec.fence();
       return download(gl);
     });
@@ -166,6 +173,107 @@ void compare_portable_variants(int T, int E, const Oracle::Attr& a, KokkosMoE::R
   }
 }
 
+/// The native forward's outputs (every kind, and aux_scores where the config has no grouping) under \p choice.
+template <class S>
+struct ForwardOutputs {
+  std::vector<S> probs, probs_idx;
+  std::vector<float> inter, weights, scores, aux_inter;
+  std::vector<std::uint8_t> map, bitmap, aux_map;
+  std::vector<std::int32_t> indices, ids;
+};
+
+template <class S, class Logits, class Bias>
+ForwardOutputs<S> forward_outputs(const KernelChoice& choice, const KokkosMoE::RouterConfig& config,
+                                  const Logits& logits, const Bias& bias) {
+  const std::int64_t T = logits.extent(0), E = logits.extent(1);
+  const int k = config.topk;
+  Kokkos::Cuda exec;
+  ForwardOutputs<S> r;
+  KokkosMoE::RouterConfig cfg = config;
+  auto probs = make2<D, S>("probs", T, E, S(7.f));
+  auto inter = make2<D, float>("inter", T, E, 7.f);
+  auto map = make2<D, std::uint8_t>("map", T, E, 0xA5);
+  cfg.map_format = KokkosMoE::RoutingMapFormat::Bytemap;
+  topk_router_with(choice, exec, cfg, logits, bias, probs, map, inter);
+  r.probs = download(probs);
+  r.inter = download(inter);
+  r.map = download(map);
+  auto bitmap = make2<D, std::uint8_t>("bitmap", T, (E + 7) / 8, 0xA5);
+  cfg.map_format = KokkosMoE::RoutingMapFormat::BitmapU8;
+  topk_router_with(choice, exec, cfg, logits, bias, probs, bitmap, inter);
+  r.bitmap = download(bitmap);
+  auto idx = make2<D, std::int32_t>("indices", T, k, -3);
+  topk_router_indices_with(choice, exec, config, logits, bias, probs, idx, inter);
+  r.indices = download(idx);
+  r.probs_idx = download(probs);
+  auto ids = make2<D, std::int32_t>("ids", T, k, -3);
+  auto weights = make2<D, float>("weights", T, k, 7.f);
+  topk_router_compact_with(choice, exec, config, logits, bias, ids, weights);
+  r.ids = download(ids);
+  r.weights = download(weights);
+  if (!config.grouped() && bias.size() == 0 &&
+      !(config.score_function == KokkosMoE::ScoreFunction::Softmax && config.use_pre_softmax)) {
+    KokkosMoE::AuxScoresConfig acfg;
+    acfg.topk = k;
+    acfg.score_function = config.score_function;
+    auto scores = make2<D, float>("scores", T, E, 7.f);
+    auto aux_inter = make2<D, float>("aux_inter", T, E, 7.f);
+    auto aux_map = make2<D, std::uint8_t>("aux_map", T, E, 0xA5);
+    aux_scores_with(choice, exec, acfg, logits, scores, aux_map, aux_inter);
+    r.scores = download(scores);
+    r.aux_inter = download(aux_inter);
+    r.aux_map = download(aux_map);
+  }
+  exec.fence();
+  return r;
+}
+
+/// Every forward output of \p choice bit for bit equal to the library's choice; with \p selection_only (Softmax
+/// pre, whose row sum each kernel associates in its own lane layout, docs/design.md) the selections only.
+template <class S>
+void expect_same_forward(const ForwardOutputs<S>& a, const ForwardOutputs<S>& b, bool selection_only) {
+  BOOST_TEST(bytes_equal(a.map, b.map), "Bytemap differs");
+  BOOST_TEST(bytes_equal(a.bitmap, b.bitmap), "BitmapU8 differs");
+  BOOST_TEST(bytes_equal(a.indices, b.indices), "indices differ");
+  BOOST_TEST(bytes_equal(a.ids, b.ids), "compact ids differ");
+  if (selection_only) return;
+  BOOST_TEST(bytes_equal(a.probs, b.probs), "probs differ");
+  BOOST_TEST(bytes_equal(a.inter, b.inter), "intermediate differs");
+  BOOST_TEST(bytes_equal(a.probs_idx, b.probs_idx), "probs (indices form) differ");
+  BOOST_TEST(bytes_equal(a.weights, b.weights), "compact weights differ");
+  BOOST_TEST(bytes_equal(a.scores, b.scores), "aux scores differ");
+  BOOST_TEST(bytes_equal(a.aux_inter, b.aux_inter), "aux intermediate differs");
+  BOOST_TEST(bytes_equal(a.aux_map, b.aux_map), "aux map differs");
+}
+
+/// The native forward under each forced kernel choice against the library's choice, on distinct logits and on
+/// logits with many exact ties (four distinct values), so that the tie rule of each kernel is compared too.
+template <class S>
+void compare_forward_kernels(int T, int E, const KokkosMoE::RouterConfig& config, bool with_bias, std::uint64_t seed) {
+  std::vector<KernelChoice> forced(3);
+  forced[0].forward_threshold_only = true;
+  forced[1].forward_lane_width = 8;
+  forced[2].forward_lane_width = 4;
+  const auto bias = with_bias ? device_vector<D, float>("bias", random_values<float>(E, seed + 7, -0.5, 0.5))
+                              : V1<D, float>("bias", 0);
+  const V1<D, const float> cbias = bias;
+  for (const bool ties : {false, true}) {
+    std::vector<double> values = random_values<S>(std::size_t(T) * E, seed, -3, 3);
+    if (ties)
+      for (double& v : values) v = std::floor((v + 3.0) * 4.0 / 6.0) * 0.5 - 1.0;  // {-1, -0.5, 0, 0.5}
+    const auto logits = device_values<D, S>("logits", T, E, values);
+    const ForwardOutputs<S> library = forward_outputs<S>(KernelChoice{}, config, logits, cbias);
+    for (const KernelChoice& c : forced)
+      BOOST_TEST_CONTEXT("E=" << E << " k=" << config.topk << " score " << static_cast<int>(config.score_function)
+                              << (config.use_pre_softmax ? " pre" : "") << " G=" << config.num_groups
+                              << " gk=" << config.group_topk << (with_bias ? " bias" : "") << (ties ? " ties" : "")
+                              << " logits " << sizeof(S) << " B, threshold_only " << c.forward_threshold_only
+                              << " lane_width " << c.forward_lane_width) {
+        expect_same_forward(library, forward_outputs<S>(c, config, logits, cbias),
+                            config.score_function == KokkosMoE::ScoreFunction::Softmax && config.use_pre_softmax);
+      }
+  }
+}
 }  // namespace
 
 BOOST_AUTO_TEST_SUITE(router_cuda_kernels)
@@ -202,6 +310,35 @@ BOOST_AUTO_TEST_CASE(map_backward_sparse_equals_streaming) {
         compare_kernels<KokkosMoE::bf16_t>(301, E, m, format, ++seed);
         compare_kernels<KokkosMoE::fp16_t>(301, E, m, format, ++seed);
       }
+}
+
+BOOST_AUTO_TEST_CASE(forward_kernel_choices_agree) {
+  using SF = KokkosMoE::ScoreFunction;
+  std::uint64_t seed = 0xf0;
+  for (const int E : {4, 8, 16, 24, 32, 64, 96, 128, 130, 256, 384, 512, 768, 1024}) {
+    struct Case {
+      SF f;
+      bool pre;
+      int k, G, gk;
+      bool bias;
+    };
+    const Case cases[] = {{SF::Sigmoid, false, 8, 0, 0, true},   {SF::Softmax, false, 2, 0, 0, false},
+                          {SF::Softmax, true, 4, 0, 0, false},   {SF::SqrtSoftplus, false, 6, 0, 0, false},
+                          {SF::Softmax, false, 32, 0, 0, false}, {SF::Sigmoid, false, 8, 8, 4, true}};
+    for (const Case& c : cases) {
+      if (c.k > E / 2 && E > 2) continue;
+      if (c.G > 0 && (E % c.G != 0 || E / c.G < 2)) continue;
+      KokkosMoE::RouterConfig cfg;
+      cfg.topk = c.k;
+      cfg.score_function = c.f;
+      cfg.use_pre_softmax = c.pre;
+      cfg.num_groups = c.G;
+      cfg.group_topk = c.gk;
+      cfg.scaling_factor = 1.5f;
+      compare_forward_kernels<float>(257, E, cfg, c.bias, ++seed);
+      compare_forward_kernels<KokkosMoE::bf16_t>(257, E, cfg, c.bias, ++seed);
+    }
+  }
 }
 
 BOOST_AUTO_TEST_SUITE_END()

@@ -12,7 +12,7 @@ namespace Impl {
 namespace CudaKernels {
 namespace detail {
 
-FwdKernel choose_forward_bf16(FwdParams& P) { return choose_forward<kDtBF16>(P); }
+FwdKernel choose_forward_bf16(FwdParams& P, const KernelChoice& choice) { return choose_forward<kDtBF16>(P, choice); }
 
 }  // namespace detail
 

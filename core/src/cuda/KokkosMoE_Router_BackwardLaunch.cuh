@@ -8,8 +8,6 @@
 // struct to the kernel parameters, picks the kernel for the shape and launches it. Templates over the element
 // types, instantiated per element type by KokkosMoE_Router_{F32,F16,BF16}.cu (KOKKOSMOE_ROUTER_INSTANTIATE_BACKWARD).
 
-#include <impl/KokkosMoE_TestSeam.hpp>
-
 #include <cuda/KokkosMoE_Router_BackwardDense.cuh>
 #include <cuda/KokkosMoE_Router_BackwardSparse.cuh>
 
@@ -72,7 +70,7 @@ bool sparse_vec(int E, const void* out, const void* inter) {
 }  // namespace detail
 
 template <class G>
-cudaError_t backward(const MapBackward<G>& a, const Queue& q) {
+cudaError_t backward(const MapBackward<G>& a, const Queue& q, const KernelChoice& choice) {
   if (!handles(a)) return cudaErrorInvalidValue;
   if (a.num_tokens <= 0) return cudaSuccess;
   const detail::DeviceGuard device(q);
@@ -84,10 +82,10 @@ cudaError_t backward(const MapBackward<G>& a, const Queue& q) {
   P.inter = a.intermediate;
   P.gin = detail::storage(a.grad_probs);
   P.gout = detail::storage(a.grad_logits);
-  // Sigmoid, SqrtSoftplus and Softmax post with E <= 1024 gather the routed entries, unless the test seam asks for
-  // the streaming kernel (both give the same bits); Softmax pre needs every entry and streams the rows.
+  // Sigmoid, SqrtSoftplus and Softmax post with E <= 1024 gather the routed entries, unless the choice asks for the
+  // streaming kernel (both give the same bits); Softmax pre needs every entry and streams the rows.
   const bool sparse = !(P.fn == kFnSoftmax && P.pre) && P.E <= 1024;
-  if (sparse && !TestSeam::cuda_backward_kernel.streaming_only)
+  if (sparse && !choice.backward_streaming)
     return detail::by_row_layout(P.E, [&](auto L) {
       using Lay = decltype(L);
       return detail::launch_warps(detail::bwd_map_sparse<G, G, Lay::TPT, Lay::NC, 8>, P, Lay::TPT, q);
@@ -150,12 +148,12 @@ cudaError_t backward(const AuxScoresBackward<G>& a, const Queue& q) {
 
 /// The backward launchers of one grad / logits element type G, as explicit instantiation definitions (inside
 /// namespace KokkosMoE::Impl::CudaKernels); a 16-bit G adds its compact form with G gradient weights.
-#define KOKKOSMOE_ROUTER_INSTANTIATE_BACKWARD(G)                                        \
-  template cudaError_t backward(const MapBackward<G>&, const Queue&);                   \
-  template cudaError_t backward(const IndicesBackward<G, std::int16_t>&, const Queue&); \
-  template cudaError_t backward(const IndicesBackward<G, std::int32_t>&, const Queue&); \
-  template cudaError_t backward(const IndicesBackward<G, std::int64_t>&, const Queue&); \
-  template cudaError_t backward(const CompactBackward<G, float>&, const Queue&);        \
+#define KOKKOSMOE_ROUTER_INSTANTIATE_BACKWARD(G)                                           \
+  template cudaError_t backward(const MapBackward<G>&, const Queue&, const KernelChoice&); \
+  template cudaError_t backward(const IndicesBackward<G, std::int16_t>&, const Queue&);    \
+  template cudaError_t backward(const IndicesBackward<G, std::int32_t>&, const Queue&);    \
+  template cudaError_t backward(const IndicesBackward<G, std::int64_t>&, const Queue&);    \
+  template cudaError_t backward(const CompactBackward<G, float>&, const Queue&);           \
   template cudaError_t backward(const AuxScoresBackward<G>&, const Queue&)
 
 #endif

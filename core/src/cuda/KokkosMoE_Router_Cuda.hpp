@@ -48,9 +48,19 @@ struct CudaRouter {
   }
   /// A backward operation of cuda/KokkosMoE_Router_Cuda_Backward.hpp (CudaKernels::handles(a) holds); \p op names it.
   template <class Args>
-  static void backward(const Kokkos::Cuda& exec, const char* op, const Args& a) {
+  static void backward(const Kokkos::Cuda& exec, const char* op, const Args& a, const KernelChoice& choice) {
     ScopedRegion region(std::string("KokkosMoE::") + op + "[cuda]");
-    throw_on_cuda_error(CudaKernels::backward(a, cuda_queue(exec)), op);
+    throw_on_cuda_error(launch_backward(a, cuda_queue(exec), choice), op);
+  }
+  /// The map backward takes the kernel choice; the other backward operations have one kernel per shape.
+  template <class G>
+  static cudaError_t launch_backward(const CudaKernels::MapBackward<G>& a, const CudaKernels::Queue& q,
+                                     const KernelChoice& choice) {
+    return CudaKernels::backward(a, q, choice);
+  }
+  template <class Args>
+  static cudaError_t launch_backward(const Args& a, const CudaKernels::Queue& q, const KernelChoice&) {
+    return CudaKernels::backward(a, q);
   }
   static void aux_scores_forward(const Kokkos::Cuda& exec, const CudaKernels::ForwardPlan& plan) {
     ScopedRegion region("KokkosMoE::aux_scores[cuda]");

@@ -26,9 +26,10 @@ namespace Impl {
 
 /// Runs the native operation \p a where its kernels take it (CudaKernels::handles), else \p portable.
 template <class Args, class Portable>
-void native_or_portable(const Kokkos::Cuda& exec, const char* op, const Args& a, const Portable& portable) {
+void native_or_portable(const Kokkos::Cuda& exec, const char* op, const Args& a, const Portable& portable,
+                        const KernelChoice& choice = {}) {
   if (CudaKernels::handles(a))
-    CudaRouter::backward(exec, op, a);
+    CudaRouter::backward(exec, op, a, choice);
   else
     portable();
 }
@@ -67,19 +68,21 @@ struct TopkSpec<Kokkos::Cuda> {
   }
 
   template <class Ops>
-  static void forward(const Kokkos::Cuda& exec, const RouterConfig& config, const Ops& o) {
-    forward_with_cutoff(exec, config, o, nullptr);
+  static void forward(const Kokkos::Cuda& exec, const RouterConfig& config, const Ops& o,
+                      const KernelChoice& choice = {}) {
+    forward_with_cutoff(exec, config, o, nullptr, choice);
   }
 
   /// The forward, asking the native kernel for the QB cutoff [T] too when \p cutoff is not null: true when the
   /// planned kernel wrote it.
   template <class Ops>
-  static bool forward_with_cutoff(const Kokkos::Cuda& exec, const RouterConfig& config, const Ops& o, float* cutoff) {
+  static bool forward_with_cutoff(const Kokkos::Cuda& exec, const RouterConfig& config, const Ops& o, float* cutoff,
+                                  const KernelChoice& choice = {}) {
     TopkForwardArgs a = forward_args(config, o);
     a.qb_cutoff = cutoff;
-    const CudaKernels::ForwardPlan plan = CudaKernels::plan_forward(a);
+    const CudaKernels::ForwardPlan plan = CudaKernels::plan_forward(a, choice);
     if (!plan.native()) {
-      PortableTopk<Kokkos::Cuda>::forward(exec, o);
+      PortableTopk<Kokkos::Cuda>::forward(exec, o, choice);
       return false;
     }
     CudaRouter::topk_forward(exec, plan);
@@ -89,7 +92,8 @@ struct TopkSpec<Kokkos::Cuda> {
   /// The map and dense-indices backward: the native kernel where it takes the shape (CudaKernels::handles), else
   /// the portable one on the same instance.
   template <class Ops>
-  static void backward(const Kokkos::Cuda& exec, const RouterConfig& config, const Ops& o) {
+  static void backward(const Kokkos::Cuda& exec, const RouterConfig& config, const Ops& o,
+                       const KernelChoice& choice = {}) {
     using G = typename Ops::grad_type;
     if (o.output == RoutingOutput::Indices) {
       CudaKernels::IndicesBackward<G, typename Ops::index_type> a;
@@ -100,8 +104,8 @@ struct TopkSpec<Kokkos::Cuda> {
       a.intermediate = o.inter.data();
       a.grad_probs = o.grad_probs.data();
       a.grad_logits = o.grad_logits.data();
-      return native_or_portable(exec, "topk_router_backward", a,
-                                [&] { PortableTopk<Kokkos::Cuda>::backward(exec, o); });
+      return native_or_portable(
+          exec, "topk_router_backward", a, [&] { PortableTopk<Kokkos::Cuda>::backward(exec, o, choice); }, choice);
     }
     CudaKernels::MapBackward<G> a;
     a.num_tokens = o.num_tokens;
@@ -112,11 +116,13 @@ struct TopkSpec<Kokkos::Cuda> {
     a.intermediate = o.inter.data();
     a.grad_probs = o.grad_probs.data();
     a.grad_logits = o.grad_logits.data();
-    native_or_portable(exec, "topk_router_backward", a, [&] { PortableTopk<Kokkos::Cuda>::backward(exec, o); });
+    native_or_portable(
+        exec, "topk_router_backward", a, [&] { PortableTopk<Kokkos::Cuda>::backward(exec, o, choice); }, choice);
   }
 
   template <class Ops>
-  static void compact_backward(const Kokkos::Cuda& exec, const RouterConfig& config, const Ops& o) {
+  static void compact_backward(const Kokkos::Cuda& exec, const RouterConfig& config, const Ops& o,
+                               const KernelChoice& choice = {}) {
     CudaKernels::CompactBackward<typename Ops::scalar_type, typename Ops::grad_weights_type> a;
     a.num_tokens = o.num_tokens;
     a.num_experts = o.params.num_experts;
@@ -125,7 +131,9 @@ struct TopkSpec<Kokkos::Cuda> {
     a.ids = o.ids.data();
     a.grad_weights = o.grad_weights.data();
     a.grad_logits = o.grad_logits.data();
-    native_or_portable(exec, "topk_router_backward", a, [&] { PortableTopk<Kokkos::Cuda>::compact_backward(exec, o); });
+    native_or_portable(
+        exec, "topk_router_backward", a, [&] { PortableTopk<Kokkos::Cuda>::compact_backward(exec, o, choice); },
+        choice);
   }
 };
 
@@ -134,7 +142,7 @@ struct AuxSpec<Kokkos::Cuda> {
   static constexpr bool is_specialized = true;
 
   template <class Ops>
-  static void aux_scores_forward(const Kokkos::Cuda& exec, const Ops& o) {
+  static void aux_scores_forward(const Kokkos::Cuda& exec, const Ops& o, const KernelChoice& choice = {}) {
     AuxScoresArgs a;
     a.num_tokens = o.num_tokens;
     a.num_experts = o.num_experts;
@@ -146,7 +154,7 @@ struct AuxSpec<Kokkos::Cuda> {
     a.scores = o.scores.data();
     a.routing_map = o.map.data();
     a.intermediate = o.inter.data();
-    const CudaKernels::ForwardPlan plan = CudaKernels::plan_forward(a);
+    const CudaKernels::ForwardPlan plan = CudaKernels::plan_forward(a, choice);
     if (!plan.native()) return PortableAux<Kokkos::Cuda>::aux_scores_forward(exec, o);
     CudaRouter::aux_scores_forward(exec, plan);
   }

@@ -15,6 +15,7 @@
 #include <KokkosMoE_RouterConfig.hpp>
 
 #include <cuda_runtime_api.h>
+#include <impl/KokkosMoE_Router_KernelChoice.hpp>
 
 #include <cstdint>
 
@@ -120,7 +121,7 @@ bool handles(const CompactBackward<L, GW>&) {
 
 /// Enqueue the operation. Precondition: handles(args) (otherwise cudaErrorInvalidValue, nothing enqueued).
 template <class G>
-cudaError_t backward(const MapBackward<G>& args, const Queue& queue);
+cudaError_t backward(const MapBackward<G>& args, const Queue& queue, const KernelChoice& choice = {});
 template <class G, class I>
 cudaError_t backward(const IndicesBackward<G, I>& args, const Queue& queue);
 template <class L, class GW>

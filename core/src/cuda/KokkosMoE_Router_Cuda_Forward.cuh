@@ -602,13 +602,13 @@ FwdParams lower_forward(const TopkForwardArgs& a);
 
 // per-dtype kernel choice (defined in KokkosMoE_Router_Forward_<dtype>.cu): choose_forward<DT> of
 // KokkosMoE_Router_Cuda_ForwardLaunch.cuh
-FwdKernel choose_forward_f32(FwdParams& P);
-FwdKernel choose_forward_f16(FwdParams& P);
-FwdKernel choose_forward_bf16(FwdParams& P);
+FwdKernel choose_forward_f32(FwdParams& P, const KernelChoice& choice);
+FwdKernel choose_forward_f16(FwdParams& P, const KernelChoice& choice);
+FwdKernel choose_forward_bf16(FwdParams& P, const KernelChoice& choice);
 
 /// Kernel choice, instantiated once per dtype.
 template <int DT>
-FwdKernel choose_forward(FwdParams& P);
+FwdKernel choose_forward(FwdParams& P, const KernelChoice& choice);
 
 /// Launches a chosen kernel with P on q, whose device must be current (defined in KokkosMoE_Router_Forward.cu).
 cudaError_t launch_forward_kernel(const FwdKernel& K, const FwdParams& P, const Queue& q);

@@ -10,7 +10,7 @@
 // (CudaKernels::plan_forward) holds that answer, so whether the native path runs and what it launches cannot
 // disagree.
 
-#include <impl/KokkosMoE_TestSeam.hpp>
+#include <impl/KokkosMoE_Router_KernelChoice.hpp>
 
 #include <algorithm>
 #include <cuda/KokkosMoE_Router_Cuda_Forward.cuh>
@@ -72,11 +72,10 @@ FwdKernel choose_rounds(FwdParams& P) {
 /// kernel's threshold search over that many keys per lane); with 8 experts per lane the candidate/threshold kernel
 /// is at least as fast, so it runs there and whenever k > TPT (measured on the H200 with perf_test/core/selfcheck;
 /// the results are in commit a331d46). The small-E 4-wide path in choose_forward always uses the rounds
-/// kernel. TestSeam::cuda_forward_kernel.threshold_kernel_only makes tests run the candidate kernel instead.
+/// kernel. KernelChoice::forward_threshold_only asks for the candidate kernel instead.
 template <int DT, int TPT, int NC, int W>
-FwdKernel choose_best(FwdParams& P) {
-  if (P.k <= TPT && NC * W >= 16 && !TestSeam::cuda_forward_kernel.threshold_kernel_only)
-    return choose_rounds<DT, TPT, NC, W>(P);
+FwdKernel choose_best(FwdParams& P, const KernelChoice& choice) {
+  if (P.k <= TPT && NC * W >= 16 && !choice.forward_threshold_only) return choose_rounds<DT, TPT, NC, W>(P);
   return choose_reg<DT, TPT, NC, W>(P);
 }
 
@@ -134,16 +133,15 @@ inline bool lane_shape(const FwdParams& P, int W, int& tpt, int& nc) {
 /// of W contiguous experts (NC*W <= 32) with k <= TPT; with groups, NC == 1, a group spans a power-of-two number of
 /// whole lanes and is scored by at most 2 experts. Chunk width: the wider W in {8, 4} that leaves fewer than half
 /// of the token's lanes idle (k can force more lanes than E/W: Mixtral's E = 8, k = 2 takes 2 lanes of 4, not 2
-/// lanes of 8 with one idle), else the wider that applies; several chunks only with 32 lanes of 8. Tests force a
-/// width through TestSeam::cuda_forward_kernel.lane_width. 16 experts per lane (2 or 4 tokens per warp sharing
+/// lanes of 8 with one idle), else the wider that applies; several chunks only with 32 lanes of 8.
+/// KernelChoice::forward_lane_width asks for a width. 16 experts per lane (2 or 4 tokens per warp sharing
 /// every cross-lane step) is not instantiated: it needs about 117 registers, which halves the resident warps and
 /// costs more than the shared steps save (docs/design.md).
 template <int DT, bool QB>
-FwdKernel choose_lane_kernel_for(const FwdParams& P) {
-  const TestSeam::CudaForwardKernel& seam = TestSeam::cuda_forward_kernel;
+FwdKernel choose_lane_kernel_for(const FwdParams& P, const KernelChoice& choice) {
   for (int pass = 0; pass < 2; ++pass) {
     for (const int W : {8, 4}) {
-      if (seam.lane_width != 0 && W != seam.lane_width) continue;
+      if (choice.forward_lane_width != 0 && W != choice.forward_lane_width) continue;
       int tpt = 0, nc = 0;
       if (!lane_shape(P, W, tpt, nc)) continue;
       if (pass == 0 && tpt * nc * W >= 2 * P.E) continue;
@@ -164,15 +162,16 @@ FwdKernel choose_lane_kernel_for(const FwdParams& P) {
 /// The lane kernel for P; with P.cutoff (Quantile Balancing) the instantiations that also write it, whose k is
 /// always a run-time value (the compile-time k = 8 and k = 32 variants are not instantiated twice).
 template <int DT>
-FwdKernel choose_lane_kernel(const FwdParams& P) {
-  if (P.aux || TestSeam::cuda_forward_kernel.threshold_kernel_only) return FwdKernel{};
-  return P.cutoff != nullptr ? choose_lane_kernel_for<DT, true>(P) : choose_lane_kernel_for<DT, false>(P);
+FwdKernel choose_lane_kernel(const FwdParams& P, const KernelChoice& choice) {
+  if (P.aux || choice.forward_threshold_only) return FwdKernel{};
+  return P.cutoff != nullptr ? choose_lane_kernel_for<DT, true>(P, choice)
+                             : choose_lane_kernel_for<DT, false>(P, choice);
 }
 
 /// The lane kernel for P (choose_lane_kernel), launched on *q unless q is null; false when it does not apply.
 template <int DT>
-bool try_launch_lane(FwdParams& P, const Queue* q, cudaError_t* err) {
-  const FwdKernel K = choose_lane_kernel<DT>(P);
+bool try_launch_lane(FwdParams& P, const Queue* q, cudaError_t* err, const KernelChoice& choice = {}) {
+  const FwdKernel K = choose_lane_kernel<DT>(P, choice);
   if (K.kernel == nullptr) return false;
   *err = q != nullptr ? launch_forward_kernel(K, P, *q) : cudaSuccess;
   return true;
@@ -182,18 +181,18 @@ bool try_launch_lane(FwdParams& P, const Queue* q, cudaError_t* err) {
 /// handles the shape (E > 1024, or a grouping no register kernel's lane layout fits): the caller then runs the
 /// portable path.
 template <int DT>
-FwdKernel choose_forward(FwdParams& P) {
+FwdKernel choose_forward(FwdParams& P, const KernelChoice& choice) {
   constexpr int VW = Ty<DT>::VW;
   const int E = P.E;
   const bool vec = (E % VW == 0) && aligned16(P.logits) && aligned16(P.probs) && aligned16(P.inter) &&
                    aligned16(P.scores) && aligned16(P.map);
   if (E <= 1024) {
     if (vec) {
-      const FwdKernel K = choose_lane_kernel<DT>(P);
+      const FwdKernel K = choose_lane_kernel<DT>(P, choice);
       if (K.kernel != nullptr) return K;
     }
     // small E with k above the default lanes per token: 4-wide chunks, more lanes, so the rounds kernel applies
-    if (vec && E % 4 == 0 && E <= 32 && !TestSeam::cuda_forward_kernel.threshold_kernel_only) {
+    if (vec && E % 4 == 0 && E <= 32 && !choice.forward_threshold_only) {
       const int tpt_default = E <= 8 ? 1 : (E <= 16 ? 2 : 4);
       if (P.k > tpt_default) {
         if (E <= 8 && P.k <= 2 && reg_group_ok(P, 4, 2)) return choose_rounds<DT, 2, 1, 4>(P);
@@ -203,33 +202,33 @@ FwdKernel choose_forward(FwdParams& P) {
     }
     if (vec) {
       if constexpr (VW == 8) {
-        if (E <= 8 && reg_group_ok(P, 8, 1)) return choose_best<DT, 1, 1, 8>(P);
-        if (E <= 16 && reg_group_ok(P, 8, 2)) return choose_best<DT, 2, 1, 8>(P);
-        if (E <= 32 && reg_group_ok(P, 8, 4)) return choose_best<DT, 4, 1, 8>(P);
-        if (E <= 64 && reg_group_ok(P, 8, 8)) return choose_best<DT, 8, 1, 8>(P);
-        if (E <= 128 && reg_group_ok(P, 8, 16)) return choose_best<DT, 16, 1, 8>(P);
-        if (E <= 256 && reg_group_ok(P, 8, 32)) return choose_best<DT, 32, 1, 8>(P);
-        if (E <= 512 && E > 256 && reg_group_ok(P, 8, 32)) return choose_best<DT, 32, 2, 8>(P);
-        if (E > 512 && reg_group_ok(P, 8, 32)) return choose_best<DT, 32, 4, 8>(P);
+        if (E <= 8 && reg_group_ok(P, 8, 1)) return choose_best<DT, 1, 1, 8>(P, choice);
+        if (E <= 16 && reg_group_ok(P, 8, 2)) return choose_best<DT, 2, 1, 8>(P, choice);
+        if (E <= 32 && reg_group_ok(P, 8, 4)) return choose_best<DT, 4, 1, 8>(P, choice);
+        if (E <= 64 && reg_group_ok(P, 8, 8)) return choose_best<DT, 8, 1, 8>(P, choice);
+        if (E <= 128 && reg_group_ok(P, 8, 16)) return choose_best<DT, 16, 1, 8>(P, choice);
+        if (E <= 256 && reg_group_ok(P, 8, 32)) return choose_best<DT, 32, 1, 8>(P, choice);
+        if (E <= 512 && E > 256 && reg_group_ok(P, 8, 32)) return choose_best<DT, 32, 2, 8>(P, choice);
+        if (E > 512 && reg_group_ok(P, 8, 32)) return choose_best<DT, 32, 4, 8>(P, choice);
       } else {
-        if (E <= 4 && reg_group_ok(P, 4, 1)) return choose_best<DT, 1, 1, 4>(P);
-        if (E <= 8 && reg_group_ok(P, 4, 1)) return choose_best<DT, 1, 2, 4>(P);
-        if (E <= 16 && reg_group_ok(P, 4, 2)) return choose_best<DT, 2, 2, 4>(P);
-        if (E <= 32 && reg_group_ok(P, 4, 4)) return choose_best<DT, 4, 2, 4>(P);
-        if (E <= 64 && reg_group_ok(P, 4, 8)) return choose_best<DT, 8, 2, 4>(P);
-        if (E <= 128 && reg_group_ok(P, 4, 16)) return choose_best<DT, 16, 2, 4>(P);
-        if (E <= 256 && reg_group_ok(P, 4, 32)) return choose_best<DT, 32, 2, 4>(P);
-        if (E <= 512 && E > 256 && reg_group_ok(P, 4, 32)) return choose_best<DT, 32, 4, 4>(P);
-        if (E > 512 && reg_group_ok(P, 4, 32)) return choose_best<DT, 32, 8, 4>(P);
+        if (E <= 4 && reg_group_ok(P, 4, 1)) return choose_best<DT, 1, 1, 4>(P, choice);
+        if (E <= 8 && reg_group_ok(P, 4, 1)) return choose_best<DT, 1, 2, 4>(P, choice);
+        if (E <= 16 && reg_group_ok(P, 4, 2)) return choose_best<DT, 2, 2, 4>(P, choice);
+        if (E <= 32 && reg_group_ok(P, 4, 4)) return choose_best<DT, 4, 2, 4>(P, choice);
+        if (E <= 64 && reg_group_ok(P, 4, 8)) return choose_best<DT, 8, 2, 4>(P, choice);
+        if (E <= 128 && reg_group_ok(P, 4, 16)) return choose_best<DT, 16, 2, 4>(P, choice);
+        if (E <= 256 && reg_group_ok(P, 4, 32)) return choose_best<DT, 32, 2, 4>(P, choice);
+        if (E <= 512 && E > 256 && reg_group_ok(P, 4, 32)) return choose_best<DT, 32, 4, 4>(P, choice);
+        if (E > 512 && reg_group_ok(P, 4, 32)) return choose_best<DT, 32, 8, 4>(P, choice);
       }
     }
     // scalar (coalesced 2/4-byte accesses): any E <= 1024, any alignment
     if (reg_group_ok(P, 1, 32)) {
-      if (E <= 32) return choose_best<DT, 32, 1, 1>(P);
-      if (E <= 128) return choose_best<DT, 32, 4, 1>(P);
-      if (E <= 256) return choose_best<DT, 32, 8, 1>(P);
-      if (E <= 512) return choose_best<DT, 32, 16, 1>(P);
-      return choose_best<DT, 32, 32, 1>(P);
+      if (E <= 32) return choose_best<DT, 32, 1, 1>(P, choice);
+      if (E <= 128) return choose_best<DT, 32, 4, 1>(P, choice);
+      if (E <= 256) return choose_best<DT, 32, 8, 1>(P, choice);
+      if (E <= 512) return choose_best<DT, 32, 16, 1>(P, choice);
+      return choose_best<DT, 32, 32, 1>(P, choice);
     }
   }
   return FwdKernel{};

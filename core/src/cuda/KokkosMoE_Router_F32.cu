@@ -12,7 +12,7 @@ namespace Impl {
 namespace CudaKernels {
 namespace detail {
 
-FwdKernel choose_forward_f32(FwdParams& P) { return choose_forward<kDtF32>(P); }
+FwdKernel choose_forward_f32(FwdParams& P, const KernelChoice& choice) { return choose_forward<kDtF32>(P, choice); }
 
 }  // namespace detail
 

@@ -14,14 +14,14 @@ namespace CudaKernels {
 
 namespace {
 /// choose_forward for the logits dtype.
-detail::FwdKernel choose(detail::FwdParams& P, DType dt) {
+detail::FwdKernel choose(detail::FwdParams& P, DType dt, const KernelChoice& choice) {
   switch (dt) {
     case DType::F32:
-      return detail::choose_forward_f32(P);
+      return detail::choose_forward_f32(P, choice);
     case DType::F16:
-      return detail::choose_forward_f16(P);
+      return detail::choose_forward_f16(P, choice);
     case DType::BF16:
-      return detail::choose_forward_bf16(P);
+      return detail::choose_forward_bf16(P, choice);
     default:
       return detail::FwdKernel{};
   }
@@ -97,17 +97,17 @@ cudaError_t launch_forward_kernel(const FwdKernel& K, const FwdParams& P, const 
 }
 }  // namespace detail
 
-ForwardPlan plan_forward(const TopkForwardArgs& a) {
+ForwardPlan plan_forward(const TopkForwardArgs& a, const KernelChoice& choice) {
   ForwardPlan plan;
   plan.params = detail::lower_forward(a);
-  plan.kernel = choose(plan.params, a.logits_type);
+  plan.kernel = choose(plan.params, a.logits_type, choice);
   return plan;
 }
 
-ForwardPlan plan_forward(const AuxScoresArgs& a) {
+ForwardPlan plan_forward(const AuxScoresArgs& a, const KernelChoice& choice) {
   ForwardPlan plan;
   plan.params = lower_aux(a);
-  plan.kernel = choose(plan.params, a.logits_type);
+  plan.kernel = choose(plan.params, a.logits_type, choice);
   return plan;
 }
 

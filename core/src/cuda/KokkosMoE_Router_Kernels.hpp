@@ -14,6 +14,7 @@
 #include <cuda/KokkosMoE_Router_Cuda_Params.hpp>
 #include <cuda_runtime_api.h>
 #include <impl/KokkosMoE_Router_Args.hpp>
+#include <impl/KokkosMoE_Router_KernelChoice.hpp>
 
 namespace KokkosMoE {
 namespace Impl {
@@ -39,8 +40,9 @@ struct ForwardPlan {
   /// The planned kernel also writes the QB cutoff (TopkForwardArgs::qb_cutoff).
   bool writes_cutoff() const { return native() && kernel.writes_cutoff && params.cutoff != nullptr; }
 };
-ForwardPlan plan_forward(const TopkForwardArgs& args);
-ForwardPlan plan_forward(const AuxScoresArgs& args);
+/// \p choice: the kernel among those that give the same bits (default: the library's; KernelChoice).
+ForwardPlan plan_forward(const TopkForwardArgs& args, const KernelChoice& choice = {});
+ForwardPlan plan_forward(const AuxScoresArgs& args, const KernelChoice& choice = {});
 /// Enqueues the planned kernel. Precondition: plan.native() (otherwise cudaErrorInvalidValue, nothing enqueued).
 cudaError_t run_forward(const ForwardPlan& plan, const Queue& queue);
 

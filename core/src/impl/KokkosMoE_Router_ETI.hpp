@@ -27,12 +27,16 @@
 #define KOKKOSMOE_IMPL_ETI_ONE(PREFIX, EXEC, IMPL, FN, ...) \
   PREFIX template void ::KokkosMoE::Impl::IMPL<EXEC>::FN<__VA_ARGS__>(const EXEC&, const __VA_ARGS__&);
 
+/// The top-k operations also take the kernel choice (impl/KokkosMoE_Router_KernelChoice.hpp).
+#define KOKKOSMOE_IMPL_ETI_TOPK_ONE(PREFIX, EXEC, FN, ...)                                                     \
+  PREFIX template void ::KokkosMoE::Impl::PortableTopk<EXEC>::FN<__VA_ARGS__>(const EXEC&, const __VA_ARGS__&, \
+                                                                              const ::KokkosMoE::Impl::KernelChoice&);
 #define KOKKOSMOE_IMPL_ETI_TOPK_FORWARD_1(P, X, S, B, I) \
-  KOKKOSMOE_IMPL_ETI_ONE(P, X, PortableTopk, forward, ::KokkosMoE::Impl::TopkForwardOperands<X, S, B, I>)
+  KOKKOSMOE_IMPL_ETI_TOPK_ONE(P, X, forward, ::KokkosMoE::Impl::TopkForwardOperands<X, S, B, I>)
 #define KOKKOSMOE_IMPL_ETI_TOPK_BACKWARD_1(P, X, G, I) \
-  KOKKOSMOE_IMPL_ETI_ONE(P, X, PortableTopk, backward, ::KokkosMoE::Impl::TopkBackwardOperands<X, G, I>)
+  KOKKOSMOE_IMPL_ETI_TOPK_ONE(P, X, backward, ::KokkosMoE::Impl::TopkBackwardOperands<X, G, I>)
 #define KOKKOSMOE_IMPL_ETI_COMPACT_BACKWARD_1(P, X, S, GW) \
-  KOKKOSMOE_IMPL_ETI_ONE(P, X, PortableTopk, compact_backward, ::KokkosMoE::Impl::CompactBackwardOperands<X, S, GW>)
+  KOKKOSMOE_IMPL_ETI_TOPK_ONE(P, X, compact_backward, ::KokkosMoE::Impl::CompactBackwardOperands<X, S, GW>)
 #define KOKKOSMOE_IMPL_ETI_AUX_SCORES_1(P, X, S)                                                            \
   KOKKOSMOE_IMPL_ETI_ONE(P, X, PortableAux, aux_scores_forward, ::KokkosMoE::Impl::AuxScoresOperands<X, S>) \
   KOKKOSMOE_IMPL_ETI_ONE(P, X, PortableAux, aux_scores_backward, ::KokkosMoE::Impl::AuxScoresBackwardOperands<X, S>)

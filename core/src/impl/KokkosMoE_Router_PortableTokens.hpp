@@ -13,9 +13,9 @@
 
 #include <impl/KokkosMoE_RouterMath.hpp>
 #include <impl/KokkosMoE_RouterToken_Impl.hpp>
+#include <impl/KokkosMoE_Router_KernelChoice.hpp>
 #include <impl/KokkosMoE_Router_Operands.hpp>
 #include <impl/KokkosMoE_RowChunks.hpp>
-#include <impl/KokkosMoE_TestSeam.hpp>
 
 #include <cstddef>
 #include <cstdint>
@@ -129,25 +129,26 @@ struct TokenGeometry {
   /// The geometry of the forward. On a device: one thread per token for E <= kThreadTokenExperts; else about 16
   /// experts per lane (each lane keeps its four best keys in registers and a selection round is one lane
   /// reduction) and at least k lanes, so that a lane rarely gives up more keys than its list holds.
-  static TokenGeometry forward(const TokenParams& p) {
+  static TokenGeometry forward(const TokenParams& p, const KernelChoice& choice) {
     const int E = p.num_experts;
-    return token_kernel(p, E / 16 > p.topk ? E / 16 : p.topk);
+    return token_kernel(p, E / 16 > p.topk ? E / 16 : p.topk, choice);
   }
 
   /// The geometry of the compact backward. It recomputes the forward's activations, so it takes the forward's
   /// variant where that matters (token_kernel); otherwise its work is per selected slot: about two slots per lane,
   /// at least 8 lanes.
-  static TokenGeometry compact_backward(const TokenParams& p) {
-    return token_kernel(p, p.topk / 2 > 8 ? p.topk / 2 : 8);
+  static TokenGeometry compact_backward(const TokenParams& p, const KernelChoice& choice) {
+    return token_kernel(p, p.topk / 2 > 8 ? p.topk / 2 : 8, choice);
   }
 
   /// The forward's and the compact backward's geometry with about `lanes` lanes per token (a power of two up to
   /// 32). Host spaces: blocks of tokens (of()). Devices: one thread per token for E <= kThreadTokenExperts, and of()
-  /// for Softmax pre, whose row sum is a lane reduction whose order (hence bits) the lane count sets.
-  static TokenGeometry token_kernel(const TokenParams& p, int lanes) {
+  /// for Softmax pre, whose row sum is a lane reduction whose order (hence bits) the lane count sets;
+  /// KernelChoice::portable_lanes_only puts every token on lanes.
+  static TokenGeometry token_kernel(const TokenParams& p, int lanes, const KernelChoice& choice) {
     const int E = p.num_experts;
     if (host) return of(E);
-    if (E <= kThreadTokenExperts && !TestSeam::portable_device_tokens.lanes_only) return thread_per_token();
+    if (E <= kThreadTokenExperts && !choice.portable_lanes_only) return thread_per_token();
     if (p.softmax_pre()) return of(E);
     return with_lanes(lanes_for(lanes));
   }
@@ -155,9 +156,8 @@ struct TokenGeometry {
   /// The geometry of the backward from a map or from dense indices. On a device: one thread per token for
   /// E <= kThreadTokenExperts (its rows in registers; the map backward's sums then run in the order of the lane
   /// variant's reduction, TopkBackwardKernel::map_thread), else of().
-  static TokenGeometry backward(const TokenParams& p) {
-    if (!host && p.num_experts <= kThreadTokenExperts && !TestSeam::portable_device_tokens.lanes_only)
-      return thread_per_token();
+  static TokenGeometry backward(const TokenParams& p, const KernelChoice& choice) {
+    if (!host && p.num_experts <= kThreadTokenExperts && !choice.portable_lanes_only) return thread_per_token();
     return of(p.num_experts);
   }
 

@@ -223,12 +223,13 @@ template <class ExecSpace>
 struct PortableTopk {
   using Geometry = TokenGeometry<ExecSpace>;
 
+  /// \p choice: the kernel variant among those that give the same bits (KernelChoice; default: the library's).
   template <class Ops>
-  static void forward(const ExecSpace& exec, const Ops& o);
+  static void forward(const ExecSpace& exec, const Ops& o, const KernelChoice& choice = {});
   template <class Ops>
-  static void backward(const ExecSpace& exec, const Ops& o);
+  static void backward(const ExecSpace& exec, const Ops& o, const KernelChoice& choice = {});
   template <class Ops>
-  static void compact_backward(const ExecSpace& exec, const Ops& o);
+  static void compact_backward(const ExecSpace& exec, const Ops& o, const KernelChoice& choice = {});
 };
 
 /// Launches Kernel<ExecSpace, Ops, SerialTokens, Rows> in geometry geo: one token per thread (host spaces; on
@@ -260,9 +261,9 @@ void launch_token_kernel(const char* label, const ExecSpace& exec, const Ops& o,
 
 template <class ExecSpace>
 template <class Ops>
-void PortableTopk<ExecSpace>::forward(const ExecSpace& exec, const Ops& o) {
+void PortableTopk<ExecSpace>::forward(const ExecSpace& exec, const Ops& o, const KernelChoice& choice) {
   ScopedRegion region("KokkosMoE::topk_router[portable]");
-  const Geometry geo = Geometry::forward(o.params);
+  const Geometry geo = Geometry::forward(o.params, choice);
   // dense outputs get rows in registers; the compact one writes 2k values per token and keeps the smaller kernel
   launch_token_kernel<TopkForwardKernel, true>(
       "KokkosMoE::topk_router", exec, o,
@@ -271,9 +272,9 @@ void PortableTopk<ExecSpace>::forward(const ExecSpace& exec, const Ops& o) {
 
 template <class ExecSpace>
 template <class Ops>
-void PortableTopk<ExecSpace>::backward(const ExecSpace& exec, const Ops& o) {
+void PortableTopk<ExecSpace>::backward(const ExecSpace& exec, const Ops& o, const KernelChoice& choice) {
   ScopedRegion region("KokkosMoE::topk_router_backward[portable]");
-  const Geometry geo = Geometry::backward(o.params);
+  const Geometry geo = Geometry::backward(o.params, choice);
   launch_token_kernel<TopkBackwardKernel, true>(
       "KokkosMoE::topk_router_backward", exec, o,
       o.output == RoutingOutput::Indices ? geo : geo.with_rows(o.params.num_experts));
@@ -281,10 +282,10 @@ void PortableTopk<ExecSpace>::backward(const ExecSpace& exec, const Ops& o) {
 
 template <class ExecSpace>
 template <class Ops>
-void PortableTopk<ExecSpace>::compact_backward(const ExecSpace& exec, const Ops& o) {
+void PortableTopk<ExecSpace>::compact_backward(const ExecSpace& exec, const Ops& o, const KernelChoice& choice) {
   ScopedRegion region("KokkosMoE::topk_router_backward[portable]");
   launch_token_kernel<CompactBackwardKernel, false>("KokkosMoE::topk_router_compact_backward", exec, o,
-                                                    Geometry::compact_backward(o.params));
+                                                    Geometry::compact_backward(o.params, choice));
 }
 
 }  // namespace Impl

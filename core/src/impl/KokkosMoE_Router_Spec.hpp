@@ -16,6 +16,7 @@
 #include <Kokkos_Core.hpp>
 
 #include <impl/KokkosMoE_Router_ETI.hpp>  // extern template declarations (KOKKOSMOE_ENABLE_ETI)
+#include <impl/KokkosMoE_Router_KernelChoice.hpp>
 #include <impl/KokkosMoE_Router_Operands.hpp>
 #include <impl/KokkosMoE_Router_Portable.hpp>
 #include <impl/KokkosMoE_Router_PortableTopk.hpp>
@@ -26,21 +27,23 @@ namespace Impl {
 
 /// Top-k router operations: the generic specialization is the portable path; a vendor specialization
 /// (cuda/KokkosMoE_Router_CudaSpec.hpp) replaces it where one exists. Operands are the canonical typed Views of
-/// impl/KokkosMoE_Router_Operands.hpp; the config is passed along for specializations that need its raw fields.
+/// impl/KokkosMoE_Router_Operands.hpp; the config is passed along for specializations that need its raw fields, and
+/// the kernel choice (impl/KokkosMoE_Router_KernelChoice.hpp) picks among kernels that give the same bits.
 template <class ExecSpace>
 struct TopkSpec {
   static constexpr bool is_specialized = false;
   template <class Ops>
-  static void forward(const ExecSpace& exec, const RouterConfig&, const Ops& o) {
-    PortableTopk<ExecSpace>::forward(exec, o);
+  static void forward(const ExecSpace& exec, const RouterConfig&, const Ops& o, const KernelChoice& choice = {}) {
+    PortableTopk<ExecSpace>::forward(exec, o, choice);
   }
   template <class Ops>
-  static void backward(const ExecSpace& exec, const RouterConfig&, const Ops& o) {
-    PortableTopk<ExecSpace>::backward(exec, o);
+  static void backward(const ExecSpace& exec, const RouterConfig&, const Ops& o, const KernelChoice& choice = {}) {
+    PortableTopk<ExecSpace>::backward(exec, o, choice);
   }
   template <class Ops>
-  static void compact_backward(const ExecSpace& exec, const RouterConfig&, const Ops& o) {
-    PortableTopk<ExecSpace>::compact_backward(exec, o);
+  static void compact_backward(const ExecSpace& exec, const RouterConfig&, const Ops& o,
+                               const KernelChoice& choice = {}) {
+    PortableTopk<ExecSpace>::compact_backward(exec, o, choice);
   }
 };
 
@@ -49,7 +52,7 @@ template <class ExecSpace>
 struct AuxSpec {
   static constexpr bool is_specialized = false;
   template <class Ops>
-  static void aux_scores_forward(const ExecSpace& exec, const Ops& o) {
+  static void aux_scores_forward(const ExecSpace& exec, const Ops& o, const KernelChoice& = {}) {
     PortableAux<ExecSpace>::aux_scores_forward(exec, o);
   }
   template <class Ops>
@@ -146,33 +149,37 @@ void run_check_finite(const ExecSpace& exec, const char* fn, const char* param, 
   }
 }
 
+/// The operation on validated operands: the portable kernels for Implementation::Portable, else the spec. The public
+/// entry points pass the default choice; the unit tests pass others.
 template <class ExecSpace, class Ops, class LogitsView>
 void run_topk_forward(const char* fn, const ExecSpace& exec, const RouterConfig& config, const Ops& o,
-                      const LogitsView& logits) {
+                      const LogitsView& logits, const KernelChoice& choice = {}) {
   if (config.check_finite) run_check_finite(exec, fn, "logits", logits);
   if (o.num_tokens == 0) return;
   if (config.implementation == Implementation::Portable)
-    PortableTopk<ExecSpace>::forward(exec, o);
+    PortableTopk<ExecSpace>::forward(exec, o, choice);
   else
-    TopkSpec<ExecSpace>::forward(exec, config, o);
+    TopkSpec<ExecSpace>::forward(exec, config, o, choice);
 }
 
 template <class ExecSpace, class Ops>
-void run_topk_backward(const ExecSpace& exec, const RouterConfig& config, const Ops& o) {
+void run_topk_backward(const ExecSpace& exec, const RouterConfig& config, const Ops& o,
+                       const KernelChoice& choice = {}) {
   if (o.num_tokens == 0) return;
   if (config.implementation == Implementation::Portable)
-    PortableTopk<ExecSpace>::backward(exec, o);
+    PortableTopk<ExecSpace>::backward(exec, o, choice);
   else
-    TopkSpec<ExecSpace>::backward(exec, config, o);
+    TopkSpec<ExecSpace>::backward(exec, config, o, choice);
 }
 
 template <class ExecSpace, class Ops>
-void run_compact_backward(const ExecSpace& exec, const RouterConfig& config, const Ops& o) {
+void run_compact_backward(const ExecSpace& exec, const RouterConfig& config, const Ops& o,
+                          const KernelChoice& choice = {}) {
   if (o.num_tokens == 0) return;
   if (config.implementation == Implementation::Portable)
-    PortableTopk<ExecSpace>::compact_backward(exec, o);
+    PortableTopk<ExecSpace>::compact_backward(exec, o, choice);
   else
-    TopkSpec<ExecSpace>::compact_backward(exec, config, o);
+    TopkSpec<ExecSpace>::compact_backward(exec, config, o, choice);
 }
 
 }  // namespace Impl

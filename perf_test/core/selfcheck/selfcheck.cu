@@ -19,7 +19,7 @@
 
 #include <cuda/KokkosMoE_Router_Kernels.hpp>
 #include <cuda_runtime.h>
-#include <impl/KokkosMoE_TestSeam.hpp>
+#include <impl/KokkosMoE_Router_KernelChoice.hpp>
 
 #include <algorithm>
 #include <cmath>
@@ -840,13 +840,12 @@ static void run_fwd(const TopkForwardArgs& a) {
 
 // The internal launch layer; CKD::lower_forward is the library's own lowering of the Args.
 namespace CKD = KokkosMoE::Impl::CudaKernels::detail;
-namespace Seam = KokkosMoE::Impl::TestSeam;
-/// The forward with the candidate/threshold register kernel wherever it applies (the library's test seam).
+/// The forward with the candidate/threshold register kernel wherever it applies (the planner's kernel choice).
 static void run_fwd_general(const TopkForwardArgs& a) {
-  Seam::CudaForwardKernel only_threshold;
-  only_threshold.threshold_kernel_only = true;
-  const Seam::Scoped<Seam::CudaForwardKernel> guard(Seam::cuda_forward_kernel, only_threshold);
-  CUCHECK(CK::topk_forward(a, CK::Queue{}));
+  KernelChoice only_threshold;
+  only_threshold.forward_threshold_only = true;
+  const CK::ForwardPlan plan = CK::plan_forward(a, only_threshold);
+  CUCHECK(plan.native() ? CK::run_forward(plan, CK::Queue{}) : cudaErrorNotSupported);
   CUCHECK(cudaDeviceSynchronize());
 }
 
@@ -1281,9 +1280,13 @@ static void test_compact_backward(const FwdCfg& c, DType dt, std::uint64_t seed)
   b.grad_probs = gdense.d;
   b.grad_logits = gld.d;
   gld.poison();
-  CUCHECK(topk_backward(b, CK::Queue{}));
-  CUCHECK(cudaDeviceSynchronize());
-  gld.down();
+  // the native map backward takes rows of whole 8-expert chunks only (the portable kernel runs the others)
+  const bool dense_native = E % 8 == 0;
+  if (dense_native) {
+    CUCHECK(topk_backward(b, CK::Queue{}));
+    CUCHECK(cudaDeviceSynchronize());
+    gld.down();
+  }
   // reference from the logits
   const Tol tol = tol_for(E);
   std::string err, err2;
@@ -1324,7 +1327,7 @@ static void test_compact_backward(const FwdCfg& c, DType dt, std::uint64_t seed)
         break;
       }
       // compact vs dense kernels: both within tolerance of each other
-      if (err2.empty() && !close(dt, gl.get(i), gl.bits(i), gld.get(i), tol)) {
+      if (dense_native && err2.empty() && !close(dt, gl.get(i), gl.bits(i), gld.get(i), tol)) {
         char buf[256];
         std::snprintf(buf, sizeof buf, "token %lld expert %d: compact %.9g dense %.9g", t, e, gl.get(i), gld.get(i));
         err2 = buf;
@@ -1333,7 +1336,7 @@ static void test_compact_backward(const FwdCfg& c, DType dt, std::uint64_t seed)
   }
   const std::string base = "bwd-compact " + c.name + " " + dname(dt);
   report(err.empty(), base + " vs reference", err);
-  report(err2.empty(), base + " vs dense backward", err2);
+  if (dense_native) report(err2.empty(), base + " vs dense backward", err2);
 }
 
 // ------------------------------------------------------------------------------------------------------------
@@ -1750,12 +1753,11 @@ static void launch_variant(CKD::FwdParams P, int warps) {
 }
 /// The lane kernel at a forced chunk width (bf16 logits).
 static void launch_lane_w(CKD::FwdParams P, int w) {
-  Seam::CudaForwardKernel width;
-  width.lane_width = w;
-  const Seam::Scoped<Seam::CudaForwardKernel> guard(Seam::cuda_forward_kernel, width);
+  KernelChoice width;
+  width.forward_lane_width = w;
   cudaError_t err = cudaSuccess;
   const CK::Queue q0{};  // the legacy default stream of device 0
-  if (!CKD::try_launch_lane<CKD::kDtBF16>(P, &q0, &err)) {
+  if (!CKD::try_launch_lane<CKD::kDtBF16>(P, &q0, &err, width)) {
     std::printf("lane kernel does not apply at W=%d\n", w);
     return;
   }
