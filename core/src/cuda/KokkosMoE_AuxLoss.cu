@@ -110,6 +110,8 @@ __global__ void __launch_bounds__(1024)
   aux_loss_finish<P>(s, R, E, topk, coeff, host_total, dev_total, loss, const_buf);
 }
 
+/// Blocks of 256 threads as blockDim.x columns by blockDim.y rows, so that rows narrower than 256 columns still fill
+/// a block (Mixtral's 8 columns: 32 rows per block).
 template <class G, class GL, class Tpe>
 __global__ void __launch_bounds__(256) aux_loss_grad(long long R, long long C, const float* const_buf, const Tpe* tpe,
                                                      const typename Elem<GL>::S* grad_loss, typename Elem<G>::S* out) {
@@ -119,7 +121,9 @@ __global__ void __launch_bounds__(256) aux_loss_grad(long long R, long long C, c
   for (long long c = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x; c < C;
        c += static_cast<long long>(gridDim.x) * blockDim.x) {
     const typename TT::S v = TT::from_f(cst * tpe_value(tpe, c) * gl);
-    for (long long r = blockIdx.y; r < R; r += gridDim.y) out[r * C + c] = v;
+    for (long long r = static_cast<long long>(blockIdx.y) * blockDim.y + threadIdx.y; r < R;
+         r += static_cast<long long>(gridDim.y) * blockDim.y)
+      out[r * C + c] = v;
   }
 }
 
@@ -166,14 +170,18 @@ cudaError_t aux_loss_backward(const AuxLossBackward<G, GL, Tpe>& a, const Queue&
   if (device.status() != cudaSuccess) return device.status();
   const long long R = a.rows, C = a.cols;
   if (R <= 0 || C <= 0) return cudaSuccess;
-  const long long cblocks = (C + 255) / 256;
+  unsigned bx = 1;  // the smallest power of two >= C, at most 256
+  while (bx < 256 && bx < C) bx <<= 1;
+  const unsigned by = 256 / bx;
+  const long long cblocks = (C + bx - 1) / bx;
+  const long long rblocks = (R + by - 1) / by;
   const int sms = detail::sm_count(q.device);
   long long gy = (static_cast<long long>(sms) * 16 + cblocks - 1) / cblocks;
-  if (gy > R) gy = R;
+  if (gy > rblocks) gy = rblocks;
   if (gy > 65535) gy = 65535;
   if (gy < 1) gy = 1;
   dim3 grid(static_cast<unsigned>(cblocks < 2147483647LL ? cblocks : 2147483647LL), static_cast<unsigned>(gy));
-  detail::aux_loss_grad<G, GL, Tpe><<<grid, 256, 0, q.stream>>>(
+  detail::aux_loss_grad<G, GL, Tpe><<<grid, dim3(bx, by), 0, q.stream>>>(
       R, C, a.const_buf, a.tokens_per_expert, detail::storage(a.grad_loss), detail::storage(a.grad_probs));
   return cudaGetLastError();
 }

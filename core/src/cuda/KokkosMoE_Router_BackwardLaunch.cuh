@@ -139,7 +139,11 @@ cudaError_t backward(const AuxScoresBackward<G>& a, const Queue& q) {
   P.inter = a.intermediate;
   P.gin = a.grad_scores;
   P.gout = detail::storage(a.grad_logits);
-  return detail::launch_warps(detail::bwd_dense<float, G, 32, 1, 8>, P, 32, q);
+  // Every chunk is read. 32 lanes per token at every E: a lane sums its chunks in the same order whatever their
+  // count, so up to 1024 experts are one register tile (one read of the row) with the bits of eight-expert tiles.
+  if (P.E <= 256) return detail::launch_warps(detail::bwd_dense<float, G, 32, 1, 8>, P, 32, q);
+  if (P.E <= 512) return detail::launch_warps(detail::bwd_dense<float, G, 32, 2, 8>, P, 32, q);
+  return detail::launch_warps(detail::bwd_dense<float, G, 32, 4, 8>, P, 32, q);
 }
 
 }  // namespace CudaKernels
