@@ -241,8 +241,9 @@ void expect_same_forward(const ForwardOutputs<S>& a, const ForwardOutputs<S>& b,
   BOOST_TEST(bytes_equal(a.inter, b.inter), "intermediate differs");
   BOOST_TEST(bytes_equal(a.probs_idx, b.probs_idx), "probs (indices form) differ");
   BOOST_TEST(bytes_equal(a.weights, b.weights), "compact weights differ");
-  BOOST_TEST(bytes_equal(a.scores, b.scores), "aux scores differ");
-  BOOST_TEST(bytes_equal(a.aux_inter, b.aux_inter), "aux intermediate differs");
+  // aux_scores: the selection; its scores and (Softmax) intermediate are full-row sums, which each register kernel
+  // associates in its own lane layout (the small-E 4-wide layout or the 8-wide one), so they are checked against the
+  // oracle by the aux_scores suite instead
   BOOST_TEST(bytes_equal(a.aux_map, b.aux_map), "aux map differs");
 }
 
