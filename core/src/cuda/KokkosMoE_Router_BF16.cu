@@ -10,12 +10,8 @@
 namespace KokkosMoE {
 namespace Impl {
 namespace CudaKernels {
-namespace detail {
 
-FwdKernel choose_forward_bf16(FwdParams& P, const KernelChoice& choice) { return choose_forward<kDtBF16>(P, choice); }
-
-}  // namespace detail
-
+KOKKOSMOE_ROUTER_INSTANTIATE_FORWARD(bf16_t);
 KOKKOSMOE_ROUTER_INSTANTIATE_BACKWARD(bf16_t);
 template cudaError_t backward(const CompactBackward<bf16_t, bf16_t>&, const Queue&);
 

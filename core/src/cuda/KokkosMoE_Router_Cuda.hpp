@@ -5,8 +5,9 @@
 #define KOKKOSMOE_ROUTER_CUDA_HPP
 
 // Launchers of the hand-tuned native kernels of this folder on a Kokkos::Cuda instance's stream and device
-// (exec.cuda_stream(), exec.cuda_device()), over the raw-pointer argument structs of impl/KokkosMoE_Router_Args.hpp
-// (the forward operations over their plans, CudaKernels::ForwardPlan).
+// (exec.cuda_stream(), exec.cuda_device()), over the typed argument structs of cuda/KokkosMoE_Router_Cuda_Forward.hpp
+// (the forward operations, over their plans), cuda/KokkosMoE_Router_Cuda_Backward.hpp and
+// cuda/KokkosMoE_AuxLoss_Cuda.hpp.
 // No fence, no allocation, CUDA-graph capturable. Each native launch runs inside a Kokkos profiling region named
 // "KokkosMoE::<op>[cuda]", so Kokkos Tools see it. The specs of cuda/KokkosMoE_Router_CudaSpec.hpp lower the typed
 // operands to those structs and call these; forward shapes the native kernels do not handle (a plan that is not
@@ -21,7 +22,6 @@
 #include <kokkos_ext/KokkosMoE_KokkosCompat.hpp>
 
 #include <cuda/KokkosMoE_Router_Kernels.hpp>
-#include <impl/KokkosMoE_Router_Args.hpp>
 
 #include <string>
 
@@ -42,7 +42,8 @@ inline CudaKernels::Queue cuda_queue(const Kokkos::Cuda& exec) {
 }
 
 struct CudaRouter {
-  static void topk_forward(const Kokkos::Cuda& exec, const CudaKernels::ForwardPlan& plan) {
+  template <class L>
+  static void topk_forward(const Kokkos::Cuda& exec, const CudaKernels::ForwardPlan<L>& plan) {
     ScopedRegion region("KokkosMoE::topk_router[cuda]");
     throw_on_cuda_error(CudaKernels::run_forward(plan, cuda_queue(exec)), "topk_router");
   }
@@ -62,7 +63,8 @@ struct CudaRouter {
   static cudaError_t launch_backward(const Args& a, const CudaKernels::Queue& q, const KernelChoice&) {
     return CudaKernels::backward(a, q);
   }
-  static void aux_scores_forward(const Kokkos::Cuda& exec, const CudaKernels::ForwardPlan& plan) {
+  template <class L>
+  static void aux_scores_forward(const Kokkos::Cuda& exec, const CudaKernels::ForwardPlan<L>& plan) {
     ScopedRegion region("KokkosMoE::aux_scores[cuda]");
     throw_on_cuda_error(CudaKernels::run_forward(plan, cuda_queue(exec)), "aux_scores");
   }

@@ -5,7 +5,7 @@
 #define KOKKOSMOE_ROUTER_CUDASPEC_HPP
 
 // Kokkos::Cuda specializations of the top-k router and aux-loss specs: lower the canonical typed operands to the
-// raw-pointer argument structs of the native kernels (the only place where the router's Views become pointers) and
+// typed argument structs of the native kernels (the only place where the router's Views become pointers) and
 // launch them through CudaRouter (cuda/KokkosMoE_Router_Cuda.hpp). Shapes the native kernels do not handle (a
 // CudaKernels::ForwardPlan that is not native; a backward whose CudaKernels::handles is false) run the portable path.
 
@@ -15,11 +15,9 @@
 #include <Kokkos_Core.hpp>
 
 #include <cuda/KokkosMoE_Router_Cuda.hpp>
-#include <impl/KokkosMoE_Router_Args.hpp>
 #include <impl/KokkosMoE_Router_Operands.hpp>
 #include <impl/KokkosMoE_Router_Portable.hpp>
 #include <impl/KokkosMoE_Router_PortableTopk.hpp>
-#include <impl/KokkosMoE_Router_Validate.hpp>  // dtype_of
 
 namespace KokkosMoE {
 namespace Impl {
@@ -46,21 +44,17 @@ struct TopkSpec<Kokkos::Cuda> {
 
   /// The forward operands lowered to the native kernels' argument struct.
   template <class Ops>
-  static TopkForwardArgs forward_args(const RouterConfig& config, const Ops& o) {
-    using Scalar = typename Ops::scalar_type;
-    TopkForwardArgs a;
+  static CudaKernels::TopkForward<typename Ops::scalar_type> forward_args(const RouterConfig& config, const Ops& o) {
+    CudaKernels::TopkForward<typename Ops::scalar_type> a;
     a.num_tokens = o.num_tokens;
     a.num_experts = o.params.num_experts;
     a.config = lowered_config(config);
     a.output = o.output;
-    a.logits_type = dtype_of<Scalar>();
     a.logits = o.logits.data();
-    a.bias_type = dtype_of<typename Ops::bias_type>();
-    a.bias = o.params.has_bias ? o.bias.data() : nullptr;
+    if (o.params.has_bias) a.bias = CudaKernels::ExpertBias(o.bias.data());
     a.probs = o.probs.data();
     a.routing_map = o.map.data();
-    a.indices_type = dtype_of<typename Ops::index_type>();
-    a.indices = o.indices.data();
+    a.indices = CudaKernels::IndexOutput(o.indices.data());
     a.intermediate = o.inter.data();
     a.ids = o.ids.data();
     a.weights = o.weights.data();
@@ -78,9 +72,9 @@ struct TopkSpec<Kokkos::Cuda> {
   template <class Ops>
   static bool forward_with_cutoff(const Kokkos::Cuda& exec, const RouterConfig& config, const Ops& o, float* cutoff,
                                   const KernelChoice& choice = {}) {
-    TopkForwardArgs a = forward_args(config, o);
+    auto a = forward_args(config, o);
     a.qb_cutoff = cutoff;
-    const CudaKernels::ForwardPlan plan = CudaKernels::plan_forward(a, choice);
+    const auto plan = CudaKernels::plan_forward(a, choice);
     if (!plan.native()) {
       PortableTopk<Kokkos::Cuda>::forward(exec, o, choice);
       return false;
@@ -143,18 +137,17 @@ struct AuxSpec<Kokkos::Cuda> {
 
   template <class Ops>
   static void aux_scores_forward(const Kokkos::Cuda& exec, const Ops& o, const KernelChoice& choice = {}) {
-    AuxScoresArgs a;
+    CudaKernels::AuxScoresForward<typename Ops::scalar_type> a;
     a.num_tokens = o.num_tokens;
     a.num_experts = o.num_experts;
     a.topk = o.topk;
     a.score_function = o.score_function;
     a.output = o.output;
-    a.logits_type = dtype_of<typename Ops::scalar_type>();
     a.logits = o.logits.data();
     a.scores = o.scores.data();
     a.routing_map = o.map.data();
     a.intermediate = o.inter.data();
-    const CudaKernels::ForwardPlan plan = CudaKernels::plan_forward(a, choice);
+    const auto plan = CudaKernels::plan_forward(a, choice);
     if (!plan.native()) return PortableAux<Kokkos::Cuda>::aux_scores_forward(exec, o);
     CudaRouter::aux_scores_forward(exec, plan);
   }

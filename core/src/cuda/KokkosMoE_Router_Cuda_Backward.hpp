@@ -14,6 +14,7 @@
 
 #include <KokkosMoE_RouterConfig.hpp>
 
+#include <cuda/KokkosMoE_Router_Cuda_Params.hpp>  // aligned16
 #include <cuda_runtime_api.h>
 #include <impl/KokkosMoE_Router_KernelChoice.hpp>
 
@@ -41,10 +42,6 @@ struct BackwardRule {
     return r;
   }
 };
-
-namespace detail {
-inline bool aligned16_host(const void* p) { return (reinterpret_cast<std::uintptr_t>(p) & 15u) == 0; }
-}  // namespace detail
 
 /// topk_router_backward: routing map (Bytemap [T, E] or BitmapU8 [T, ceil(E/8)]) + intermediate + grad_probs ->
 /// grad_logits.
@@ -99,15 +96,14 @@ struct AuxScoresBackward {
 /// aligned. Other shapes run the portable kernel.
 template <class G>
 bool handles(const MapBackward<G>& a) {
-  using detail::aligned16_host;
-  return a.num_experts % 8 == 0 && aligned16_host(a.routing_map) && aligned16_host(a.intermediate) &&
-         aligned16_host(a.grad_probs) && aligned16_host(a.grad_logits);
+  using detail::aligned16;
+  return a.num_experts % 8 == 0 && aligned16(a.routing_map) && aligned16(a.intermediate) && aligned16(a.grad_probs) &&
+         aligned16(a.grad_logits);
 }
 template <class G>
 bool handles(const AuxScoresBackward<G>& a) {
-  using detail::aligned16_host;
-  return a.num_experts % 8 == 0 && aligned16_host(a.intermediate) && aligned16_host(a.grad_scores) &&
-         aligned16_host(a.grad_logits);
+  using detail::aligned16;
+  return a.num_experts % 8 == 0 && aligned16(a.intermediate) && aligned16(a.grad_scores) && aligned16(a.grad_logits);
 }
 /// The dense-indices and compact kernels take every shape (vector stores where the rows allow them).
 template <class G, class I>

@@ -29,14 +29,11 @@ namespace CudaKernels {
 namespace detail {
 
 constexpr unsigned kFull = 0xffffffffu;
-constexpr int kDtF32 = static_cast<int>(DType::F32);
-constexpr int kDtF16 = static_cast<int>(DType::F16);
-constexpr int kDtBF16 = static_cast<int>(DType::BF16);
 
 // ------------------------------------------------------------------------------------------------------------
 // Element traits: storage type, 16-byte vector width, widening/narrowing (round to nearest even, once, on store; the
 // conversions are kokkos_ext/KokkosMoE_Float16.hpp's). Elem<T> takes the router's element type (float, fp16_t,
-// bf16_t, layout-compatible with its storage type); Ty<DT> the same by type code, for the forward kernels.
+// bf16_t, layout-compatible with its storage type).
 // ------------------------------------------------------------------------------------------------------------
 template <class T>
 struct Elem;
@@ -70,40 +67,6 @@ __host__ __device__ __forceinline__ const typename Elem<T>::S* storage(const T* 
 template <class T>
 __host__ __device__ __forceinline__ typename Elem<T>::S* storage(T* p) {
   return reinterpret_cast<typename Elem<T>::S*>(p);
-}
-
-template <int DT>
-struct DtElem;
-template <>
-struct DtElem<kDtF32> {
-  using type = float;
-};
-template <>
-struct DtElem<kDtF16> {
-  using type = fp16_t;
-};
-template <>
-struct DtElem<kDtBF16> {
-  using type = bf16_t;
-};
-template <int DT>
-struct Ty : Elem<typename DtElem<DT>::type> {};
-
-/// Reads element i of a type-erased float/fp16/bf16 array (scalar, cached load).
-__device__ __forceinline__ float load_any(const void* p, int dt, long long i) {
-  if (dt == kDtF32) return __ldg(static_cast<const float*>(p) + i);
-  const unsigned short b = __ldg(static_cast<const unsigned short*>(p) + i);
-  if (dt == kDtF16) return Ty<kDtF16>::to_f(b);
-  return Ty<kDtBF16>::to_f(b);
-}
-/// Writes element i of a type-erased float/fp16/bf16 array.
-__device__ __forceinline__ void store_any(void* p, int dt, long long i, float v) {
-  if (dt == kDtF32)
-    static_cast<float*>(p)[i] = v;
-  else if (dt == kDtF16)
-    static_cast<unsigned short*>(p)[i] = Ty<kDtF16>::from_f(v);
-  else
-    static_cast<unsigned short*>(p)[i] = Ty<kDtBF16>::from_f(v);
 }
 
 template <int BYTES>
@@ -199,15 +162,6 @@ __device__ __forceinline__ void store_elems(typename Elem<T>::S* p, const float*
   else
     VV::st(p, VV::from_array(s));
 }
-/// load_elems and store_elems by type code.
-template <int DT, int W>
-__device__ __forceinline__ void load_chunk(const typename Ty<DT>::S* p, float* out) {
-  load_elems<typename DtElem<DT>::type, W>(p, out);
-}
-template <int DT, int W, bool Streaming = true>
-__device__ __forceinline__ void store_chunk(typename Ty<DT>::S* p, const float* in) {
-  store_elems<typename DtElem<DT>::type, W, Streaming>(p, in);
-}
 template <int W>
 __device__ __forceinline__ void store_bytes(unsigned char* p, const unsigned char* in) {
   using VV = Vec<unsigned char, W>;
@@ -263,8 +217,6 @@ __device__ __forceinline__ int seg_excl_scan(int v, int ls) {
 // ------------------------------------------------------------------------------------------------------------
 // Host helpers
 // ------------------------------------------------------------------------------------------------------------
-inline bool aligned16(const void* p) { return (reinterpret_cast<std::uintptr_t>(p) & 15u) == 0; }
-
 /// Makes the queue's device current for the guard's lifetime and gives the caller's current device back when it
 /// ends: the attribute calls, occupancy queries and launches below act on the current device, and a library call
 /// that left another device current would move the caller's own later CUDA calls (allocations, launches) there.

@@ -6,7 +6,7 @@
 
 // Forward kernels of topk_router (all output kinds) and aux_scores (docs/router.md §5, §10).
 //
-// topk_fwd_reg<DT, TPT, NC, W>: the fast path for E <= 1024. TPT lanes (1..32) own one token; lane `ls` owns NC
+// topk_fwd_reg<L, TPT, NC, W>: the fast path for E <= 1024. TPT lanes (1..32) own one token; lane `ls` owns NC
 //   chunks of W contiguous experts, chunk c covering experts (c*TPT + ls)*W .. +W-1 (16-byte loads when W is the
 //   vector width). Scores and keys live in registers. Selection (exact, deterministic):
 //     1. tau = the k-th largest per-lane maximum (k <= TPT): a lower bound of the k-th largest key, found with
@@ -17,7 +17,7 @@
 //        under (key desc, index asc): rank = slot. No float atomics, no data-dependent order.
 //   Weights are computed per slot (one division per slot, sums in slot order), then scattered through a
 //   per-token shared row so that every output row is written once with coalesced vector stores.
-// topk_fwd_rounds<DT, TPT, NC, W> (KokkosMoE_Router_Cuda_ForwardRounds.cuh): the same mapping for k <= TPT,
+// topk_fwd_rounds<L, TPT, NC, W> (KokkosMoE_Router_Cuda_ForwardRounds.cuh): the same mapping for k <= TPT,
 //   selecting by k rounds of a segment arg-max.
 // topk_fwd_lane (KokkosMoE_Router_Cuda_ForwardLane.cuh) is preferred where it applies. Shapes none of them handles
 // (E > 1024, groupings no lane layout fits) run the portable path (CudaKernels::plan_forward).
@@ -39,13 +39,21 @@ constexpr int kOutCompact = static_cast<int>(RoutingOutput::Compact);
 /// Candidate-list limit of the fast selection (above it, or with ties piling up, the exact search runs).
 constexpr int kCandLimit = 64;
 
-__device__ __forceinline__ void store_index(void* p, int dt, long long i, int v) {
-  if (dt == static_cast<int>(DType::I16))
-    static_cast<short*>(p)[i] = static_cast<short>(v);
-  else if (dt == static_cast<int>(DType::I64))
-    static_cast<long long*>(p)[i] = v;
+/// Element e of the expert bias as float (ExpertBias: at most one typed pointer is set; the caller checks present()).
+__device__ __forceinline__ float bias_value(const ExpertBias& b, int e) {
+  if (b.f32 != nullptr) return __ldg(b.f32 + e);
+  if (b.f16 != nullptr) return Elem<fp16_t>::to_f(__ldg(storage(b.f16) + e));
+  return Elem<bf16_t>::to_f(__ldg(storage(b.bf16) + e));
+}
+
+/// Writes slot o of the dense indices in the caller's index type.
+__device__ __forceinline__ void store_index(const IndexOutput& out, long long o, int v) {
+  if (out.i32 != nullptr)
+    out.i32[o] = v;
+  else if (out.i64 != nullptr)
+    out.i64[o] = v;
   else
-    static_cast<int*>(p)[i] = v;
+    out.i16[o] = static_cast<std::int16_t>(v);
 }
 
 /// Inserts v into the descending list L[0..N) (values only; multiset semantics).
@@ -62,9 +70,10 @@ __device__ __forceinline__ void list_insert(unsigned (&L)[N], unsigned v) {
 /// The prologue of the register kernels (topk_fwd_reg, topk_fwd_rounds), per lane: which of its NC chunks of W
 /// experts ((c * TPT + ls) * W) lie inside the row, and its expert-bias values (+0.0f without a bias, so that
 /// s = y + b also turns -0.0 into +0.0).
-template <int TPT, int NC, int W>
-__device__ __forceinline__ void lane_prologue(const FwdParams& P, int ls, bool (&cvalid)[NC], float (&bias)[NC * W]) {
-  const bool has_bias = P.bias != nullptr;
+template <class L, int TPT, int NC, int W>
+__device__ __forceinline__ void lane_prologue(const FwdParams<L>& P, int ls, bool (&cvalid)[NC],
+                                              float (&bias)[NC * W]) {
+  const bool has_bias = P.bias.present();
 #pragma unroll
   for (int c = 0; c < NC; ++c) cvalid[c] = (c * TPT + ls) * W < P.E;
 #pragma unroll
@@ -72,20 +81,20 @@ __device__ __forceinline__ void lane_prologue(const FwdParams& P, int ls, bool (
 #pragma unroll
     for (int w = 0; w < W; ++w) {
       const int e = (c * TPT + ls) * W + w;
-      bias[c * W + w] = (has_bias && cvalid[c]) ? load_any(P.bias, P.bias_type, e) : 0.0f;
+      bias[c * W + w] = (has_bias && cvalid[c]) ? bias_value(P.bias, e) : 0.0f;
     }
 }
 
 /// The lane's chunks of the logits row of token t as raw vectors (zeros past the row or for t >= T): loaded one
 /// token ahead by the register kernels, then widened.
-template <int DT, int TPT, int NC, int W>
+template <class L, int TPT, int NC, int W>
 struct LaneRow {
-  using S = typename Ty<DT>::S;
+  using S = typename Elem<L>::S;
   using VV = Vec<S, W>;
   using Raw = typename VV::R;
-  __device__ __forceinline__ static void load(const FwdParams& P, long long t, int ls, const bool (&cvalid)[NC],
+  __device__ __forceinline__ static void load(const FwdParams<L>& P, long long t, int ls, const bool (&cvalid)[NC],
                                               Raw (&r)[NC]) {
-    const S* row = static_cast<const S*>(P.logits) + t * static_cast<long long>(P.E);
+    const S* row = storage(P.logits) + t * static_cast<long long>(P.E);
 #pragma unroll
     for (int c = 0; c < NC; ++c) {
       if (t < P.T && cvalid[c])
@@ -100,15 +109,15 @@ struct LaneRow {
       S s[W];
       VV::to_array(r[c], s);
 #pragma unroll
-      for (int w = 0; w < W; ++w) x[c * W + w] = Ty<DT>::to_f(s[w]);
+      for (int w = 0; w < W; ++w) x[c * W + w] = Elem<L>::to_f(s[w]);
     }
   }
 };
 
 /// Front part of the per-token work shared by both register kernels: activations (§5.1), selection keys (§7),
 /// early outputs (intermediate, aux scores), the activation row in shared memory, group-limited eligibility (§5.3).
-template <int DT, int TPT, int NC, int W>
-__device__ __forceinline__ void token_front(const FwdParams& P, const float (&x)[NC * W], float (&y)[NC * W],
+template <class L, int TPT, int NC, int W>
+__device__ __forceinline__ void token_front(const FwdParams<L>& P, const float (&x)[NC * W], float (&y)[NC * W],
                                             unsigned (&key)[NC * W], const bool (&cvalid)[NC],
                                             const float (&bias)[NC * W], bool valid, long long rowE, int ls, int seg,
                                             float* ybuf) {
@@ -118,7 +127,7 @@ __device__ __forceinline__ void token_front(const FwdParams& P, const float (&x)
   const bool compact = P.out == kOutCompact;
   const bool softmax_rowstats = fn == kFnSoftmax && (P.pre || aux);
   const bool softmax_post = fn == kFnSoftmax && !P.pre && !aux;
-  const bool has_bias = P.bias != nullptr;
+  const bool has_bias = P.bias.present();
   // ---- activations, selection scores, early outputs --------------------------------------------------
   if (fn == kFnSoftmax) {
     if (softmax_rowstats) {
@@ -168,7 +177,7 @@ __device__ __forceinline__ void token_front(const FwdParams& P, const float (&x)
     for (int p = 0; p < V; ++p) sc[p] = y[p] / rs;
 #pragma unroll
     for (int c = 0; c < NC; ++c) {
-      if (valid && cvalid[c]) store_chunk<kDtF32, W>(P.scores + rowE + (c * TPT + ls) * W, sc + c * W);
+      if (valid && cvalid[c]) store_elems<float, W>(P.scores + rowE + (c * TPT + ls) * W, sc + c * W);
 #pragma unroll
       for (int w = 0; w < W; ++w) key[c * W + w] = cvalid[c] ? order_key(sc[c * W + w]) : 0u;
     }
@@ -176,7 +185,7 @@ __device__ __forceinline__ void token_front(const FwdParams& P, const float (&x)
     if (aux) {  // softmax aux: scores = probabilities
 #pragma unroll
       for (int c = 0; c < NC; ++c)
-        if (valid && cvalid[c]) store_chunk<kDtF32, W>(P.scores + rowE + (c * TPT + ls) * W, y + c * W);
+        if (valid && cvalid[c]) store_elems<float, W>(P.scores + rowE + (c * TPT + ls) * W, y + c * W);
     }
 #pragma unroll
     for (int c = 0; c < NC; ++c)
@@ -194,7 +203,7 @@ __device__ __forceinline__ void token_front(const FwdParams& P, const float (&x)
       float iv[W];
 #pragma unroll
       for (int w = 0; w < W; ++w) iv[w] = (fn == kFnSqrtSoftplus) ? x[c * W + w] : y[c * W + w];
-      if (cvalid[c]) store_chunk<kDtF32, W>(P.inter + rowE + (c * TPT + ls) * W, iv);
+      if (cvalid[c]) store_elems<float, W>(P.inter + rowE + (c * TPT + ls) * W, iv);
     }
   }
   // per-token shared row: activations for the slot weights, cleared flags
@@ -242,21 +251,21 @@ __device__ __forceinline__ void token_front(const FwdParams& P, const float (&x)
         gsum = group_score_add(gsum, 0, order_key_decode(a1));
         if (kg == 2) gsum = group_score_add(gsum, 1, order_key_decode(a2));
       } else {
-        unsigned L[8];
+        unsigned lst[8];
 #pragma unroll
-        for (int j = 0; j < 8; ++j) L[j] = 0;
+        for (int j = 0; j < 8; ++j) lst[j] = 0;
 #pragma unroll
-        for (int w = 0; w < W; ++w) list_insert<8>(L, key[c * W + w]);
+        for (int w = 0; w < W; ++w) list_insert<8>(lst, key[c * W + w]);
         for (int o = 1; o < sg; o <<= 1) {
           unsigned B[8];
 #pragma unroll
-          for (int j = 0; j < 8; ++j) B[j] = __shfl_xor_sync(kFull, L[j], o);
+          for (int j = 0; j < 8; ++j) B[j] = __shfl_xor_sync(kFull, lst[j], o);
 #pragma unroll
-          for (int j = 0; j < 8; ++j) list_insert<8>(L, B[j]);
+          for (int j = 0; j < 8; ++j) list_insert<8>(lst, B[j]);
         }
 #pragma unroll
         for (int j = 0; j < 8; ++j)
-          if (j < kg) gsum = group_score_add(gsum, j, order_key_decode(L[j]));
+          if (j < kg) gsum = group_score_add(gsum, j, order_key_decode(lst[j]));
       }
       gkey[c] = order_key(gsum);
     }
@@ -286,9 +295,9 @@ __device__ __forceinline__ void token_front(const FwdParams& P, const float (&x)
 // =============================================================================================================
 // Fast path: TPT lanes per token, NC chunks of W experts per lane
 // =============================================================================================================
-template <int DT, int TPT, int NC, int W>
-__global__ void __launch_bounds__(128) topk_fwd_reg(const FwdParams P) {
-  using TT = Ty<DT>;
+template <class L, int TPT, int NC, int W>
+__global__ void __launch_bounds__(128) topk_fwd_reg(const FwdParams<L> P) {
+  using TT = Elem<L>;
   using S = typename TT::S;
   constexpr int V = NC * W;
   constexpr int TPW = 32 / TPT;  // tokens per warp
@@ -317,9 +326,9 @@ __global__ void __launch_bounds__(128) topk_fwd_reg(const FwdParams P) {
 
   bool cvalid[NC];
   float bias[V];
-  lane_prologue<TPT, NC, W>(P, ls, cvalid, bias);
+  lane_prologue<L, TPT, NC, W>(P, ls, cvalid, bias);
 
-  using Row = LaneRow<DT, TPT, NC, W>;
+  using Row = LaneRow<L, TPT, NC, W>;
   const long long nwarps = static_cast<long long>(gridDim.x) * (blockDim.x >> 5);
   const long long gwarp = static_cast<long long>(blockIdx.x) * (blockDim.x >> 5) + warp;
   const long long stride = nwarps * TPW;
@@ -340,7 +349,7 @@ __global__ void __launch_bounds__(128) topk_fwd_reg(const FwdParams P) {
     float y[V];
     unsigned key[V];
     for (int i = ls * 16; i < P.fbuf_bytes; i += TPT * 16) *reinterpret_cast<uint4*>(fbuf + i) = make_uint4(0, 0, 0, 0);
-    token_front<DT, TPT, NC, W>(P, x, y, key, cvalid, bias, valid, rowE, ls, seg, ybuf);
+    token_front<L, TPT, NC, W>(P, x, y, key, cvalid, bias, valid, rowE, ls, seg, ybuf);
 
     // ---- top-k selection -------------------------------------------------------------------------------
     unsigned cmask = 0;
@@ -481,7 +490,7 @@ __global__ void __launch_bounds__(128) topk_fwd_reg(const FwdParams P) {
             P.ids[o] = idx;
             P.weights[o] = P.scale * v;
           } else if (P.out == kOutIndices) {
-            store_index(P.indices, P.idx_type, o, idx);
+            store_index(P.indices, o, idx);
           }
         }
         if (valid) {      // (slots of a token beyond T were never written)
@@ -511,11 +520,11 @@ __global__ void __launch_bounds__(128) topk_fwd_reg(const FwdParams P) {
             wv[w] = ybuf[e0 + w];
             pv[w] = f[w] ? P.scale * wv[w] : 0.0f;
           }
-          store_chunk<DT, W>(static_cast<S*>(P.probs) + rowE + e0, pv);
+          store_elems<L, W>(storage(P.probs) + rowE + e0, pv);
           if (softmax_post) {
 #pragma unroll
             for (int w = 0; w < W; ++w) wv[w] = f[w] ? wv[w] : -INFINITY;
-            store_chunk<kDtF32, W>(P.inter + rowE + e0, wv);
+            store_elems<float, W>(P.inter + rowE + e0, wv);
           }
         }
         if (P.out == kOutBytemap) store_bytes<W>(P.map + rowE + e0, f);
@@ -557,7 +566,8 @@ __device__ __forceinline__ void topq_insert(unsigned (&Lk)[Q], int (&Lp)[Q], uns
 /// Weight of the slot held by a slot lane (docs/router.md §5.2): yr is the slot's activation (Softmax post: its logit;
 /// idle lanes pass 1, a value that keeps the division on its fast path). Sums run over the k slot lanes of the
 /// segment starting at lane sbase, in slot order, through shuffles; one division per lane. All lanes must call it.
-__device__ __forceinline__ float slot_weight(const FwdParams& P, int k, bool softmax_post, float yr, int sbase) {
+template <class L>
+__device__ __forceinline__ float slot_weight(const FwdParams<L>& P, int k, bool softmax_post, float yr, int sbase) {
   if (softmax_post) {
     const float x0 = __shfl_sync(kFull, yr, sbase);
     const float er = softmax_exp(yr, x0);
@@ -575,13 +585,14 @@ __device__ __forceinline__ float slot_weight(const FwdParams& P, int k, bool sof
 }
 
 /// Writes slot `slot` of token t (expert idx, weight v before scaling) to the compact ids/weights or dense indices.
-__device__ __forceinline__ void store_slot(const FwdParams& P, int k, long long t, int slot, int idx, float v) {
+template <class L>
+__device__ __forceinline__ void store_slot(const FwdParams<L>& P, int k, long long t, int slot, int idx, float v) {
   const long long o = t * static_cast<long long>(k) + slot;
   if (P.out == kOutCompact) {
     P.ids[o] = idx;
     P.weights[o] = P.scale * v;
   } else if (P.out == kOutIndices) {
-    store_index(P.indices, P.idx_type, o, idx);
+    store_index(P.indices, o, idx);
   }
 }
 
@@ -596,22 +607,9 @@ __device__ __forceinline__ unsigned seg_min_u32(unsigned v) {
   }
 }
 
-/// The kernel parameters of a topk_router forward (defined in KokkosMoE_Router_Forward.cu). Internal; the kernel
-/// harness perf_test/core/selfcheck times single kernels on this lowering, so that it measures the library's.
-FwdParams lower_forward(const TopkForwardArgs& a);
-
-// per-dtype kernel choice (defined in KokkosMoE_Router_Forward_<dtype>.cu): choose_forward<DT> of
-// KokkosMoE_Router_Cuda_ForwardLaunch.cuh
-FwdKernel choose_forward_f32(FwdParams& P, const KernelChoice& choice);
-FwdKernel choose_forward_f16(FwdParams& P, const KernelChoice& choice);
-FwdKernel choose_forward_bf16(FwdParams& P, const KernelChoice& choice);
-
-/// Kernel choice, instantiated once per dtype.
-template <int DT>
-FwdKernel choose_forward(FwdParams& P, const KernelChoice& choice);
-
-/// Launches a chosen kernel with P on q, whose device must be current (defined in KokkosMoE_Router_Forward.cu).
-cudaError_t launch_forward_kernel(const FwdKernel& K, const FwdParams& P, const Queue& q);
+/// Kernel choice for the logits type L (KokkosMoE_Router_Cuda_ForwardLaunch.cuh, instantiated per type).
+template <class L>
+FwdKernel<L> choose_forward(FwdParams<L>& P, const KernelChoice& choice);
 
 }  // namespace detail
 }  // namespace CudaKernels

@@ -4,7 +4,7 @@
 #ifndef KOKKOSMOE_ROUTER_CUDA_FORWARDLANE_CUH
 #define KOKKOSMOE_ROUTER_CUDA_FORWARDLANE_CUH
 
-// topk_fwd_lane<DT, TPT, NC, W, K, QB>: the forward fast path of topk_router (every routing output kind, not
+// topk_fwd_lane<L, TPT, NC, W, K, QB>: the forward fast path of topk_router (every routing output kind, not
 // aux_scores) for E <= TPT*NC*W (E % W == 0), k <= TPT, NC*W <= 32, groups only with NC == 1. It replaces the
 // register kernels of KokkosMoE_Router_Cuda_Forward.cuh where it applies. Those are instruction-issue bound, not
 // memory bound, mostly on integer selection work, so this kernel is built to issue fewer instructions per token:
@@ -208,16 +208,18 @@ __device__ __forceinline__ int lane_order_k(const unsigned* kbuf, const unsigned
   return ek;
 }
 
-template <int DT, int TPT, int NC, int W, int K, bool QB>
+template <class L, int TPT, int NC, int W, int K, bool QB>
 // Blocks per SM, the fastest count per shape on the H200: 8 blocks of 128 threads for one chunk per lane (its rows
 // fit in 64 registers); 4 with several chunks, so that every chunk's row stays in registers (up to 128); 5 for 4
 // chunks of 16-bit logits, where the fifth resident block is worth the few bytes its 96-register cap spills. With
 // f32 logits, or at 6 blocks, the spills cost more than the extra block gains. The QB variant: 5 blocks with 2
 // chunks (f32: the plain kernel gets 5 from its 93 registers, the cutoff's few more would cost the fifth block; it
 // fits 90 without spills), 4 with 4 chunks (at 5, 16-bit logits would spill 164 bytes).
-__global__ void __launch_bounds__(128, NC == 1 ? 8 : (QB ? (NC == 2 ? 5 : 4) : (NC == 4 && DT != kDtF32 ? 5 : 4)))
-    topk_fwd_lane(const FwdParams P) {
-  using TT = Ty<DT>;
+__global__ void __launch_bounds__(128, NC == 1
+                                           ? 8
+                                           : (QB ? (NC == 2 ? 5 : 4) : (NC == 4 && !std::is_same_v<L, float> ? 5 : 4)))
+    topk_fwd_lane(const FwdParams<L> P) {
+  using TT = Elem<L>;
   using S = typename TT::S;
   constexpr int V = NC * W;                                       // experts per lane
   constexpr int LD = V >= 32 ? 4 : 3;                             // depth of the lane lists of step 3
@@ -254,10 +256,10 @@ __global__ void __launch_bounds__(128, NC == 1 ? 8 : (QB ? (NC == 2 ? 5 : 4) : (
 
   // bias (Sigmoid/SqrtSoftplus only, §4); +0.0f otherwise, so that s = y + b also turns -0.0 into +0.0
   // (kept in registers with one chunk per lane; re-read per token, from L1, with several)
-  const bool has_bias = P.bias != nullptr;
+  const bool has_bias = P.bias.present();
   float bias1[W];
 #pragma unroll
-  for (int w = 0; w < W; ++w) bias1[w] = (has_bias && lvalid) ? load_any(P.bias, P.bias_type, ls * W + w) : 0.0f;
+  for (int w = 0; w < W; ++w) bias1[w] = (has_bias && lvalid) ? bias_value(P.bias, ls * W + w) : 0.0f;
 
   using VV = Vec<S, W>;
   using Raw = typename VV::R;
@@ -269,7 +271,7 @@ __global__ void __launch_bounds__(128, NC == 1 ? 8 : (QB ? (NC == 2 ? 5 : 4) : (
   const long long strideE = stride * static_cast<long long>(E);
   long long t = gwarp * TPW + seg;
   long long rowE = t * static_cast<long long>(E);
-  const S* lp = static_cast<const S*>(P.logits) + rowE + ls * W;
+  const S* lp = storage(P.logits) + rowE + ls * W;
   Raw raw[NC];
 #pragma unroll
   for (int c = 0; c < NC; ++c) {
@@ -345,7 +347,7 @@ __global__ void __launch_bounds__(128, NC == 1 ? 8 : (QB ? (NC == 2 ? 5 : 4) : (
       for (int w = 0; w < W; ++w) b[w] = bias1[w];
       if (NC > 1 && has_bias && cvalid[c]) {
 #pragma unroll
-        for (int w = 0; w < W; ++w) b[w] = load_any(P.bias, P.bias_type, e0 + w);
+        for (int w = 0; w < W; ++w) b[w] = bias_value(P.bias, e0 + w);
       }
       unsigned key[W];
 #pragma unroll
@@ -362,9 +364,9 @@ __global__ void __launch_bounds__(128, NC == 1 ? 8 : (QB ? (NC == 2 ? 5 : 4) : (
       }
       if (!compact && !softmax_post && valid && cvalid[c]) {
         if (fn == kFnSqrtSoftplus)
-          store_chunk<kDtF32, W>(P.inter + rowE + e0, x);
+          store_elems<float, W>(P.inter + rowE + e0, x);
         else
-          store_chunk<kDtF32, W>(P.inter + rowE + e0, y);
+          store_elems<float, W>(P.inter + rowE + e0, y);
       }
       if constexpr (W % 4 == 0) {
 #pragma unroll
@@ -425,24 +427,24 @@ __global__ void __launch_bounds__(128, NC == 1 ? 8 : (QB ? (NC == 2 ? 5 : 4) : (
     }
 
     // ---- 3. k rounds of a segment max over packed keys ---------------------------------------------------------
-    unsigned L[LD];  // the lane's best remaining packed keys, descending (L[0]: its head)
-    top_first<V, LD>(pk, L);
+    unsigned lst[LD];  // the lane's best remaining packed keys, descending (lst[0]: its head)
+    top_first<V, LD>(pk, lst);
     if (!elig) {
 #pragma unroll
-      for (int d = 0; d < LD; ++d) L[d] = 0u;
+      for (int d = 0; d < LD; ++d) lst[d] = 0u;
     }
     unsigned myP = 0u, Mlast = 0u;
     // one exact round: the segment maximum of the heads is slot r; a lane whose list ran dry refills from its keys
     // below M (it pops in descending order), also after the last round, so that Mk below is exact
     auto single_round = [&](int r) {
-      const unsigned M = seg_max_u32<TPT>(L[0]);
+      const unsigned M = seg_max_u32<TPT>(lst[0]);
       myP = (ls == r) ? M : myP;
-      const bool win = L[0] == M;
+      const bool win = lst[0] == M;
 #pragma unroll
-      for (int d = 0; d + 1 < LD; ++d) L[d] = win ? L[d + 1] : L[d];
-      L[LD - 1] = win ? 0u : L[LD - 1];
-      if (__any_sync(kFull, win && L[0] == 0u)) {
-        if (win && L[0] == 0u) top_below<V, LD>(pk, M, L);
+      for (int d = 0; d + 1 < LD; ++d) lst[d] = win ? lst[d + 1] : lst[d];
+      lst[LD - 1] = win ? 0u : lst[LD - 1];
+      if (__any_sync(kFull, win && lst[0] == 0u)) {
+        if (win && lst[0] == 0u) top_below<V, LD>(pk, M, lst);
       }
       Mlast = M;
     };
@@ -454,29 +456,29 @@ __global__ void __launch_bounds__(128, NC == 1 ? 8 : (QB ? (NC == 2 ? 5 : 4) : (
 #pragma unroll(V >= 32 ? 1 : 8)
     for (int r = 0; r < k; r += 2) {
       const bool two = r + 1 < k;
-      const unsigned M1 = seg_max_u32<TPT>(L[0]);
-      const bool w1 = L[0] == M1;
-      const unsigned c = w1 ? L[1] : L[0];
+      const unsigned M1 = seg_max_u32<TPT>(lst[0]);
+      const bool w1 = lst[0] == M1;
+      const unsigned c = w1 ? lst[1] : lst[0];
       const unsigned M2 = two ? seg_max_u32<TPT>(c) : 0u;
       const bool w2 = two && c == M2;
       const bool p2 = w1 && w2;
       const bool p1 = w1 != w2;
 #pragma unroll
       for (int d = 0; d < LD; ++d) {
-        const unsigned n1 = d + 1 < LD ? L[d + 1] : 0u;
-        const unsigned n2 = d + 2 < LD ? L[d + 2] : 0u;
-        L[d] = p2 ? n2 : (p1 ? n1 : L[d]);
+        const unsigned n1 = d + 1 < LD ? lst[d + 1] : 0u;
+        const unsigned n2 = d + 2 < LD ? lst[d + 2] : 0u;
+        lst[d] = p2 ? n2 : (p1 ? n1 : lst[d]);
       }
       myP = (ls == r) ? M1 : ((two && ls == r + 1) ? M2 : myP);
       Mlast = two ? M2 : M1;
-      if (__any_sync(kFull, (w1 || w2) && L[0] == 0u)) {
+      if (__any_sync(kFull, (w1 || w2) && lst[0] == 0u)) {
         // undo the pops (the popped keys are M1 and/or M2; nothing fell off the end), then two exact rounds (they
         // set myP of slots r and r + 1 again)
 #pragma unroll
         for (int d = LD - 1; d >= 0; --d) {
-          const unsigned b1 = d >= 1 ? L[d - 1] : (w1 ? M1 : M2);
-          const unsigned b2 = d >= 2 ? L[d - 2] : (d == 1 ? M2 : M1);
-          L[d] = p2 ? b2 : (p1 ? b1 : L[d]);
+          const unsigned b1 = d >= 1 ? lst[d - 1] : (w1 ? M1 : M2);
+          const unsigned b2 = d >= 2 ? lst[d - 2] : (d == 1 ? M2 : M1);
+          lst[d] = p2 ? b2 : (p1 ? b1 : lst[d]);
         }
         single_round(r);
         if (two) single_round(r + 1);
@@ -488,9 +490,9 @@ __global__ void __launch_bounds__(128, NC == 1 ? 8 : (QB ? (NC == 2 ? 5 : 4) : (
     // Skipped where packed keys are exact: Softmax post keys 16-bit logits, whose FP32 widening leaves the low 16
     // (bf16) or 13 (fp16) bits of the order-preserving key all equal to the sign bit's pattern, so two keys with
     // the same upper 32-IB bits are equal when IB does not exceed that.
-    constexpr int kExactBits = DT == kDtBF16 ? 16 : (DT == kDtF16 ? 13 : 0);
+    constexpr int kExactBits = std::is_same_v<L, bf16_t> ? 16 : (std::is_same_v<L, fp16_t> ? 13 : 0);
     const bool exact_keys = softmax_post && IB <= kExactBits;
-    const unsigned Mk = exact_keys ? 0u : seg_max_u32<TPT>(L[0]);  // the best unselected packed key (0: none)
+    const unsigned Mk = exact_keys ? 0u : seg_max_u32<TPT>(lst[0]);  // the best unselected packed key (0: none)
     const bool has = ls < k;
     int my_idx = static_cast<int>(IMASK - (myP & IMASK));
     bool bad = false;
@@ -537,7 +539,7 @@ __global__ void __launch_bounds__(128, NC == 1 ? 8 : (QB ? (NC == 2 ? 5 : 4) : (
     // ---- QB cutoff (docs/router.md §19.4): the score of order[k], y + b with the selection's own FP32 add --------
     if constexpr (QB) {
       const int ek = lane_order_k<TPT, NC, W, IMASK>(kbuf, pk, cvalid, elig, selm, Mk, redo, ls);
-      if (valid && ls == 0) P.cutoff[t] = ybuf[ek] + (has_bias ? load_any(P.bias, P.bias_type, ek) : 0.0f);
+      if (valid && ls == 0) P.cutoff[t] = ybuf[ek] + (has_bias ? bias_value(P.bias, ek) : 0.0f);
     }
 
     // ---- 5. slot weights (§5.2), sums in slot order ------------------------------------------------------------
@@ -569,11 +571,11 @@ __global__ void __launch_bounds__(128, NC == 1 ? 8 : (QB ? (NC == 2 ? 5 : 4) : (
         }
 #pragma unroll
         for (int w = 0; w < W; ++w) pv[w] = ((cm >> w) & 1u) ? P.scale * wv[w] : 0.0f;
-        if (st) store_chunk<DT, W>(static_cast<S*>(P.probs) + rowE + e0, pv);
+        if (st) store_elems<L, W>(storage(P.probs) + rowE + e0, pv);
         if (softmax_post) {
 #pragma unroll
           for (int w = 0; w < W; ++w) wv[w] = ((cm >> w) & 1u) ? wv[w] : -INFINITY;
-          if (st) store_chunk<kDtF32, W>(P.inter + rowE + e0, wv);
+          if (st) store_elems<float, W>(P.inter + rowE + e0, wv);
         }
         if (P.out == kOutBytemap && st) {
           // bit j of a nibble to byte j: the multiplier's four shifts (0, 7, 14, 21) never collide

@@ -27,7 +27,8 @@ inline bool is_pow2(int v) { return v > 0 && (v & (v - 1)) == 0; }
 
 /// Grouping is supported by the register kernel when every chunk of W experts lies in one group and a group
 /// spans a power-of-two number of lanes of one chunk row.
-inline bool reg_group_ok(const FwdParams& P, int W, int TPT) {
+template <class L>
+bool reg_group_ok(const FwdParams<L>& P, int W, int TPT) {
   if (P.gk <= 0) return true;
   if (P.kg > 8 || P.gs % W != 0) return false;
   const int sg = P.gs / W;
@@ -35,12 +36,13 @@ inline bool reg_group_ok(const FwdParams& P, int W, int TPT) {
 }
 
 /// A persistent token kernel: `warps` warps per block, `tpw` tokens per warp, `smem` dynamic bytes.
-inline FwdKernel persistent(void (*kernel)(FwdParams), int warps, int tpw, size_t smem, bool max_shared = false) {
-  return FwdKernel{kernel, warps, tpw, smem, max_shared};
+template <class L>
+FwdKernel<L> persistent(void (*kernel)(FwdParams<L>), int warps, int tpw, size_t smem, bool max_shared = false) {
+  return FwdKernel<L>{kernel, warps, tpw, smem, max_shared};
 }
 
-template <int DT, int TPT, int NC, int W>
-FwdKernel choose_reg(FwdParams& P) {
+template <class L, int TPT, int NC, int W>
+FwdKernel<L> choose_reg(FwdParams<L>& P) {
   constexpr int ECAP = TPT * NC * W;
   constexpr int TPW = 32 / TPT;
   P.cap = std::max(P.k, std::min(kCandLimit, ECAP));
@@ -52,11 +54,11 @@ FwdKernel choose_reg(FwdParams& P) {
   const size_t per_warp = static_cast<size_t>(TPW) * P.tok_smem;
   int warps = static_cast<int>(std::max<size_t>(1, std::min<size_t>(4, (48 * 1024) / per_warp)));
   const size_t smem = per_warp * warps;
-  return persistent(topk_fwd_reg<DT, TPT, NC, W>, warps, TPW, smem);
+  return persistent(topk_fwd_reg<L, TPT, NC, W>, warps, TPW, smem);
 }
 
-template <int DT, int TPT, int NC, int W>
-FwdKernel choose_rounds(FwdParams& P) {
+template <class L, int TPT, int NC, int W>
+FwdKernel<L> choose_rounds(FwdParams<L>& P) {
   constexpr int ECAP = TPT * NC * W;
   constexpr int TPW = 32 / TPT;
   P.off_fbuf = round16(ECAP * 4);
@@ -64,7 +66,7 @@ FwdKernel choose_rounds(FwdParams& P) {
   P.tok_smem = P.off_fbuf + P.fbuf_bytes;
   const int warps = 4;
   const size_t smem = static_cast<size_t>(TPW) * P.tok_smem * warps;
-  return persistent(topk_fwd_rounds<DT, TPT, NC, W>, warps, TPW, smem);
+  return persistent(topk_fwd_rounds<L, TPT, NC, W>, warps, TPW, smem);
 }
 
 /// Kernel choice between the two register kernels, which give bit-identical outputs: the rounds kernel needs
@@ -73,52 +75,53 @@ FwdKernel choose_rounds(FwdParams& P) {
 /// is at least as fast, so it runs there and whenever k > TPT (measured on the H200 with perf_test/core/selfcheck;
 /// the results are in commit a331d46). The small-E 4-wide path in choose_forward always uses the rounds
 /// kernel. KernelChoice::forward_threshold_only asks for the candidate kernel instead.
-template <int DT, int TPT, int NC, int W>
-FwdKernel choose_best(FwdParams& P, const KernelChoice& choice) {
-  if (P.k <= TPT && NC * W >= 16 && !choice.forward_threshold_only) return choose_rounds<DT, TPT, NC, W>(P);
-  return choose_reg<DT, TPT, NC, W>(P);
+template <class L, int TPT, int NC, int W>
+FwdKernel<L> choose_best(FwdParams<L>& P, const KernelChoice& choice) {
+  if (P.k <= TPT && NC * W >= 16 && !choice.forward_threshold_only) return choose_rounds<L, TPT, NC, W>(P);
+  return choose_reg<L, TPT, NC, W>(P);
 }
 
 /// topk_fwd_lane; with several chunks per lane (16-32 KB per block) it asks for the largest carveout. QB: the
 /// instantiation that also writes the QB cutoff (FwdParams::cutoff).
-template <int DT, int TPT, int NC, int W, int K = 0, bool QB = false>
-FwdKernel choose_lane() {
+template <class L, int TPT, int NC, int W, int K = 0, bool QB = false>
+FwdKernel<L> choose_lane() {
   constexpr int TPW = 32 / TPT;
   const int warps = 4;
   // per token: the activation row and the key row
   const size_t smem = static_cast<size_t>(warps) * TPW * 2 * TPT * NC * W * sizeof(float);
-  FwdKernel kernel = persistent(topk_fwd_lane<DT, TPT, NC, W, K, QB>, warps, TPW, smem, NC > 1);
+  FwdKernel<L> kernel = persistent(topk_fwd_lane<L, TPT, NC, W, K, QB>, warps, TPW, smem, NC > 1);
   kernel.writes_cutoff = QB;
   return kernel;
 }
 
 /// topk_fwd_lane with one chunk of W experts per lane for a run-time lanes-per-token count (2..32); k == 8 gets the
 /// compile-time-k variant when KEIGHT (16 and 32 lanes, the common MoE shapes). None for another count.
-template <int DT, int W, bool KEIGHT, bool QB = false>
-FwdKernel choose_lane_tpt(const FwdParams& P, int tpt) {
+template <class L, int W, bool KEIGHT, bool QB = false>
+FwdKernel<L> choose_lane_tpt(const FwdParams<L>& P, int tpt) {
   if constexpr (KEIGHT) {
     if (P.k == 8 && (tpt == 16 || tpt == 32))
-      return tpt == 16 ? choose_lane<DT, 16, 1, W, 8, QB>() : choose_lane<DT, 32, 1, W, 8, QB>();
+      return tpt == 16 ? choose_lane<L, 16, 1, W, 8, QB>() : choose_lane<L, 32, 1, W, 8, QB>();
   }
   switch (tpt) {
     case 2:
-      return choose_lane<DT, 2, 1, W, 0, QB>();
+      return choose_lane<L, 2, 1, W, 0, QB>();
     case 4:
-      return choose_lane<DT, 4, 1, W, 0, QB>();
+      return choose_lane<L, 4, 1, W, 0, QB>();
     case 8:
-      return choose_lane<DT, 8, 1, W, 0, QB>();
+      return choose_lane<L, 8, 1, W, 0, QB>();
     case 16:
-      return choose_lane<DT, 16, 1, W, 0, QB>();
+      return choose_lane<L, 16, 1, W, 0, QB>();
     case 32:
-      return choose_lane<DT, 32, 1, W, 0, QB>();
+      return choose_lane<L, 32, 1, W, 0, QB>();
     default:
-      return FwdKernel{};
+      return FwdKernel<L>{};
   }
 }
 
 /// Lanes per token and chunks per lane of topk_fwd_lane for W experts per lane: the fewest lanes (a power of two,
 /// at least k) covering E with one chunk, then up to 4 chunks at 32 lanes. False when W does not apply.
-inline bool lane_shape(const FwdParams& P, int W, int& tpt, int& nc) {
+template <class L>
+bool lane_shape(const FwdParams<L>& P, int W, int& tpt, int& nc) {
   if (P.E % W != 0) return false;
   tpt = 1;
   while (tpt < 32 && (tpt * W < P.E || tpt < P.k)) tpt <<= 1;
@@ -137,8 +140,8 @@ inline bool lane_shape(const FwdParams& P, int W, int& tpt, int& nc) {
 /// KernelChoice::forward_lane_width asks for a width. 16 experts per lane (2 or 4 tokens per warp sharing
 /// every cross-lane step) is not instantiated: it needs about 117 registers, which halves the resident warps and
 /// costs more than the shared steps save (docs/design.md).
-template <int DT, bool QB>
-FwdKernel choose_lane_kernel_for(const FwdParams& P, const KernelChoice& choice) {
+template <class L, bool QB>
+FwdKernel<L> choose_lane_kernel_for(const FwdParams<L>& P, const KernelChoice& choice) {
   for (int pass = 0; pass < 2; ++pass) {
     for (const int W : {8, 4}) {
       if (choice.forward_lane_width != 0 && W != choice.forward_lane_width) continue;
@@ -146,97 +149,190 @@ FwdKernel choose_lane_kernel_for(const FwdParams& P, const KernelChoice& choice)
       if (!lane_shape(P, W, tpt, nc)) continue;
       if (pass == 0 && tpt * nc * W >= 2 * P.E) continue;
       if (nc == 1) {
-        const FwdKernel K =
-            W == 8 ? choose_lane_tpt<DT, 8, !QB, QB>(P, tpt) : choose_lane_tpt<DT, 4, false, QB>(P, tpt);
+        const FwdKernel<L> K =
+            W == 8 ? choose_lane_tpt<L, 8, !QB, QB>(P, tpt) : choose_lane_tpt<L, 4, false, QB>(P, tpt);
         if (K.kernel != nullptr) return K;
       } else if (W == 8 && nc == 2) {
-        return choose_lane<DT, 32, 2, 8, 0, QB>();
+        return choose_lane<L, 32, 2, 8, 0, QB>();
       } else if (W == 8 && nc == 4) {  // (k = 32 at compile time for the E = 1024, k = 32 shape)
-        return P.k == 32 && !QB ? choose_lane<DT, 32, 4, 8, 32>() : choose_lane<DT, 32, 4, 8, 0, QB>();
+        return P.k == 32 && !QB ? choose_lane<L, 32, 4, 8, 32>() : choose_lane<L, 32, 4, 8, 0, QB>();
       }
     }
   }
-  return FwdKernel{};
+  return FwdKernel<L>{};
 }
 
 /// The lane kernel for P; with P.cutoff (Quantile Balancing) the instantiations that also write it, whose k is
 /// always a run-time value (the compile-time k = 8 and k = 32 variants are not instantiated twice).
-template <int DT>
-FwdKernel choose_lane_kernel(const FwdParams& P, const KernelChoice& choice) {
-  if (P.aux || choice.forward_threshold_only) return FwdKernel{};
-  return P.cutoff != nullptr ? choose_lane_kernel_for<DT, true>(P, choice)
-                             : choose_lane_kernel_for<DT, false>(P, choice);
-}
-
-/// The lane kernel for P (choose_lane_kernel), launched on *q unless q is null; false when it does not apply.
-template <int DT>
-bool try_launch_lane(FwdParams& P, const Queue* q, cudaError_t* err, const KernelChoice& choice = {}) {
-  const FwdKernel K = choose_lane_kernel<DT>(P, choice);
-  if (K.kernel == nullptr) return false;
-  *err = q != nullptr ? launch_forward_kernel(K, P, *q) : cudaSuccess;
-  return true;
+template <class L>
+FwdKernel<L> choose_lane_kernel(const FwdParams<L>& P, const KernelChoice& choice) {
+  if (P.aux || choice.forward_threshold_only) return FwdKernel<L>{};
+  return P.cutoff != nullptr ? choose_lane_kernel_for<L, true>(P, choice) : choose_lane_kernel_for<L, false>(P, choice);
 }
 
 /// The native forward kernel for P, with P's shared-memory layout filled in for it. None when no native kernel
 /// handles the shape (E > 1024, or a grouping no register kernel's lane layout fits): the caller then runs the
 /// portable path.
-template <int DT>
-FwdKernel choose_forward(FwdParams& P, const KernelChoice& choice) {
-  constexpr int VW = Ty<DT>::VW;
+template <class L>
+FwdKernel<L> choose_forward(FwdParams<L>& P, const KernelChoice& choice) {
+  constexpr int VW = Elem<L>::VW;
   const int E = P.E;
   const bool vec = (E % VW == 0) && aligned16(P.logits) && aligned16(P.probs) && aligned16(P.inter) &&
                    aligned16(P.scores) && aligned16(P.map);
   if (E <= 1024) {
     if (vec) {
-      const FwdKernel K = choose_lane_kernel<DT>(P, choice);
+      const FwdKernel<L> K = choose_lane_kernel<L>(P, choice);
       if (K.kernel != nullptr) return K;
     }
     // small E with k above the default lanes per token: 4-wide chunks, more lanes, so the rounds kernel applies
     if (vec && E % 4 == 0 && E <= 32 && !choice.forward_threshold_only) {
       const int tpt_default = E <= 8 ? 1 : (E <= 16 ? 2 : 4);
       if (P.k > tpt_default) {
-        if (E <= 8 && P.k <= 2 && reg_group_ok(P, 4, 2)) return choose_rounds<DT, 2, 1, 4>(P);
-        if (E <= 16 && P.k <= 4 && reg_group_ok(P, 4, 4)) return choose_rounds<DT, 4, 1, 4>(P);
-        if (P.k <= 8 && reg_group_ok(P, 4, 8)) return choose_rounds<DT, 8, 1, 4>(P);
+        if (E <= 8 && P.k <= 2 && reg_group_ok(P, 4, 2)) return choose_rounds<L, 2, 1, 4>(P);
+        if (E <= 16 && P.k <= 4 && reg_group_ok(P, 4, 4)) return choose_rounds<L, 4, 1, 4>(P);
+        if (P.k <= 8 && reg_group_ok(P, 4, 8)) return choose_rounds<L, 8, 1, 4>(P);
       }
     }
     if (vec) {
       if constexpr (VW == 8) {
-        if (E <= 8 && reg_group_ok(P, 8, 1)) return choose_best<DT, 1, 1, 8>(P, choice);
-        if (E <= 16 && reg_group_ok(P, 8, 2)) return choose_best<DT, 2, 1, 8>(P, choice);
-        if (E <= 32 && reg_group_ok(P, 8, 4)) return choose_best<DT, 4, 1, 8>(P, choice);
-        if (E <= 64 && reg_group_ok(P, 8, 8)) return choose_best<DT, 8, 1, 8>(P, choice);
-        if (E <= 128 && reg_group_ok(P, 8, 16)) return choose_best<DT, 16, 1, 8>(P, choice);
-        if (E <= 256 && reg_group_ok(P, 8, 32)) return choose_best<DT, 32, 1, 8>(P, choice);
-        if (E <= 512 && E > 256 && reg_group_ok(P, 8, 32)) return choose_best<DT, 32, 2, 8>(P, choice);
-        if (E > 512 && reg_group_ok(P, 8, 32)) return choose_best<DT, 32, 4, 8>(P, choice);
+        if (E <= 8 && reg_group_ok(P, 8, 1)) return choose_best<L, 1, 1, 8>(P, choice);
+        if (E <= 16 && reg_group_ok(P, 8, 2)) return choose_best<L, 2, 1, 8>(P, choice);
+        if (E <= 32 && reg_group_ok(P, 8, 4)) return choose_best<L, 4, 1, 8>(P, choice);
+        if (E <= 64 && reg_group_ok(P, 8, 8)) return choose_best<L, 8, 1, 8>(P, choice);
+        if (E <= 128 && reg_group_ok(P, 8, 16)) return choose_best<L, 16, 1, 8>(P, choice);
+        if (E <= 256 && reg_group_ok(P, 8, 32)) return choose_best<L, 32, 1, 8>(P, choice);
+        if (E <= 512 && E > 256 && reg_group_ok(P, 8, 32)) return choose_best<L, 32, 2, 8>(P, choice);
+        if (E > 512 && reg_group_ok(P, 8, 32)) return choose_best<L, 32, 4, 8>(P, choice);
       } else {
-        if (E <= 4 && reg_group_ok(P, 4, 1)) return choose_best<DT, 1, 1, 4>(P, choice);
-        if (E <= 8 && reg_group_ok(P, 4, 1)) return choose_best<DT, 1, 2, 4>(P, choice);
-        if (E <= 16 && reg_group_ok(P, 4, 2)) return choose_best<DT, 2, 2, 4>(P, choice);
-        if (E <= 32 && reg_group_ok(P, 4, 4)) return choose_best<DT, 4, 2, 4>(P, choice);
-        if (E <= 64 && reg_group_ok(P, 4, 8)) return choose_best<DT, 8, 2, 4>(P, choice);
-        if (E <= 128 && reg_group_ok(P, 4, 16)) return choose_best<DT, 16, 2, 4>(P, choice);
-        if (E <= 256 && reg_group_ok(P, 4, 32)) return choose_best<DT, 32, 2, 4>(P, choice);
-        if (E <= 512 && E > 256 && reg_group_ok(P, 4, 32)) return choose_best<DT, 32, 4, 4>(P, choice);
-        if (E > 512 && reg_group_ok(P, 4, 32)) return choose_best<DT, 32, 8, 4>(P, choice);
+        if (E <= 4 && reg_group_ok(P, 4, 1)) return choose_best<L, 1, 1, 4>(P, choice);
+        if (E <= 8 && reg_group_ok(P, 4, 1)) return choose_best<L, 1, 2, 4>(P, choice);
+        if (E <= 16 && reg_group_ok(P, 4, 2)) return choose_best<L, 2, 2, 4>(P, choice);
+        if (E <= 32 && reg_group_ok(P, 4, 4)) return choose_best<L, 4, 2, 4>(P, choice);
+        if (E <= 64 && reg_group_ok(P, 4, 8)) return choose_best<L, 8, 2, 4>(P, choice);
+        if (E <= 128 && reg_group_ok(P, 4, 16)) return choose_best<L, 16, 2, 4>(P, choice);
+        if (E <= 256 && reg_group_ok(P, 4, 32)) return choose_best<L, 32, 2, 4>(P, choice);
+        if (E <= 512 && E > 256 && reg_group_ok(P, 4, 32)) return choose_best<L, 32, 4, 4>(P, choice);
+        if (E > 512 && reg_group_ok(P, 4, 32)) return choose_best<L, 32, 8, 4>(P, choice);
       }
     }
     // scalar (coalesced 2/4-byte accesses): any E <= 1024, any alignment
     if (reg_group_ok(P, 1, 32)) {
-      if (E <= 32) return choose_best<DT, 32, 1, 1>(P, choice);
-      if (E <= 128) return choose_best<DT, 32, 4, 1>(P, choice);
-      if (E <= 256) return choose_best<DT, 32, 8, 1>(P, choice);
-      if (E <= 512) return choose_best<DT, 32, 16, 1>(P, choice);
-      return choose_best<DT, 32, 32, 1>(P, choice);
+      if (E <= 32) return choose_best<L, 32, 1, 1>(P, choice);
+      if (E <= 128) return choose_best<L, 32, 4, 1>(P, choice);
+      if (E <= 256) return choose_best<L, 32, 8, 1>(P, choice);
+      if (E <= 512) return choose_best<L, 32, 16, 1>(P, choice);
+      return choose_best<L, 32, 32, 1>(P, choice);
     }
   }
-  return FwdKernel{};
+  return FwdKernel<L>{};
+}
+
+template <class L>
+FwdParams<L> lower(const TopkForward<L>& a) {
+  FwdParams<L> P;
+  P.T = a.num_tokens;
+  P.E = a.num_experts;
+  P.k = a.config.topk;
+  P.fn = static_cast<int>(a.config.score_function);
+  P.pre = (a.config.score_function == ScoreFunction::Softmax && a.config.use_pre_softmax) ? 1 : 0;
+  P.aux = 0;
+  if (a.config.group_topk > 0) {
+    P.G = a.config.num_groups;
+    P.gk = a.config.group_topk;
+    P.gs = P.E / P.G;
+    P.kg = P.k / P.gk;
+  }
+  P.scale = a.config.scaling_factor;
+  P.out = static_cast<int>(a.output);
+  P.logits = a.logits;
+  if (a.config.score_function != ScoreFunction::Softmax) P.bias = a.bias;
+  if (a.output == RoutingOutput::Compact) {
+    P.ids = a.ids;
+    P.weights = a.weights;
+  } else {
+    P.probs = a.probs;
+    P.inter = a.intermediate;
+    P.cutoff = a.qb_cutoff;
+    if (a.output == RoutingOutput::Indices)
+      P.indices = a.indices;
+    else
+      P.map = a.routing_map;
+  }
+  return P;
+}
+
+template <class L>
+FwdParams<L> lower(const AuxScoresForward<L>& a) {
+  FwdParams<L> P;
+  P.T = a.num_tokens;
+  P.E = a.num_experts;
+  P.k = a.topk;
+  P.fn = static_cast<int>(a.score_function);
+  P.pre = 0;
+  P.aux = 1;
+  P.out = static_cast<int>(a.output);
+  P.logits = a.logits;
+  P.scores = a.scores;
+  P.map = a.routing_map;
+  P.inter = a.intermediate;
+  return P;
+}
+
+/// Launches a chosen kernel with P on q, whose device must be current.
+template <class L>
+cudaError_t launch_forward_kernel(const FwdKernel<L>& K, const FwdParams<L>& P, const Queue& q) {
+  const void* kernel = reinterpret_cast<const void*>(K.kernel);
+  cudaError_t err = cudaSuccess;
+  if (K.max_shared) {
+    err = prefer_max_shared(q.device, kernel);
+    if (err != cudaSuccess) return err;
+  }
+  err = ensure_smem(kernel, K.smem);
+  if (err != cudaSuccess) return err;
+  const long long tok_per_block = static_cast<long long>(K.warps) * K.tpw;
+  const long long work = (P.T + tok_per_block - 1) / tok_per_block;
+  const int grid = persistent_grid(q.device, kernel, K.warps * 32, K.smem, work);
+  K.kernel<<<grid, K.warps * 32, K.smem, q.stream>>>(P);
+  return cudaGetLastError();
+}
+
+template <class L, class Args>
+ForwardPlan<L> plan(const Args& a, const KernelChoice& choice) {
+  ForwardPlan<L> plan;
+  plan.params = lower(a);
+  plan.kernel = choose_forward(plan.params, choice);
+  return plan;
 }
 
 }  // namespace detail
+
+template <class L>
+ForwardPlan<L> plan_forward(const TopkForward<L>& a, const KernelChoice& choice) {
+  return detail::plan<L>(a, choice);
+}
+
+template <class L>
+ForwardPlan<L> plan_forward(const AuxScoresForward<L>& a, const KernelChoice& choice) {
+  return detail::plan<L>(a, choice);
+}
+
+template <class L>
+cudaError_t run_forward(const ForwardPlan<L>& plan, const Queue& q) {
+  if (plan.params.T <= 0) return cudaSuccess;  // nothing per-token is launched (docs/router.md §4.3)
+  if (!plan.native()) return cudaErrorInvalidValue;
+  const detail::DeviceGuard device(q);
+  if (device.status() != cudaSuccess) return device.status();
+  return detail::launch_forward_kernel(plan.kernel, plan.params, q);
+}
+
 }  // namespace CudaKernels
 }  // namespace Impl
 }  // namespace KokkosMoE
+
+/// The forward operations for logits of type L (at namespace KokkosMoE::Impl::CudaKernels).
+#define KOKKOSMOE_ROUTER_INSTANTIATE_FORWARD(L)                                          \
+  template ForwardPlan<L> plan_forward(const TopkForward<L>&, const KernelChoice&);      \
+  template ForwardPlan<L> plan_forward(const AuxScoresForward<L>&, const KernelChoice&); \
+  template cudaError_t run_forward(const ForwardPlan<L>&, const Queue&)
 
 #endif

@@ -23,9 +23,9 @@ namespace detail {
 //   owner lanes with one shuffle per expert. Shared memory holds only the activation row and a slot byte per
 //   selected expert.
 // =============================================================================================================
-template <int DT, int TPT, int NC, int W>
-__global__ void __launch_bounds__(128) topk_fwd_rounds(const FwdParams P) {
-  using TT = Ty<DT>;
+template <class L, int TPT, int NC, int W>
+__global__ void __launch_bounds__(128) topk_fwd_rounds(const FwdParams<L> P) {
+  using TT = Elem<L>;
   using S = typename TT::S;
   constexpr int V = NC * W;
   constexpr int TPW = 32 / TPT;
@@ -52,9 +52,9 @@ __global__ void __launch_bounds__(128) topk_fwd_rounds(const FwdParams P) {
 
   bool cvalid[NC];
   float bias[V];
-  lane_prologue<TPT, NC, W>(P, ls, cvalid, bias);
+  lane_prologue<L, TPT, NC, W>(P, ls, cvalid, bias);
 
-  using Row = LaneRow<DT, TPT, NC, W>;
+  using Row = LaneRow<L, TPT, NC, W>;
   const long long nwarps = static_cast<long long>(gridDim.x) * (blockDim.x >> 5);
   const long long gwarp = static_cast<long long>(blockIdx.x) * (blockDim.x >> 5) + warp;
   const long long stride = nwarps * TPW;
@@ -72,7 +72,7 @@ __global__ void __launch_bounds__(128) topk_fwd_rounds(const FwdParams P) {
     const long long rowE = t * static_cast<long long>(E);
     float y[V];
     unsigned key[V];
-    token_front<DT, TPT, NC, W>(P, x, y, key, cvalid, bias, valid, rowE, ls, seg, ybuf);
+    token_front<L, TPT, NC, W>(P, x, y, key, cvalid, bias, valid, rowE, ls, seg, ybuf);
 
     // ---- per-lane sorted top-Q (key desc, position asc) -------------------------------------------------
     unsigned Lk[Q];
@@ -158,11 +158,11 @@ __global__ void __launch_bounds__(128) topk_fwd_rounds(const FwdParams P) {
             wv[w] = __shfl_sync(kFull, vr, sbase + src);
             pv[w] = f[w] ? P.scale * wv[w] : 0.0f;
           }
-          if (st) store_chunk<DT, W>(static_cast<S*>(P.probs) + rowE + e0, pv);
+          if (st) store_elems<L, W>(storage(P.probs) + rowE + e0, pv);
           if (softmax_post) {
 #pragma unroll
             for (int w = 0; w < W; ++w) wv[w] = f[w] ? wv[w] : -INFINITY;
-            if (st) store_chunk<kDtF32, W>(P.inter + rowE + e0, wv);
+            if (st) store_elems<float, W>(P.inter + rowE + e0, wv);
           }
         }
         if (P.out == kOutBytemap && st) store_bytes<W>(P.map + rowE + e0, f);

@@ -10,12 +10,8 @@
 namespace KokkosMoE {
 namespace Impl {
 namespace CudaKernels {
-namespace detail {
 
-FwdKernel choose_forward_f16(FwdParams& P, const KernelChoice& choice) { return choose_forward<kDtF16>(P, choice); }
-
-}  // namespace detail
-
+KOKKOSMOE_ROUTER_INSTANTIATE_FORWARD(fp16_t);
 KOKKOSMOE_ROUTER_INSTANTIATE_BACKWARD(fp16_t);
 template cudaError_t backward(const CompactBackward<fp16_t, fp16_t>&, const Queue&);
 

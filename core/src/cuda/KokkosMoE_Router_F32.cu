@@ -10,12 +10,8 @@
 namespace KokkosMoE {
 namespace Impl {
 namespace CudaKernels {
-namespace detail {
 
-FwdKernel choose_forward_f32(FwdParams& P, const KernelChoice& choice) { return choose_forward<kDtF32>(P, choice); }
-
-}  // namespace detail
-
+KOKKOSMOE_ROUTER_INSTANTIATE_FORWARD(float);
 KOKKOSMOE_ROUTER_INSTANTIATE_BACKWARD(float);
 
 }  // namespace CudaKernels

@@ -11,7 +11,7 @@
 
 #include <cuda/KokkosMoE_AuxLoss_Cuda.hpp>          // the aux_loss operations
 #include <cuda/KokkosMoE_Router_Cuda_Backward.hpp>  // the backward operations
-#include <cuda/KokkosMoE_Router_Cuda_Params.hpp>
+#include <cuda/KokkosMoE_Router_Cuda_Forward.hpp>   // the forward operations
 #include <cuda_runtime_api.h>
 #include <impl/KokkosMoE_Router_Args.hpp>
 #include <impl/KokkosMoE_Router_KernelChoice.hpp>
@@ -29,27 +29,6 @@ struct Queue {
   int device = 0;
 };
 
-/// A forward call (topk_router or aux_scores) lowered to the kernel parameters, with the native kernel chosen for
-/// it. The choice is a host-only decision on the shape, the dtype and the alignment, made once by plan_forward;
-/// when no native kernel handles the call (native() is false) the caller runs the portable path (PortableTopk /
-/// PortableAux<Kokkos::Cuda>) instead.
-struct ForwardPlan {
-  detail::FwdParams params;
-  detail::FwdKernel kernel;
-  bool native() const { return kernel.kernel != nullptr; }
-  /// The planned kernel also writes the QB cutoff (TopkForwardArgs::qb_cutoff).
-  bool writes_cutoff() const { return native() && kernel.writes_cutoff && params.cutoff != nullptr; }
-};
-/// \p choice: the kernel among those that give the same bits (default: the library's; KernelChoice).
-ForwardPlan plan_forward(const TopkForwardArgs& args, const KernelChoice& choice = {});
-ForwardPlan plan_forward(const AuxScoresArgs& args, const KernelChoice& choice = {});
-/// Enqueues the planned kernel. Precondition: plan.native() (otherwise cudaErrorInvalidValue, nothing enqueued).
-cudaError_t run_forward(const ForwardPlan& plan, const Queue& queue);
-
-/// plan_forward(args).native().
-bool handles(const TopkForwardArgs& args);
-bool handles(const AuxScoresArgs& args);
-
 /// The Quantile Balancing histogram pass (docs/router.md §19.5): one count per (token, expert) pair of
 /// intermediate [T, E] (row-major) in bin qb_bin(cutoff[t] - intermediate[t, e]) of histogram [E, num_bins],
 /// added to what it holds. bin_bounds [2] = {lower, upper} is read on the device (validated by the caller).
@@ -63,10 +42,6 @@ struct QbHistogramArgs {
   int* histogram = nullptr;
 };
 cudaError_t qb_histogram(const QbHistogramArgs& args, const Queue& queue);
-
-/// run_forward(plan_forward(args), queue). The other operations have native kernels for every shape.
-cudaError_t topk_forward(const TopkForwardArgs& args, const Queue& queue);
-cudaError_t aux_scores_forward(const AuxScoresArgs& args, const Queue& queue);
 
 }  // namespace CudaKernels
 }  // namespace Impl

@@ -31,46 +31,6 @@ template <class T>
 struct is_index_type : std::bool_constant<std::is_same_v<T, std::int16_t> || std::is_same_v<T, std::int32_t> ||
                                           std::is_same_v<T, std::int64_t>> {};
 
-template <class T>
-constexpr DType dtype_of() {
-  if constexpr (std::is_same_v<T, float>)
-    return DType::F32;
-  else if constexpr (std::is_same_v<T, fp16_t>)
-    return DType::F16;
-  else if constexpr (std::is_same_v<T, bf16_t>)
-    return DType::BF16;
-  else if constexpr (std::is_same_v<T, std::int16_t>)
-    return DType::I16;
-  else if constexpr (std::is_same_v<T, std::int32_t>)
-    return DType::I32;
-  else if constexpr (std::is_same_v<T, std::int64_t>)
-    return DType::I64;
-  else {
-    static_assert(std::is_same_v<T, std::uint8_t>, "unsupported element type");
-    return DType::U8;
-  }
-}
-
-inline const char* dtype_name(DType t) {
-  switch (t) {
-    case DType::F32:
-      return "float";
-    case DType::F16:
-      return "fp16_t";
-    case DType::BF16:
-      return "bf16_t";
-    case DType::I16:
-      return "int16_t";
-    case DType::I32:
-      return "int32_t";
-    case DType::I64:
-      return "int64_t";
-    case DType::U8:
-      return "uint8_t";
-  }
-  return "?";
-}
-
 /// Compile-time checks common to every View operand.
 template <class ExecSpace, class View, int Rank>
 constexpr void static_check_view() {
