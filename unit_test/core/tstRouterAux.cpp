@@ -375,8 +375,10 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(grid_float_int32, DeviceType, KOKKOSMOE_DEVICE_TYP
 
 BOOST_AUTO_TEST_CASE_TEMPLATE(tokens_per_expert_and_probs_types, DeviceType, KOKKOSMOE_DEVICE_TYPES) {
   using D = DeviceType;
-  // (R, E, k, m, total): a single row, several row chunks, sequence aux loss
-  const int shapes[][5] = {{1, 32, 4, 1, 1}, {300, 64, 4, 2, 600}, {777, 128, 8, 2, 777}};
+  // (R, E, k, m, total): a single row, several row chunks, sequence aux loss; rows that are not whole 16-byte vectors
+  // of any element type (13 columns) or of the 16-bit ones only (12)
+  const int shapes[][5] = {
+      {1, 32, 4, 1, 1}, {300, 64, 4, 2, 600}, {777, 128, 8, 2, 777}, {50, 13, 2, 1, 50}, {41, 6, 2, 2, 82}};
   std::uint64_t seed = 500;
   for (const auto& s : shapes) {
     aux_loss_case<D, float, std::int16_t>(s[0], s[1], s[2], s[3], s[4], ++seed);

@@ -110,21 +110,48 @@ __global__ void __launch_bounds__(1024)
   aux_loss_finish<P>(s, R, E, topk, coeff, host_total, dev_total, loss, const_buf);
 }
 
-/// Blocks of 256 threads as blockDim.x columns by blockDim.y rows, so that rows narrower than 256 columns still fill
-/// a block (Mixtral's 8 columns: 32 rows per block).
-template <class G, class GL, class Tpe>
+/// grad_probs as rows of C / VW vectors of VW columns (VW = 1: single elements), in blocks of 256 threads as
+/// blockDim.x vectors by blockDim.y rows, so that rows narrower than 256 vectors still fill a block (Mixtral's 8
+/// bf16 columns are one vector: 256 rows per block). A value depends on its column only, so a thread forms its vector
+/// once and stores it to every row it covers.
+template <class G, class GL, class Tpe, int VW>
 __global__ void __launch_bounds__(256) aux_loss_grad(long long R, long long C, const float* const_buf, const Tpe* tpe,
                                                      const typename Elem<GL>::S* grad_loss, typename Elem<G>::S* out) {
   using TT = Elem<G>;
+  using VV = Vec<typename TT::S, VW>;
   const float cst = const_buf[0];
   const float gl = Elem<GL>::to_f(__ldg(grad_loss));
-  for (long long c = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x; c < C;
-       c += static_cast<long long>(gridDim.x) * blockDim.x) {
-    const typename TT::S v = TT::from_f(cst * tpe_value(tpe, c) * gl);
+  const long long CV = C / VW;
+  for (long long cv = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x; cv < CV;
+       cv += static_cast<long long>(gridDim.x) * blockDim.x) {
+    typename TT::S v[VW];
+#pragma unroll
+    for (int w = 0; w < VW; ++w) v[w] = TT::from_f(cst * tpe_value(tpe, cv * VW + w) * gl);
+    const typename VV::R vec = VV::from_array(v);
     for (long long r = static_cast<long long>(blockIdx.y) * blockDim.y + threadIdx.y; r < R;
          r += static_cast<long long>(gridDim.y) * blockDim.y)
-      out[r * C + c] = v;
+      VV::st(out + r * C + cv * VW, vec);
   }
+}
+
+/// aux_loss_grad<..., VW> over grad_probs [R, C] on q: VW-wide vectors per thread, blocks shaped to the row.
+template <int VW, class G, class GL, class Tpe>
+cudaError_t launch_aux_loss_grad(long long R, long long C, const float* const_buf, const Tpe* tpe,
+                                 const typename Elem<GL>::S* grad_loss, typename Elem<G>::S* out, const Queue& q) {
+  const long long CV = C / VW;
+  unsigned bx = 1;  // the smallest power of two >= CV, at most 256
+  while (bx < 256 && bx < CV) bx <<= 1;
+  const unsigned by = 256 / bx;
+  const long long cblocks = (CV + bx - 1) / bx;
+  const long long rblocks = (R + by - 1) / by;
+  const int sms = sm_count(q.device);
+  long long gy = (static_cast<long long>(sms) * 16 + cblocks - 1) / cblocks;
+  if (gy > rblocks) gy = rblocks;
+  if (gy > 65535) gy = 65535;
+  if (gy < 1) gy = 1;
+  dim3 grid(static_cast<unsigned>(cblocks < 2147483647LL ? cblocks : 2147483647LL), static_cast<unsigned>(gy));
+  aux_loss_grad<G, GL, Tpe, VW><<<grid, dim3(bx, by), 0, q.stream>>>(R, C, const_buf, tpe, grad_loss, out);
+  return cudaGetLastError();
 }
 
 }  // namespace
@@ -170,20 +197,14 @@ cudaError_t aux_loss_backward(const AuxLossBackward<G, GL, Tpe>& a, const Queue&
   if (device.status() != cudaSuccess) return device.status();
   const long long R = a.rows, C = a.cols;
   if (R <= 0 || C <= 0) return cudaSuccess;
-  unsigned bx = 1;  // the smallest power of two >= C, at most 256
-  while (bx < 256 && bx < C) bx <<= 1;
-  const unsigned by = 256 / bx;
-  const long long cblocks = (C + bx - 1) / bx;
-  const long long rblocks = (R + by - 1) / by;
-  const int sms = detail::sm_count(q.device);
-  long long gy = (static_cast<long long>(sms) * 16 + cblocks - 1) / cblocks;
-  if (gy > rblocks) gy = rblocks;
-  if (gy > 65535) gy = 65535;
-  if (gy < 1) gy = 1;
-  dim3 grid(static_cast<unsigned>(cblocks < 2147483647LL ? cblocks : 2147483647LL), static_cast<unsigned>(gy));
-  detail::aux_loss_grad<G, GL, Tpe><<<grid, dim3(bx, by), 0, q.stream>>>(
-      R, C, a.const_buf, a.tokens_per_expert, detail::storage(a.grad_loss), detail::storage(a.grad_probs));
-  return cudaGetLastError();
+  // 16-byte vectors where whole rows of them are aligned (every row then starts on a vector: C % VW == 0)
+  constexpr int VW = 16 / static_cast<int>(sizeof(typename detail::Elem<G>::S));
+  auto* out = detail::storage(a.grad_probs);
+  if (C % VW == 0 && detail::aligned16(out))
+    return detail::launch_aux_loss_grad<VW, G, GL>(R, C, a.const_buf, a.tokens_per_expert, detail::storage(a.grad_loss),
+                                                   out, q);
+  return detail::launch_aux_loss_grad<1, G, GL>(R, C, a.const_buf, a.tokens_per_expert, detail::storage(a.grad_loss),
+                                                out, q);
 }
 
 // Every combination the public static_asserts allow (docs/router.md §11): grad_loss float or the probs' type.
