@@ -67,22 +67,40 @@ __device__ __forceinline__ void list_insert(unsigned (&L)[N], unsigned v) {
   }
 }
 
-/// The prologue of the register kernels (topk_fwd_reg, topk_fwd_rounds), per lane: which of its NC chunks of W
-/// experts ((c * TPT + ls) * W) lie inside the row, and its expert-bias values (+0.0f without a bias, so that
-/// s = y + b also turns -0.0 into +0.0).
-template <class L, int TPT, int NC, int W>
-__device__ __forceinline__ void lane_prologue(const FwdParams<L>& P, int ls, bool (&cvalid)[NC],
-                                              float (&bias)[NC * W]) {
-  const bool has_bias = P.bias.present();
-#pragma unroll
-  for (int c = 0; c < NC; ++c) cvalid[c] = (c * TPT + ls) * W < P.E;
+/// The lane's expert-bias values of type T (NC chunks of W experts), widened; zeros for chunks past the row.
+template <int TPT, int NC, int W, class T>
+__device__ __forceinline__ void lane_bias(const T* p, int ls, const bool (&cvalid)[NC], float (&bias)[NC * W]) {
 #pragma unroll
   for (int c = 0; c < NC; ++c)
 #pragma unroll
-    for (int w = 0; w < W; ++w) {
-      const int e = (c * TPT + ls) * W + w;
-      bias[c * W + w] = (has_bias && cvalid[c]) ? bias_value(P.bias, e) : 0.0f;
-    }
+    for (int w = 0; w < W; ++w)
+      bias[c * W + w] = cvalid[c] ? Elem<T>::to_f(__ldg(storage(p) + (c * TPT + ls) * W + w)) : 0.0f;
+}
+
+/// The prologue of the register kernels (topk_fwd_reg, topk_fwd_rounds), per lane: which of its NC chunks of W
+/// experts ((c * TPT + ls) * W) lie inside the row, and its expert-bias values (+0.0f without a bias, so that
+/// s = y + b also turns -0.0 into +0.0). The vector kernels branch once on the bias type for the whole row (per
+/// element, the 4 x 8 register layouts spill; measured with ptxas -v against the untyped kernels); the scalar kernel
+/// of 32 chunks per lane reads per element (one copy of the row loop per type spills there instead).
+template <class L, int TPT, int NC, int W>
+__device__ __forceinline__ void lane_prologue(const FwdParams<L>& P, int ls, bool (&cvalid)[NC],
+                                              float (&bias)[NC * W]) {
+#pragma unroll
+  for (int c = 0; c < NC; ++c) cvalid[c] = (c * TPT + ls) * W < P.E;
+  if constexpr (W == 1 && NC >= 32) {
+    const bool has_bias = P.bias.present();
+#pragma unroll
+    for (int c = 0; c < NC; ++c) bias[c] = (has_bias && cvalid[c]) ? bias_value(P.bias, c * TPT + ls) : 0.0f;
+  } else if (P.bias.f32 != nullptr) {
+    lane_bias<TPT, NC, W>(P.bias.f32, ls, cvalid, bias);
+  } else if (P.bias.f16 != nullptr) {
+    lane_bias<TPT, NC, W>(P.bias.f16, ls, cvalid, bias);
+  } else if (P.bias.bf16 != nullptr) {
+    lane_bias<TPT, NC, W>(P.bias.bf16, ls, cvalid, bias);
+  } else {
+#pragma unroll
+    for (int p = 0; p < NC * W; ++p) bias[p] = 0.0f;
+  }
 }
 
 /// The lane's chunks of the logits row of token t as raw vectors (zeros past the row or for t >= T): loaded one
