@@ -83,35 +83,35 @@ struct TopkSpec<Kokkos::Cuda> {
     return plan.writes_cutoff();
   }
 
+  /// What the map and the dense-indices backward share, lowered to the native struct A.
+  template <class A, class Ops>
+  static A backward_args(const RouterConfig& config, const Ops& o) {
+    A a;
+    a.num_tokens = o.num_tokens;
+    a.num_experts = o.params.num_experts;
+    a.rule = CudaKernels::BackwardRule::of(config);
+    a.intermediate = o.inter.data();
+    a.grad_probs = o.grad_probs.data();
+    a.grad_logits = o.grad_logits.data();
+    return a;
+  }
+
   /// The map and dense-indices backward: the native kernel where it takes the shape (CudaKernels::handles), else
   /// the portable one on the same instance.
   template <class Ops>
   static void backward(const Kokkos::Cuda& exec, const RouterConfig& config, const Ops& o,
                        const KernelChoice& choice = {}) {
     using G = typename Ops::grad_type;
+    const auto portable = [&] { PortableTopk<Kokkos::Cuda>::backward(exec, o, choice); };
     if (o.output == RoutingOutput::Indices) {
-      CudaKernels::IndicesBackward<G, typename Ops::index_type> a;
-      a.num_tokens = o.num_tokens;
-      a.num_experts = o.params.num_experts;
-      a.rule = CudaKernels::BackwardRule::of(config);
+      auto a = backward_args<CudaKernels::IndicesBackward<G, typename Ops::index_type>>(config, o);
       a.indices = o.indices.data();
-      a.intermediate = o.inter.data();
-      a.grad_probs = o.grad_probs.data();
-      a.grad_logits = o.grad_logits.data();
-      return native_or_portable(
-          exec, "topk_router_backward", a, [&] { PortableTopk<Kokkos::Cuda>::backward(exec, o, choice); }, choice);
+      return native_or_portable(exec, "topk_router_backward", a, portable, choice);
     }
-    CudaKernels::MapBackward<G> a;
-    a.num_tokens = o.num_tokens;
-    a.num_experts = o.params.num_experts;
-    a.rule = CudaKernels::BackwardRule::of(config);
+    auto a = backward_args<CudaKernels::MapBackward<G>>(config, o);
     a.bitmap = o.output == RoutingOutput::BitmapU8;
     a.routing_map = o.map.data();
-    a.intermediate = o.inter.data();
-    a.grad_probs = o.grad_probs.data();
-    a.grad_logits = o.grad_logits.data();
-    native_or_portable(
-        exec, "topk_router_backward", a, [&] { PortableTopk<Kokkos::Cuda>::backward(exec, o, choice); }, choice);
+    native_or_portable(exec, "topk_router_backward", a, portable, choice);
   }
 
   template <class Ops>
