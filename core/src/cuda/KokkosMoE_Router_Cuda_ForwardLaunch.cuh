@@ -72,8 +72,8 @@ FwdKernel<L> choose_rounds(FwdParams<L>& P) {
 /// Kernel choice between the two register kernels, which give bit-identical outputs: the rounds kernel needs
 /// k <= TPT and pays off when a lane owns >= 16 experts (k rounds of one redux each are cheaper than the candidate
 /// kernel's threshold search over that many keys per lane); with 8 experts per lane the candidate/threshold kernel
-/// is at least as fast, so it runs there and whenever k > TPT (measured on the H200 with perf_test/core/selfcheck;
-/// the results are in commit a331d46). The small-E 4-wide path in choose_forward always uses the rounds
+/// is at least as fast, so it runs there and whenever k > TPT (measured on the H200, single kernels timed; the results
+/// are in commit a331d46). The small-E 4-wide path in choose_forward always uses the rounds
 /// kernel. KernelChoice::forward_threshold_only asks for the candidate kernel instead.
 template <class L, int TPT, int NC, int W>
 FwdKernel<L> choose_best(FwdParams<L>& P, const KernelChoice& choice) {

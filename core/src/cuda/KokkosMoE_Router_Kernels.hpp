@@ -13,8 +13,6 @@
 #include <cuda/KokkosMoE_Router_Cuda_Backward.hpp>  // the backward operations
 #include <cuda/KokkosMoE_Router_Cuda_Forward.hpp>   // the forward operations
 #include <cuda_runtime_api.h>
-#include <impl/KokkosMoE_Router_Args.hpp>
-#include <impl/KokkosMoE_Router_KernelChoice.hpp>
 
 namespace KokkosMoE {
 namespace Impl {
