@@ -110,47 +110,65 @@ __global__ void __launch_bounds__(1024)
   aux_loss_finish<P>(s, R, E, topk, coeff, host_total, dev_total, loss, const_buf);
 }
 
-/// grad_probs as rows of C / VW vectors of VW columns (VW = 1: single elements), in blocks of 256 threads as
-/// blockDim.x vectors by blockDim.y rows, so that rows narrower than 256 vectors still fill a block (Mixtral's 8
-/// bf16 columns are one vector: 256 rows per block). A value depends on its column only, so a thread forms its vector
-/// once and stores it to every row it covers.
-template <class G, class GL, class Tpe, int VW>
-__global__ void __launch_bounds__(256) aux_loss_grad(long long R, long long C, const float* const_buf, const Tpe* tpe,
+/// grad_probs [R, C] as one flat array of n = R * C / VW vectors of VW columns (C % VW == 0: no vector crosses a
+/// row), written by a grid-stride loop, so that a warp stores 32 consecutive vectors at any row width. A value depends
+/// on its column only (cst * tokens_per_expert[c] * grad_loss): STAGED, each block first forms the row once in
+/// shared memory and the loop copies vectors from it; otherwise (rows too wide for shared memory) each vector is
+/// formed where it is stored. A thread keeps its vector's column cv by adding the stride's remainder (one division
+/// per thread, not per vector).
+template <class G, class GL, class Tpe, int VW, bool STAGED>
+__global__ void __launch_bounds__(256) aux_loss_grad(long long n, long long CV, const float* const_buf, const Tpe* tpe,
                                                      const typename Elem<GL>::S* grad_loss, typename Elem<G>::S* out) {
   using TT = Elem<G>;
-  using VV = Vec<typename TT::S, VW>;
+  using S = typename TT::S;
+  using VV = Vec<S, VW>;
+  extern __shared__ __align__(16) unsigned char aux_row[];
+  S* row = reinterpret_cast<S*>(aux_row);
   const float cst = const_buf[0];
   const float gl = Elem<GL>::to_f(__ldg(grad_loss));
-  const long long CV = C / VW;
-  for (long long cv = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x; cv < CV;
-       cv += static_cast<long long>(gridDim.x) * blockDim.x) {
-    typename TT::S v[VW];
+  if constexpr (STAGED) {
+    for (long long c = threadIdx.x; c < CV * VW; c += blockDim.x) row[c] = TT::from_f(cst * tpe_value(tpe, c) * gl);
+    __syncthreads();
+  }
+  const long long stride = static_cast<long long>(gridDim.x) * blockDim.x;
+  long long j = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (j >= n) return;
+  const long long dc = stride % CV;
+  for (long long cv = j % CV; j < n; j += stride) {
+    typename VV::R vec;
+    if constexpr (STAGED) {
+      vec = reinterpret_cast<const typename VV::R*>(row)[cv];
+    } else {
+      S v[VW];
 #pragma unroll
-    for (int w = 0; w < VW; ++w) v[w] = TT::from_f(cst * tpe_value(tpe, cv * VW + w) * gl);
-    const typename VV::R vec = VV::from_array(v);
-    for (long long r = static_cast<long long>(blockIdx.y) * blockDim.y + threadIdx.y; r < R;
-         r += static_cast<long long>(gridDim.y) * blockDim.y)
-      VV::st(out + r * C + cv * VW, vec);
+      for (int w = 0; w < VW; ++w) v[w] = TT::from_f(cst * tpe_value(tpe, cv * VW + w) * gl);
+      vec = VV::from_array(v);
+    }
+    VV::st(out + j * VW, vec);
+    cv += dc;
+    if (cv >= CV) cv -= CV;
   }
 }
 
-/// aux_loss_grad<..., VW> over grad_probs [R, C] on q: VW-wide vectors per thread, blocks shaped to the row.
+/// Rows of at most this many bytes are formed once per block in shared memory (aux_loss_grad's STAGED).
+constexpr long long kAuxGradStagedBytes = 32 * 1024;
+
+/// aux_loss_grad<..., VW> over grad_probs [R, C] on q: at most 8 blocks of 256 threads per SM, each thread looping
+/// over its vectors.
 template <int VW, class G, class GL, class Tpe>
 cudaError_t launch_aux_loss_grad(long long R, long long C, const float* const_buf, const Tpe* tpe,
                                  const typename Elem<GL>::S* grad_loss, typename Elem<G>::S* out, const Queue& q) {
   const long long CV = C / VW;
-  unsigned bx = 1;  // the smallest power of two >= CV, at most 256
-  while (bx < 256 && bx < CV) bx <<= 1;
-  const unsigned by = 256 / bx;
-  const long long cblocks = (CV + bx - 1) / bx;
-  const long long rblocks = (R + by - 1) / by;
-  const int sms = sm_count(q.device);
-  long long gy = (static_cast<long long>(sms) * 16 + cblocks - 1) / cblocks;
-  if (gy > rblocks) gy = rblocks;
-  if (gy > 65535) gy = 65535;
-  if (gy < 1) gy = 1;
-  dim3 grid(static_cast<unsigned>(cblocks < 2147483647LL ? cblocks : 2147483647LL), static_cast<unsigned>(gy));
-  aux_loss_grad<G, GL, Tpe, VW><<<grid, dim3(bx, by), 0, q.stream>>>(R, C, const_buf, tpe, grad_loss, out);
+  const long long n = R * CV;
+  const long long most = static_cast<long long>(sm_count(q.device)) * 8;
+  const unsigned blocks = static_cast<unsigned>((n + 255) / 256 < most ? (n + 255) / 256 : most);
+  const long long row_bytes = C * static_cast<long long>(sizeof(typename Elem<G>::S));
+  if (row_bytes <= kAuxGradStagedBytes) {
+    const std::size_t smem = static_cast<std::size_t>((row_bytes + 15) / 16 * 16);
+    aux_loss_grad<G, GL, Tpe, VW, true><<<blocks, 256, smem, q.stream>>>(n, CV, const_buf, tpe, grad_loss, out);
+  } else {
+    aux_loss_grad<G, GL, Tpe, VW, false><<<blocks, 256, 0, q.stream>>>(n, CV, const_buf, tpe, grad_loss, out);
+  }
   return cudaGetLastError();
 }
 
@@ -197,12 +215,10 @@ cudaError_t aux_loss_backward(const AuxLossBackward<G, GL, Tpe>& a, const Queue&
   if (device.status() != cudaSuccess) return device.status();
   const long long R = a.rows, C = a.cols;
   if (R <= 0 || C <= 0) return cudaSuccess;
-  // 16-byte vectors for rows of at most 4 of them (64 bytes), where whole rows of them are aligned (every row then
-  // starts on a vector: C % VW == 0). On an H100 they took 0.43-0.75x the time of single elements at Mixtral's 8
-  // columns, and 1.2-1.6x at 128-1024 columns (rows of 16-256 vectors), where single elements run at 0.9 of the copy.
+  // 16-byte vectors where every row starts on one (C % VW == 0, the output aligned); single elements otherwise
   constexpr int VW = 16 / static_cast<int>(sizeof(typename detail::Elem<G>::S));
   auto* out = detail::storage(a.grad_probs);
-  if (C % VW == 0 && C <= 4 * VW && detail::aligned16(out))
+  if (C % VW == 0 && detail::aligned16(out))
     return detail::launch_aux_loss_grad<VW, G, GL>(R, C, a.const_buf, a.tokens_per_expert, detail::storage(a.grad_loss),
                                                    out, q);
   return detail::launch_aux_loss_grad<1, G, GL>(R, C, a.const_buf, a.tokens_per_expert, detail::storage(a.grad_loss),

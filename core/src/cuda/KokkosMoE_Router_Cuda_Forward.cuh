@@ -67,40 +67,36 @@ __device__ __forceinline__ void list_insert(unsigned (&L)[N], unsigned v) {
   }
 }
 
-/// The lane's expert-bias values of type T (NC chunks of W experts), widened; zeros for chunks past the row.
-template <int TPT, int NC, int W, class T>
-__device__ __forceinline__ void lane_bias(const T* p, int ls, const bool (&cvalid)[NC], float (&bias)[NC * W]) {
+/// W floats of shared memory at p (16-byte aligned, W % 4 == 0) in float4 loads.
+template <int W>
+__device__ __forceinline__ void load_shared4(const float* p, float (&out)[W]) {
+  static_assert(W % 4 == 0, "whole float4 vectors");
 #pragma unroll
-  for (int c = 0; c < NC; ++c)
-#pragma unroll
-    for (int w = 0; w < W; ++w)
-      bias[c * W + w] = cvalid[c] ? Elem<T>::to_f(__ldg(storage(p) + (c * TPT + ls) * W + w)) : 0.0f;
+  for (int w = 0; w < W; w += 4) {
+    const float4 q = *reinterpret_cast<const float4*>(p + w);
+    out[w] = q.x;
+    out[w + 1] = q.y;
+    out[w + 2] = q.z;
+    out[w + 3] = q.w;
+  }
+}
+
+/// The block's expert bias widened into the float row at \p sbias (bias_row_offset), when there is one: every thread
+/// of the block calls it before its token loop. The token loops read it without a branch on the bias type (per element
+/// with three typed pointers, or per lane in registers, the register layouts of 16-bit logits spilled or lost speed).
+template <class L>
+__device__ __forceinline__ void stage_bias(const FwdParams<L>& P, float* sbias) {
+  if (!P.bias.present()) return;
+  for (int e = threadIdx.x; e < P.E; e += blockDim.x) sbias[e] = bias_value(P.bias, e);
+  __syncthreads();
 }
 
 /// The prologue of the register kernels (topk_fwd_reg, topk_fwd_rounds), per lane: which of its NC chunks of W
-/// experts ((c * TPT + ls) * W) lie inside the row, and its expert-bias values (+0.0f without a bias, so that
-/// s = y + b also turns -0.0 into +0.0). The vector kernels branch once on the bias type for the whole row (per
-/// element, the 4 x 8 register layouts spill; measured with ptxas -v against the untyped kernels); the scalar kernel
-/// of 32 chunks per lane reads per element (one copy of the row loop per type spills there instead).
-template <class L, int TPT, int NC, int W>
-__device__ __forceinline__ void lane_prologue(const FwdParams<L>& P, int ls, bool (&cvalid)[NC],
-                                              float (&bias)[NC * W]) {
+/// experts ((c * TPT + ls) * W) lie inside the row.
+template <int TPT, int NC, int W>
+__device__ __forceinline__ void lane_chunks(int E, int ls, bool (&cvalid)[NC]) {
 #pragma unroll
-  for (int c = 0; c < NC; ++c) cvalid[c] = (c * TPT + ls) * W < P.E;
-  if constexpr (W == 1 && NC >= 32) {
-    const bool has_bias = P.bias.present();
-#pragma unroll
-    for (int c = 0; c < NC; ++c) bias[c] = (has_bias && cvalid[c]) ? bias_value(P.bias, c * TPT + ls) : 0.0f;
-  } else if (P.bias.f32 != nullptr) {
-    lane_bias<TPT, NC, W>(P.bias.f32, ls, cvalid, bias);
-  } else if (P.bias.f16 != nullptr) {
-    lane_bias<TPT, NC, W>(P.bias.f16, ls, cvalid, bias);
-  } else if (P.bias.bf16 != nullptr) {
-    lane_bias<TPT, NC, W>(P.bias.bf16, ls, cvalid, bias);
-  } else {
-#pragma unroll
-    for (int p = 0; p < NC * W; ++p) bias[p] = 0.0f;
-  }
+  for (int c = 0; c < NC; ++c) cvalid[c] = (c * TPT + ls) * W < E;
 }
 
 /// The lane's chunks of the logits row of token t as raw vectors (zeros past the row or for t >= T): loaded one
@@ -136,9 +132,8 @@ struct LaneRow {
 /// early outputs (intermediate, aux scores), the activation row in shared memory, group-limited eligibility (§5.3).
 template <class L, int TPT, int NC, int W>
 __device__ __forceinline__ void token_front(const FwdParams<L>& P, const float (&x)[NC * W], float (&y)[NC * W],
-                                            unsigned (&key)[NC * W], const bool (&cvalid)[NC],
-                                            const float (&bias)[NC * W], bool valid, long long rowE, int ls, int seg,
-                                            float* ybuf) {
+                                            unsigned (&key)[NC * W], const bool (&cvalid)[NC], const float* sbias,
+                                            bool valid, long long rowE, int ls, int seg, float* ybuf) {
   constexpr int V = NC * W;
   const int fn = P.fn;
   const bool aux = P.aux != 0;
@@ -210,7 +205,7 @@ __device__ __forceinline__ void token_front(const FwdParams<L>& P, const float (
 #pragma unroll
       for (int w = 0; w < W; ++w) {
         const int p = c * W + w;
-        const float sc = has_bias ? y[p] + bias[p] : y[p];
+        const float sc = has_bias ? y[p] + sbias[(c * TPT + ls) * W + w] : y[p];
         key[p] = cvalid[c] ? order_key(sc) : 0u;
       }
   }
@@ -343,8 +338,10 @@ __global__ void __launch_bounds__(128) topk_fwd_reg(const FwdParams<L> P) {
   unsigned char* fbuf = tok + P.off_fbuf;                    // selected flags
 
   bool cvalid[NC];
-  float bias[V];
-  lane_prologue<L, TPT, NC, W>(P, ls, cvalid, bias);
+  lane_chunks<TPT, NC, W>(E, ls, cvalid);
+  float* sbias =
+      reinterpret_cast<float*>(smem + bias_row_offset(static_cast<size_t>(blockDim.x >> 5) * TPW * P.tok_smem));
+  stage_bias(P, sbias);
 
   using Row = LaneRow<L, TPT, NC, W>;
   const long long nwarps = static_cast<long long>(gridDim.x) * (blockDim.x >> 5);
@@ -367,7 +364,7 @@ __global__ void __launch_bounds__(128) topk_fwd_reg(const FwdParams<L> P) {
     float y[V];
     unsigned key[V];
     for (int i = ls * 16; i < P.fbuf_bytes; i += TPT * 16) *reinterpret_cast<uint4*>(fbuf + i) = make_uint4(0, 0, 0, 0);
-    token_front<L, TPT, NC, W>(P, x, y, key, cvalid, bias, valid, rowE, ls, seg, ybuf);
+    token_front<L, TPT, NC, W>(P, x, y, key, cvalid, sbias, valid, rowE, ls, seg, ybuf);
 
     // ---- top-k selection -------------------------------------------------------------------------------
     unsigned cmask = 0;

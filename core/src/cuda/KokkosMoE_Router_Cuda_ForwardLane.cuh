@@ -254,12 +254,15 @@ __global__ void __launch_bounds__(128, NC == 1
   float* ybuf = reinterpret_cast<float*>(smem) + static_cast<size_t>(warp * TPW + seg) * (2 * ROW);
   unsigned* kbuf = reinterpret_cast<unsigned*>(ybuf + ROW);
 
-  // bias (Sigmoid/SqrtSoftplus only, §4); +0.0f otherwise, so that s = y + b also turns -0.0 into +0.0
-  // (kept in registers with one chunk per lane; re-read per token, from L1, with several)
+  // bias (Sigmoid/SqrtSoftplus only, §4); +0.0f otherwise, so that s = y + b also turns -0.0 into +0.0. One chunk
+  // per lane: kept in registers. Several: the block's widened row after the token rows (stage_bias).
   const bool has_bias = P.bias.present();
   float bias1[W];
 #pragma unroll
-  for (int w = 0; w < W; ++w) bias1[w] = (has_bias && lvalid) ? bias_value(P.bias, ls * W + w) : 0.0f;
+  for (int w = 0; w < W; ++w) bias1[w] = (NC == 1 && has_bias && lvalid) ? bias_value(P.bias, ls * W + w) : 0.0f;
+  float* sbias = reinterpret_cast<float*>(
+      smem + bias_row_offset(static_cast<size_t>(blockDim.x >> 5) * TPW * 2 * ROW * sizeof(float)));
+  if constexpr (NC > 1) stage_bias(P, sbias);
 
   using VV = Vec<S, W>;
   using Raw = typename VV::R;
@@ -340,14 +343,13 @@ __global__ void __launch_bounds__(128, NC == 1
 #pragma unroll
         for (int w = 0; w < W; ++w) y[w] = x[w];
       }
-      // the chunk's bias: kept in registers with one chunk per lane, read per chunk (one branch) with several; a
-      // chunk outside the row reads none (it is never eligible, so its keys need no masking)
+      // the chunk's bias: from registers with one chunk per lane, from the block's row with several; a chunk
+      // outside the row reads none (it is never eligible, so its keys need no masking)
       float b[W];
 #pragma unroll
       for (int w = 0; w < W; ++w) b[w] = bias1[w];
       if (NC > 1 && has_bias && cvalid[c]) {
-#pragma unroll
-        for (int w = 0; w < W; ++w) b[w] = bias_value(P.bias, e0 + w);
+        load_shared4<W>(sbias + e0, b);
       }
       unsigned key[W];
 #pragma unroll
@@ -539,7 +541,7 @@ __global__ void __launch_bounds__(128, NC == 1
     // ---- QB cutoff (docs/router.md §19.4): the score of order[k], y + b with the selection's own FP32 add --------
     if constexpr (QB) {
       const int ek = lane_order_k<TPT, NC, W, IMASK>(kbuf, pk, cvalid, elig, selm, Mk, redo, ls);
-      if (valid && ls == 0) P.cutoff[t] = ybuf[ek] + (has_bias ? bias_value(P.bias, ek) : 0.0f);
+      if (valid && ls == 0) P.cutoff[t] = ybuf[ek] + (has_bias ? (NC > 1 ? sbias[ek] : bias_value(P.bias, ek)) : 0.0f);
     }
 
     // ---- 5. slot weights (§5.2), sums in slot order ------------------------------------------------------------
@@ -557,14 +559,7 @@ __global__ void __launch_bounds__(128, NC == 1
         const unsigned cm = (selm >> (c * W)) & ((W == 32) ? 0xffffffffu : ((1u << W) - 1u));
         float wv[W], pv[W];
         if constexpr (W % 4 == 0) {
-#pragma unroll
-          for (int w = 0; w < W; w += 4) {
-            const float4 q = *reinterpret_cast<const float4*>(ybuf + e0 + w);
-            wv[w] = q.x;
-            wv[w + 1] = q.y;
-            wv[w + 2] = q.z;
-            wv[w + 3] = q.w;
-          }
+          load_shared4<W>(ybuf + e0, wv);
         } else {
 #pragma unroll
           for (int w = 0; w < W; ++w) wv[w] = ybuf[e0 + w];

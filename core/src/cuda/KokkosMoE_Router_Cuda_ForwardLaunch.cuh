@@ -41,6 +41,13 @@ FwdKernel<L> persistent(void (*kernel)(FwdParams<L>), int warps, int tpw, size_t
   return FwdKernel<L>{kernel, warps, tpw, smem, max_shared};
 }
 
+/// The dynamic shared memory of a forward block: its tokens' \p token_bytes, then the widened expert-bias row
+/// (stage_bias) when P has a bias.
+template <class L>
+size_t with_bias_row(const FwdParams<L>& P, size_t token_bytes) {
+  return P.bias.present() ? bias_row_offset(token_bytes) + static_cast<size_t>(P.E) * sizeof(float) : token_bytes;
+}
+
 template <class L, int TPT, int NC, int W>
 FwdKernel<L> choose_reg(FwdParams<L>& P) {
   constexpr int ECAP = TPT * NC * W;
@@ -53,7 +60,7 @@ FwdKernel<L> choose_reg(FwdParams<L>& P) {
   P.tok_smem = P.off_fbuf + P.fbuf_bytes;
   const size_t per_warp = static_cast<size_t>(TPW) * P.tok_smem;
   int warps = static_cast<int>(std::max<size_t>(1, std::min<size_t>(4, (48 * 1024) / per_warp)));
-  const size_t smem = per_warp * warps;
+  const size_t smem = with_bias_row(P, per_warp * warps);
   return persistent(topk_fwd_reg<L, TPT, NC, W>, warps, TPW, smem);
 }
 
@@ -65,7 +72,7 @@ FwdKernel<L> choose_rounds(FwdParams<L>& P) {
   P.fbuf_bytes = round16(ECAP);
   P.tok_smem = P.off_fbuf + P.fbuf_bytes;
   const int warps = 4;
-  const size_t smem = static_cast<size_t>(TPW) * P.tok_smem * warps;
+  const size_t smem = with_bias_row(P, static_cast<size_t>(TPW) * P.tok_smem * warps);
   return persistent(topk_fwd_rounds<L, TPT, NC, W>, warps, TPW, smem);
 }
 
@@ -81,14 +88,16 @@ FwdKernel<L> choose_best(FwdParams<L>& P, const KernelChoice& choice) {
   return choose_reg<L, TPT, NC, W>(P);
 }
 
-/// topk_fwd_lane; with several chunks per lane (16-32 KB per block) it asks for the largest carveout. QB: the
-/// instantiation that also writes the QB cutoff (FwdParams::cutoff).
+/// topk_fwd_lane; with several chunks per lane (16-32 KB per block, 4 KB more for the bias row) it asks for the
+/// largest carveout. QB: the instantiation that also writes the QB cutoff (FwdParams::cutoff).
 template <class L, int TPT, int NC, int W, int K = 0, bool QB = false>
-FwdKernel<L> choose_lane() {
+FwdKernel<L> choose_lane(const FwdParams<L>& P) {
   constexpr int TPW = 32 / TPT;
+  constexpr int ROW = TPT * NC * W;
   const int warps = 4;
-  // per token: the activation row and the key row
-  const size_t smem = static_cast<size_t>(warps) * TPW * 2 * TPT * NC * W * sizeof(float);
+  // per token: the activation row and the key row; with several chunks per lane, the block's widened bias row
+  const size_t tokens = static_cast<size_t>(warps) * TPW * 2 * ROW * sizeof(float);
+  const size_t smem = NC > 1 ? with_bias_row(P, tokens) : tokens;
   FwdKernel<L> kernel = persistent(topk_fwd_lane<L, TPT, NC, W, K, QB>, warps, TPW, smem, NC > 1);
   kernel.writes_cutoff = QB;
   return kernel;
@@ -100,19 +109,19 @@ template <class L, int W, bool KEIGHT, bool QB = false>
 FwdKernel<L> choose_lane_tpt(const FwdParams<L>& P, int tpt) {
   if constexpr (KEIGHT) {
     if (P.k == 8 && (tpt == 16 || tpt == 32))
-      return tpt == 16 ? choose_lane<L, 16, 1, W, 8, QB>() : choose_lane<L, 32, 1, W, 8, QB>();
+      return tpt == 16 ? choose_lane<L, 16, 1, W, 8, QB>(P) : choose_lane<L, 32, 1, W, 8, QB>(P);
   }
   switch (tpt) {
     case 2:
-      return choose_lane<L, 2, 1, W, 0, QB>();
+      return choose_lane<L, 2, 1, W, 0, QB>(P);
     case 4:
-      return choose_lane<L, 4, 1, W, 0, QB>();
+      return choose_lane<L, 4, 1, W, 0, QB>(P);
     case 8:
-      return choose_lane<L, 8, 1, W, 0, QB>();
+      return choose_lane<L, 8, 1, W, 0, QB>(P);
     case 16:
-      return choose_lane<L, 16, 1, W, 0, QB>();
+      return choose_lane<L, 16, 1, W, 0, QB>(P);
     case 32:
-      return choose_lane<L, 32, 1, W, 0, QB>();
+      return choose_lane<L, 32, 1, W, 0, QB>(P);
     default:
       return FwdKernel<L>{};
   }
@@ -153,9 +162,9 @@ FwdKernel<L> choose_lane_kernel_for(const FwdParams<L>& P, const KernelChoice& c
             W == 8 ? choose_lane_tpt<L, 8, !QB, QB>(P, tpt) : choose_lane_tpt<L, 4, false, QB>(P, tpt);
         if (K.kernel != nullptr) return K;
       } else if (W == 8 && nc == 2) {
-        return choose_lane<L, 32, 2, 8, 0, QB>();
+        return choose_lane<L, 32, 2, 8, 0, QB>(P);
       } else if (W == 8 && nc == 4) {  // (k = 32 at compile time for the E = 1024, k = 32 shape)
-        return P.k == 32 && !QB ? choose_lane<L, 32, 4, 8, 32>() : choose_lane<L, 32, 4, 8, 0, QB>();
+        return P.k == 32 && !QB ? choose_lane<L, 32, 4, 8, 32>(P) : choose_lane<L, 32, 4, 8, 0, QB>(P);
       }
     }
   }

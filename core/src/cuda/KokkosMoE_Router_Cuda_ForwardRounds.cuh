@@ -51,8 +51,10 @@ __global__ void __launch_bounds__(128) topk_fwd_rounds(const FwdParams<L> P) {
   unsigned char* sl = tok + P.off_fbuf;         // slot of each selected expert
 
   bool cvalid[NC];
-  float bias[V];
-  lane_prologue<L, TPT, NC, W>(P, ls, cvalid, bias);
+  lane_chunks<TPT, NC, W>(E, ls, cvalid);
+  float* sbias =
+      reinterpret_cast<float*>(smem + bias_row_offset(static_cast<size_t>(blockDim.x >> 5) * TPW * P.tok_smem));
+  stage_bias(P, sbias);
 
   using Row = LaneRow<L, TPT, NC, W>;
   const long long nwarps = static_cast<long long>(gridDim.x) * (blockDim.x >> 5);
@@ -72,7 +74,7 @@ __global__ void __launch_bounds__(128) topk_fwd_rounds(const FwdParams<L> P) {
     const long long rowE = t * static_cast<long long>(E);
     float y[V];
     unsigned key[V];
-    token_front<L, TPT, NC, W>(P, x, y, key, cvalid, bias, valid, rowE, ls, seg, ybuf);
+    token_front<L, TPT, NC, W>(P, x, y, key, cvalid, sbias, valid, rowE, ls, seg, ybuf);
 
     // ---- per-lane sorted top-Q (key desc, position asc) -------------------------------------------------
     unsigned Lk[Q];

@@ -46,6 +46,11 @@ struct IndexOutput {
 
 namespace detail {
 
+/// The byte offset of a forward block's widened expert-bias row (E floats) in its dynamic shared memory, after the
+/// \p token_bytes of its tokens' rows: the next 16-byte boundary. The planner adds E * 4 bytes there when a bias is
+/// present; the kernels fill it once per block (stage_bias) and read it per token.
+KOKKOSMOE_HD_INLINE std::size_t bias_row_offset(std::size_t token_bytes) { return (token_bytes + 15) / 16 * 16; }
+
 /// Whether p is 16-byte aligned: the vector kernels' condition, checked on the host when a kernel is chosen.
 inline bool aligned16(const void* p) { return (reinterpret_cast<std::uintptr_t>(p) & 15u) == 0; }
 
