@@ -377,9 +377,12 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(tokens_per_expert_and_probs_types, DeviceType, KOK
   using D = DeviceType;
   // (R, E, k, m, total): a single row, several row chunks, sequence aux loss; rows that are not whole 16-byte vectors
   // of any element type (13 columns) or of the 16-bit ones only (12); rows wider than the 32 KB the CUDA gradient
-  // kernel forms in shared memory (8200 and 8201 float columns, 16392 columns of any type), in vectors and not
-  const int shapes[][5] = {{1, 32, 4, 1, 1},  {300, 64, 4, 2, 600}, {777, 128, 8, 2, 777}, {50, 13, 2, 1, 50},
-                           {41, 6, 2, 2, 82}, {5, 8200, 2, 1, 5},   {2, 8201, 2, 1, 2},    {3, 16392, 2, 1, 3}};
+  // kernel forms in shared memory (8200 and 8201 float columns, 16392 columns of any type), in vectors and not; more
+  // elements than the CUDA gradient kernel's grid covers at once (325000 and 328040), where a thread's column moves
+  // on by the grid's stride
+  const int shapes[][5] = {{1, 32, 4, 1, 1},     {300, 64, 4, 2, 600}, {777, 128, 8, 2, 777},
+                           {50, 13, 2, 1, 50},   {41, 6, 2, 2, 82},    {5, 8200, 2, 1, 5},
+                           {40, 8201, 2, 1, 40}, {3, 16392, 2, 1, 3},  {25000, 13, 2, 1, 25000}};
   std::uint64_t seed = 500;
   for (const auto& s : shapes) {
     aux_loss_case<D, float, std::int16_t>(s[0], s[1], s[2], s[3], s[4], ++seed);

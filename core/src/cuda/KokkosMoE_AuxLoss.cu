@@ -110,13 +110,19 @@ __global__ void __launch_bounds__(1024)
   aux_loss_finish<P>(s, R, E, topk, coeff, host_total, dev_total, loss, const_buf);
 }
 
+/// How aux_loss_grad forms the vectors it stores: kFixedColumn, the grid's stride is a whole number of rows, so that
+/// every vector of a thread lies in one column (formed once, in registers); kStaged, each block forms the row once in
+/// shared memory (rows up to kAuxGradStagedBytes); kFormed, each vector is formed where it is stored.
+enum AuxGradMode { kFixedColumn, kStaged, kFormed };
+
+/// Rows of at most this many bytes are formed once per block in shared memory (AuxGradMode::kStaged).
+constexpr long long kAuxGradStagedBytes = 32 * 1024;
+
 /// grad_probs [R, C] as one flat array of n = R * C / VW vectors of VW columns (C % VW == 0: no vector crosses a
 /// row), written by a grid-stride loop, so that a warp stores 32 consecutive vectors at any row width. A value depends
-/// on its column only (cst * tokens_per_expert[c] * grad_loss): STAGED, each block first forms the row once in
-/// shared memory and the loop copies vectors from it; otherwise (rows too wide for shared memory) each vector is
-/// formed where it is stored. A thread keeps its vector's column cv by adding the stride's remainder (one division
-/// per thread, not per vector).
-template <class G, class GL, class Tpe, int VW, bool STAGED>
+/// on its column only (cst * tokens_per_expert[c] * grad_loss); MODE says where it is formed. A thread keeps its
+/// vector's column cv by adding the stride's remainder (one division per thread, not per vector).
+template <class G, class GL, class Tpe, int VW, AuxGradMode MODE>
 __global__ void __launch_bounds__(256) aux_loss_grad(long long n, long long CV, const float* const_buf, const Tpe* tpe,
                                                      const typename Elem<GL>::S* grad_loss, typename Elem<G>::S* out) {
   using TT = Elem<G>;
@@ -126,32 +132,34 @@ __global__ void __launch_bounds__(256) aux_loss_grad(long long n, long long CV, 
   S* row = reinterpret_cast<S*>(aux_row);
   const float cst = const_buf[0];
   const float gl = Elem<GL>::to_f(__ldg(grad_loss));
-  if constexpr (STAGED) {
+  auto form = [&](long long cv) {
+    S v[VW];
+#pragma unroll
+    for (int w = 0; w < VW; ++w) v[w] = TT::from_f(cst * tpe_value(tpe, cv * VW + w) * gl);
+    return VV::from_array(v);
+  };
+  if constexpr (MODE == kStaged) {
     for (long long c = threadIdx.x; c < CV * VW; c += blockDim.x) row[c] = TT::from_f(cst * tpe_value(tpe, c) * gl);
     __syncthreads();
   }
   const long long stride = static_cast<long long>(gridDim.x) * blockDim.x;
   long long j = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (j >= n) return;
-  const long long dc = stride % CV;
-  for (long long cv = j % CV; j < n; j += stride) {
-    typename VV::R vec;
-    if constexpr (STAGED) {
-      vec = reinterpret_cast<const typename VV::R*>(row)[cv];
-    } else {
-      S v[VW];
-#pragma unroll
-      for (int w = 0; w < VW; ++w) v[w] = TT::from_f(cst * tpe_value(tpe, cv * VW + w) * gl);
-      vec = VV::from_array(v);
+  if constexpr (MODE == kFixedColumn) {
+    const typename VV::R vec = form(j % CV);
+    for (; j < n; j += stride) VV::st(out + j * VW, vec);
+  } else {
+    const long long dc = stride % CV;
+    for (long long cv = j % CV; j < n; j += stride) {
+      if constexpr (MODE == kStaged)
+        VV::st(out + j * VW, reinterpret_cast<const typename VV::R*>(row)[cv]);
+      else
+        VV::st(out + j * VW, form(cv));
+      cv += dc;
+      if (cv >= CV) cv -= CV;
     }
-    VV::st(out + j * VW, vec);
-    cv += dc;
-    if (cv >= CV) cv -= CV;
   }
 }
-
-/// Rows of at most this many bytes are formed once per block in shared memory (aux_loss_grad's STAGED).
-constexpr long long kAuxGradStagedBytes = 32 * 1024;
 
 /// aux_loss_grad<..., VW> over grad_probs [R, C] on q: at most 8 blocks of 256 threads per SM, each thread looping
 /// over its vectors.
@@ -163,11 +171,13 @@ cudaError_t launch_aux_loss_grad(long long R, long long C, const float* const_bu
   const long long most = static_cast<long long>(sm_count(q.device)) * 8;
   const unsigned blocks = static_cast<unsigned>((n + 255) / 256 < most ? (n + 255) / 256 : most);
   const long long row_bytes = C * static_cast<long long>(sizeof(typename Elem<G>::S));
-  if (row_bytes <= kAuxGradStagedBytes) {
+  if ((static_cast<long long>(blocks) * 256) % CV == 0) {
+    aux_loss_grad<G, GL, Tpe, VW, kFixedColumn><<<blocks, 256, 0, q.stream>>>(n, CV, const_buf, tpe, grad_loss, out);
+  } else if (row_bytes <= kAuxGradStagedBytes) {
     const std::size_t smem = static_cast<std::size_t>((row_bytes + 15) / 16 * 16);
-    aux_loss_grad<G, GL, Tpe, VW, true><<<blocks, 256, smem, q.stream>>>(n, CV, const_buf, tpe, grad_loss, out);
+    aux_loss_grad<G, GL, Tpe, VW, kStaged><<<blocks, 256, smem, q.stream>>>(n, CV, const_buf, tpe, grad_loss, out);
   } else {
-    aux_loss_grad<G, GL, Tpe, VW, false><<<blocks, 256, 0, q.stream>>>(n, CV, const_buf, tpe, grad_loss, out);
+    aux_loss_grad<G, GL, Tpe, VW, kFormed><<<blocks, 256, 0, q.stream>>>(n, CV, const_buf, tpe, grad_loss, out);
   }
   return cudaGetLastError();
 }

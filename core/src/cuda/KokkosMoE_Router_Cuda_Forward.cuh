@@ -81,13 +81,14 @@ __device__ __forceinline__ void load_shared4(const float* p, float (&out)[W]) {
   }
 }
 
-/// The block's expert bias widened into the float row at \p sbias (bias_row_offset), when there is one: every thread
-/// of the block calls it before its token loop. The token loops read it without a branch on the bias type (per element
-/// with three typed pointers, or per lane in registers, the register layouts of 16-bit logits spilled or lost speed).
+/// The block's expert bias widened into the float row at \p sbias (bias_row_offset), zeros from E up to the kernel's
+/// \p row experts (a lane's chunk past E may read them), when there is one: every thread of the block calls it before
+/// its token loop. The token loops read it without a branch on the bias type (per element with three typed pointers,
+/// or per lane in registers, the register layouts of 16-bit logits spilled or lost speed).
 template <class L>
-__device__ __forceinline__ void stage_bias(const FwdParams<L>& P, float* sbias) {
+__device__ __forceinline__ void stage_bias(const FwdParams<L>& P, float* sbias, int row) {
   if (!P.bias.present()) return;
-  for (int e = threadIdx.x; e < P.E; e += blockDim.x) sbias[e] = bias_value(P.bias, e);
+  for (int e = threadIdx.x; e < row; e += blockDim.x) sbias[e] = e < P.E ? bias_value(P.bias, e) : 0.0f;
   __syncthreads();
 }
 
@@ -341,7 +342,7 @@ __global__ void __launch_bounds__(128) topk_fwd_reg(const FwdParams<L> P) {
   lane_chunks<TPT, NC, W>(E, ls, cvalid);
   float* sbias =
       reinterpret_cast<float*>(smem + bias_row_offset(static_cast<size_t>(blockDim.x >> 5) * TPW * P.tok_smem));
-  stage_bias(P, sbias);
+  stage_bias(P, sbias, ECAP);
 
   using Row = LaneRow<L, TPT, NC, W>;
   const long long nwarps = static_cast<long long>(gridDim.x) * (blockDim.x >> 5);

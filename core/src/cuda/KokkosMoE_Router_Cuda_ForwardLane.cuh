@@ -262,7 +262,7 @@ __global__ void __launch_bounds__(128, NC == 1
   for (int w = 0; w < W; ++w) bias1[w] = (NC == 1 && has_bias && lvalid) ? bias_value(P.bias, ls * W + w) : 0.0f;
   float* sbias = reinterpret_cast<float*>(
       smem + bias_row_offset(static_cast<size_t>(blockDim.x >> 5) * TPW * 2 * ROW * sizeof(float)));
-  if constexpr (NC > 1) stage_bias(P, sbias);
+  if constexpr (NC > 1) stage_bias(P, sbias, ROW);
 
   using VV = Vec<S, W>;
   using Raw = typename VV::R;

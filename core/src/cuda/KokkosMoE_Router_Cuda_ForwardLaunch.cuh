@@ -41,11 +41,11 @@ FwdKernel<L> persistent(void (*kernel)(FwdParams<L>), int warps, int tpw, size_t
   return FwdKernel<L>{kernel, warps, tpw, smem, max_shared};
 }
 
-/// The dynamic shared memory of a forward block: its tokens' \p token_bytes, then the widened expert-bias row
-/// (stage_bias) when P has a bias.
+/// The dynamic shared memory of a forward block: its tokens' \p token_bytes, then the widened expert-bias row of the
+/// kernel's \p row experts (stage_bias) when P has a bias.
 template <class L>
-size_t with_bias_row(const FwdParams<L>& P, size_t token_bytes) {
-  return P.bias.present() ? bias_row_offset(token_bytes) + static_cast<size_t>(P.E) * sizeof(float) : token_bytes;
+size_t with_bias_row(const FwdParams<L>& P, size_t token_bytes, int row) {
+  return P.bias.present() ? bias_row_offset(token_bytes) + static_cast<size_t>(row) * sizeof(float) : token_bytes;
 }
 
 template <class L, int TPT, int NC, int W>
@@ -60,7 +60,7 @@ FwdKernel<L> choose_reg(FwdParams<L>& P) {
   P.tok_smem = P.off_fbuf + P.fbuf_bytes;
   const size_t per_warp = static_cast<size_t>(TPW) * P.tok_smem;
   int warps = static_cast<int>(std::max<size_t>(1, std::min<size_t>(4, (48 * 1024) / per_warp)));
-  const size_t smem = with_bias_row(P, per_warp * warps);
+  const size_t smem = with_bias_row(P, per_warp * warps, ECAP);
   return persistent(topk_fwd_reg<L, TPT, NC, W>, warps, TPW, smem);
 }
 
@@ -72,7 +72,7 @@ FwdKernel<L> choose_rounds(FwdParams<L>& P) {
   P.fbuf_bytes = round16(ECAP);
   P.tok_smem = P.off_fbuf + P.fbuf_bytes;
   const int warps = 4;
-  const size_t smem = with_bias_row(P, static_cast<size_t>(TPW) * P.tok_smem * warps);
+  const size_t smem = with_bias_row(P, static_cast<size_t>(TPW) * P.tok_smem * warps, ECAP);
   return persistent(topk_fwd_rounds<L, TPT, NC, W>, warps, TPW, smem);
 }
 
@@ -97,7 +97,7 @@ FwdKernel<L> choose_lane(const FwdParams<L>& P) {
   const int warps = 4;
   // per token: the activation row and the key row; with several chunks per lane, the block's widened bias row
   const size_t tokens = static_cast<size_t>(warps) * TPW * 2 * ROW * sizeof(float);
-  const size_t smem = NC > 1 ? with_bias_row(P, tokens) : tokens;
+  const size_t smem = NC > 1 ? with_bias_row(P, tokens, ROW) : tokens;
   FwdKernel<L> kernel = persistent(topk_fwd_lane<L, TPT, NC, W, K, QB>, warps, TPW, smem, NC > 1);
   kernel.writes_cutoff = QB;
   return kernel;

@@ -54,7 +54,7 @@ __global__ void __launch_bounds__(128) topk_fwd_rounds(const FwdParams<L> P) {
   lane_chunks<TPT, NC, W>(E, ls, cvalid);
   float* sbias =
       reinterpret_cast<float*>(smem + bias_row_offset(static_cast<size_t>(blockDim.x >> 5) * TPW * P.tok_smem));
-  stage_bias(P, sbias);
+  stage_bias(P, sbias, TPT * V);
 
   using Row = LaneRow<L, TPT, NC, W>;
   const long long nwarps = static_cast<long long>(gridDim.x) * (blockDim.x >> 5);
