@@ -118,17 +118,13 @@ auto lower_aux_loss(const char* fn, const AuxLossConfig& config, const ProbsView
   o.workspace = canonical1<decltype(o.workspace)>(workspace);
   return o;
 }
-}  // namespace Impl
 
-/// \brief Aux-loss score helper (docs/router.md §10): dense FP32 scores, a routing map of the top-k of the scores,
-/// and the FP32 intermediate saved for the backward. Sigmoid/SqrtSoftplus normalize over all E (even k = 1).
-/// \param logits        [T, E] float, fp16_t or bf16_t
-/// \param scores        [T, E] float output
-/// \param routing_map   [T, E] (Bytemap) or [T, ceil(E/8)] (BitmapU8) uint8 output, per config.map_format
-/// \param intermediate  [T, E] float output
+/// aux_scores with the kernel choice as an argument (the public function passes the library's; tests that compare
+/// kernel variants giving the same bits pass another).
 template <class ExecSpace, class LogitsView, class ScoresView, class MapView, class InterView>
-void aux_scores(const ExecSpace& exec, const AuxScoresConfig& config, const LogitsView& logits,
-                const ScoresView& scores, const MapView& routing_map, const InterView& intermediate) {
+void aux_scores_with(const KernelChoice& choice, const ExecSpace& exec, const AuxScoresConfig& config,
+                     const LogitsView& logits, const ScoresView& scores, const MapView& routing_map,
+                     const InterView& intermediate) {
   constexpr const char* fn = "aux_scores";
   Impl::static_check_view<ExecSpace, LogitsView, 2>();
   Impl::static_check_view<ExecSpace, ScoresView, 2>();
@@ -166,7 +162,20 @@ void aux_scores(const ExecSpace& exec, const AuxScoresConfig& config, const Logi
   o.scores = Impl::canonical2<decltype(o.scores)>(scores);
   o.map = Impl::canonical2<decltype(o.map)>(routing_map);
   o.inter = Impl::canonical2<decltype(o.inter)>(intermediate);
-  Impl::run_aux_scores_forward(exec, config.implementation, o);
+  Impl::run_aux_scores_forward(exec, config.implementation, o, choice);
+}
+}  // namespace Impl
+
+/// \brief Aux-loss score helper (docs/router.md §10): dense FP32 scores, a routing map of the top-k of the scores,
+/// and the FP32 intermediate saved for the backward. Sigmoid/SqrtSoftplus normalize over all E (even k = 1).
+/// \param logits        [T, E] float, fp16_t or bf16_t
+/// \param scores        [T, E] float output
+/// \param routing_map   [T, E] (Bytemap) or [T, ceil(E/8)] (BitmapU8) uint8 output, per config.map_format
+/// \param intermediate  [T, E] float output
+template <class ExecSpace, class LogitsView, class ScoresView, class MapView, class InterView>
+void aux_scores(const ExecSpace& exec, const AuxScoresConfig& config, const LogitsView& logits,
+                const ScoresView& scores, const MapView& routing_map, const InterView& intermediate) {
+  Impl::aux_scores_with(Impl::KernelChoice{}, exec, config, logits, scores, routing_map, intermediate);
 }
 
 /// \brief Backward of aux_scores (docs/router.md §10): no routing mask, all experts take part.

@@ -22,8 +22,7 @@
 #include <Kokkos_Core.hpp>
 #include <kokkos_ext/KokkosMoE_Float16.hpp>
 
-#include <impl/KokkosMoE_Router_Spec.hpp>
-#include <impl/KokkosMoE_Router_Validate.hpp>
+#include <impl/KokkosMoE_Router_Entry.hpp>
 
 namespace KokkosMoE {
 
@@ -42,34 +41,7 @@ template <class ExecSpace, class LogitsView, class BiasView, class ProbsView, cl
 void topk_router(const ExecSpace& exec, const RouterConfig& config, const LogitsView& logits,
                  const BiasView& expert_bias, const ProbsView& probs, const MapView& routing_map,
                  const InterView& intermediate) {
-  constexpr const char* fn = "topk_router";
-  using Scalar = typename LogitsView::non_const_value_type;
-  using Ops = Impl::TopkForwardOperands<ExecSpace, Scalar, typename BiasView::non_const_value_type, std::int32_t>;
-  Ops o = Impl::lower_topk_forward<Ops, ExecSpace>(fn, config, logits, expert_bias);
-  Impl::static_check_view<ExecSpace, ProbsView, 2>();
-  Impl::static_check_view<ExecSpace, MapView, 2>();
-  Impl::static_check_view<ExecSpace, InterView, 2>();
-  static_assert(std::is_same_v<typename ProbsView::value_type, Scalar>,
-                "KokkosMoE::topk_router: probs must have the logits' element type");
-  static_assert(std::is_same_v<typename MapView::value_type, std::uint8_t>,
-                "KokkosMoE::topk_router: routing_map must be uint8_t");
-  static_assert(std::is_same_v<typename InterView::value_type, float>,
-                "KokkosMoE::topk_router: intermediate must be float");
-  Impl::check_map_format(fn, config.map_format);
-  const auto T = o.num_tokens, E = static_cast<std::int64_t>(o.params.num_experts);
-  Impl::check_shape2(fn, "probs", probs, T, E);
-  const bool bitmap = config.map_format == RoutingMapFormat::BitmapU8;
-  Impl::check_shape2(fn, "routing_map", routing_map, T, bitmap ? Impl::bitmap_row_bytes(E) : E);
-  Impl::check_shape2(fn, "intermediate", intermediate, T, E);
-  const Impl::Span in[] = {Impl::span_of("logits", logits), Impl::span_of("expert_bias", expert_bias)};
-  const Impl::Span out[] = {Impl::span_of("probs", probs), Impl::span_of("routing_map", routing_map),
-                            Impl::span_of("intermediate", intermediate)};
-  Impl::check_no_alias(fn, in, out);
-  o.output = bitmap ? Impl::RoutingOutput::BitmapU8 : Impl::RoutingOutput::Bytemap;
-  o.probs = Impl::canonical2<decltype(o.probs)>(probs);
-  o.map = Impl::canonical2<decltype(o.map)>(routing_map);
-  o.inter = Impl::canonical2<decltype(o.inter)>(intermediate);
-  Impl::run_topk_forward(fn, exec, config, o, logits);
+  Impl::topk_router_with(Impl::KernelChoice{}, exec, config, logits, expert_bias, probs, routing_map, intermediate);
 }
 
 /// \brief topk_router without an expert bias.
@@ -86,36 +58,7 @@ template <class ExecSpace, class LogitsView, class BiasView, class ProbsView, cl
 void topk_router_indices(const ExecSpace& exec, const RouterConfig& config, const LogitsView& logits,
                          const BiasView& expert_bias, const ProbsView& probs, const IndicesView& indices,
                          const InterView& intermediate) {
-  constexpr const char* fn = "topk_router_indices";
-  using Scalar = typename LogitsView::non_const_value_type;
-  using Index = typename IndicesView::value_type;
-  static_assert(Impl::is_index_type<Index>::value,
-                "KokkosMoE::topk_router_indices: indices must be int16_t, int32_t or int64_t");
-  using Ops = Impl::TopkForwardOperands<ExecSpace, Scalar, typename BiasView::non_const_value_type, Index>;
-  Ops o = Impl::lower_topk_forward<Ops, ExecSpace>(fn, config, logits, expert_bias);
-  Impl::static_check_view<ExecSpace, ProbsView, 2>();
-  Impl::static_check_view<ExecSpace, IndicesView, 2>();
-  Impl::static_check_view<ExecSpace, InterView, 2>();
-  static_assert(std::is_same_v<typename ProbsView::value_type, Scalar>,
-                "KokkosMoE::topk_router_indices: probs must have the logits' element type");
-  static_assert(std::is_same_v<typename InterView::value_type, float>,
-                "KokkosMoE::topk_router_indices: intermediate must be float");
-  const auto T = o.num_tokens, E = static_cast<std::int64_t>(o.params.num_experts);
-  if (std::is_same_v<Index, std::int16_t> && E > 32767)
-    Impl::fail(fn, "indices", Rule::IndexTypeRange,
-               "int16_t indices require num_experts <= 32767 (num_experts = " + std::to_string(E) + ")");
-  Impl::check_shape2(fn, "probs", probs, T, E);
-  Impl::check_shape2(fn, "indices", indices, T, config.topk);
-  Impl::check_shape2(fn, "intermediate", intermediate, T, E);
-  const Impl::Span in[] = {Impl::span_of("logits", logits), Impl::span_of("expert_bias", expert_bias)};
-  const Impl::Span out[] = {Impl::span_of("probs", probs), Impl::span_of("indices", indices),
-                            Impl::span_of("intermediate", intermediate)};
-  Impl::check_no_alias(fn, in, out);
-  o.output = Impl::RoutingOutput::Indices;
-  o.probs = Impl::canonical2<decltype(o.probs)>(probs);
-  o.indices = Impl::canonical2<decltype(o.indices)>(indices);
-  o.inter = Impl::canonical2<decltype(o.inter)>(intermediate);
-  Impl::run_topk_forward(fn, exec, config, o, logits);
+  Impl::topk_router_indices_with(Impl::KernelChoice{}, exec, config, logits, expert_bias, probs, indices, intermediate);
 }
 
 /// \brief topk_router_indices without an expert bias.
@@ -130,25 +73,7 @@ void topk_router_indices(const ExecSpace& exec, const RouterConfig& config, cons
 template <class ExecSpace, class LogitsView, class BiasView, class IdsView, class WeightsView>
 void topk_router_compact(const ExecSpace& exec, const RouterConfig& config, const LogitsView& logits,
                          const BiasView& expert_bias, const IdsView& ids, const WeightsView& weights) {
-  constexpr const char* fn = "topk_router_compact";
-  using Scalar = typename LogitsView::non_const_value_type;
-  using Ops = Impl::TopkForwardOperands<ExecSpace, Scalar, typename BiasView::non_const_value_type, std::int32_t>;
-  Ops o = Impl::lower_topk_forward<Ops, ExecSpace>(fn, config, logits, expert_bias);
-  Impl::static_check_view<ExecSpace, IdsView, 2>();
-  Impl::static_check_view<ExecSpace, WeightsView, 2>();
-  static_assert(std::is_same_v<typename IdsView::value_type, std::int32_t>,
-                "KokkosMoE::topk_router_compact: ids must be int32_t");
-  static_assert(std::is_same_v<typename WeightsView::value_type, float>,
-                "KokkosMoE::topk_router_compact: weights must be float");
-  Impl::check_shape2(fn, "ids", ids, o.num_tokens, config.topk);
-  Impl::check_shape2(fn, "weights", weights, o.num_tokens, config.topk);
-  const Impl::Span in[] = {Impl::span_of("logits", logits), Impl::span_of("expert_bias", expert_bias)};
-  const Impl::Span out[] = {Impl::span_of("ids", ids), Impl::span_of("weights", weights)};
-  Impl::check_no_alias(fn, in, out);
-  o.output = Impl::RoutingOutput::Compact;
-  o.ids = Impl::canonical2<decltype(o.ids)>(ids);
-  o.weights = Impl::canonical2<decltype(o.weights)>(weights);
-  Impl::run_topk_forward(fn, exec, config, o, logits);
+  Impl::topk_router_compact_with(Impl::KernelChoice{}, exec, config, logits, expert_bias, ids, weights);
 }
 
 /// \brief topk_router_compact without an expert bias.
@@ -165,23 +90,8 @@ template <class ExecSpace, class MapView, class InterView, class GradProbsView, 
 void topk_router_backward(const ExecSpace& exec, const RouterConfig& config, const MapView& routing_map,
                           const InterView& intermediate, const GradProbsView& grad_probs,
                           const GradLogitsView& grad_logits) {
-  constexpr const char* fn = "topk_router_backward";
-  Impl::static_check_view<ExecSpace, MapView, 2>();
-  static_assert(std::is_same_v<typename MapView::non_const_value_type, std::uint8_t>,
-                "KokkosMoE::topk_router_backward: routing_map must be uint8_t");
-  using Ops = Impl::TopkBackwardOperands<ExecSpace, typename GradProbsView::non_const_value_type, std::int32_t>;
-  Ops o = Impl::lower_topk_backward<Ops, ExecSpace>(fn, config, intermediate, grad_probs, grad_logits);
-  Impl::check_map_format(fn, config.map_format);
-  const bool bitmap = config.map_format == RoutingMapFormat::BitmapU8;
-  const auto E = static_cast<std::int64_t>(o.params.num_experts);
-  Impl::check_shape2(fn, "routing_map", routing_map, o.num_tokens, bitmap ? Impl::bitmap_row_bytes(E) : E);
-  const Impl::Span in[] = {Impl::span_of("routing_map", routing_map), Impl::span_of("intermediate", intermediate),
-                           Impl::span_of("grad_probs", grad_probs)};
-  const Impl::Span out[] = {Impl::span_of("grad_logits", grad_logits)};
-  Impl::check_no_alias(fn, in, out);
-  o.output = bitmap ? Impl::RoutingOutput::BitmapU8 : Impl::RoutingOutput::Bytemap;
-  o.map = Impl::canonical2<decltype(o.map)>(routing_map);
-  Impl::run_topk_backward(exec, config, o);
+  Impl::topk_router_backward_with(Impl::KernelChoice{}, exec, config, routing_map, intermediate, grad_probs,
+                                  grad_logits);
 }
 
 /// \brief Backward of topk_router_indices: sums run over the k slots (within tolerance of the map path).
@@ -189,25 +99,8 @@ template <class ExecSpace, class IndicesView, class InterView, class GradProbsVi
 void topk_router_indices_backward(const ExecSpace& exec, const RouterConfig& config, const IndicesView& indices,
                                   const InterView& intermediate, const GradProbsView& grad_probs,
                                   const GradLogitsView& grad_logits) {
-  constexpr const char* fn = "topk_router_indices_backward";
-  Impl::static_check_view<ExecSpace, IndicesView, 2>();
-  using Index = typename IndicesView::non_const_value_type;
-  static_assert(Impl::is_index_type<Index>::value,
-                "KokkosMoE::topk_router_indices_backward: indices must be int16_t, int32_t or int64_t");
-  using Ops = Impl::TopkBackwardOperands<ExecSpace, typename GradProbsView::non_const_value_type, Index>;
-  Ops o = Impl::lower_topk_backward<Ops, ExecSpace>(fn, config, intermediate, grad_probs, grad_logits);
-  if (std::is_same_v<Index, std::int16_t> && o.params.num_experts > 32767)
-    Impl::fail(
-        fn, "indices", Rule::IndexTypeRange,
-        "int16_t indices require num_experts <= 32767 (num_experts = " + std::to_string(o.params.num_experts) + ")");
-  Impl::check_shape2(fn, "indices", indices, o.num_tokens, config.topk);
-  const Impl::Span in[] = {Impl::span_of("indices", indices), Impl::span_of("intermediate", intermediate),
-                           Impl::span_of("grad_probs", grad_probs)};
-  const Impl::Span out[] = {Impl::span_of("grad_logits", grad_logits)};
-  Impl::check_no_alias(fn, in, out);
-  o.output = Impl::RoutingOutput::Indices;
-  o.indices = Impl::canonical2<decltype(o.indices)>(indices);
-  Impl::run_topk_backward(exec, config, o);
+  Impl::topk_router_indices_backward_with(Impl::KernelChoice{}, exec, config, indices, intermediate, grad_probs,
+                                          grad_logits);
 }
 
 /// \brief Backward of topk_router_compact (docs/router.md §5.5): recomputes the activations from the logits.
@@ -219,40 +112,7 @@ template <class ExecSpace, class LogitsView, class IdsView, class GradWeightsVie
 void topk_router_compact_backward(const ExecSpace& exec, const RouterConfig& config, const LogitsView& logits,
                                   const IdsView& ids, const GradWeightsView& grad_weights,
                                   const GradLogitsView& grad_logits) {
-  constexpr const char* fn = "topk_router_compact_backward";
-  Impl::static_check_view<ExecSpace, LogitsView, 2>();
-  Impl::static_check_view<ExecSpace, IdsView, 2>();
-  Impl::static_check_view<ExecSpace, GradWeightsView, 2>();
-  Impl::static_check_view<ExecSpace, GradLogitsView, 2>();
-  using Scalar = typename LogitsView::non_const_value_type;
-  using GW = typename GradWeightsView::non_const_value_type;
-  static_assert(Impl::is_router_float<Scalar>::value, "KokkosMoE: logits must be float, fp16_t or bf16_t");
-  static_assert(std::is_same_v<typename IdsView::non_const_value_type, std::int32_t>,
-                "KokkosMoE::topk_router_compact_backward: ids must be int32_t");
-  static_assert(std::is_same_v<GW, float> || std::is_same_v<GW, Scalar>,
-                "KokkosMoE::topk_router_compact_backward: grad_weights must be float or the logits' type");
-  static_assert(std::is_same_v<typename GradLogitsView::value_type, Scalar>,
-                "KokkosMoE::topk_router_compact_backward: grad_logits must have the logits' type");
-  const std::int64_t T = logits.extent(0), E = logits.extent(1);
-  Impl::check_counts(fn, T, E);
-  Impl::check_contiguous(fn, "logits", logits);
-  Impl::check_router_config(fn, config, E, false);
-  Impl::check_shape2(fn, "ids", ids, T, config.topk);
-  Impl::check_shape2(fn, "grad_weights", grad_weights, T, config.topk);
-  Impl::check_shape2(fn, "grad_logits", grad_logits, T, E);
-  const Impl::Span in[] = {Impl::span_of("logits", logits), Impl::span_of("ids", ids),
-                           Impl::span_of("grad_weights", grad_weights)};
-  const Impl::Span out[] = {Impl::span_of("grad_logits", grad_logits)};
-  Impl::check_no_alias(fn, in, out);
-  using Ops = Impl::CompactBackwardOperands<ExecSpace, Scalar, GW>;
-  Ops o;
-  o.params = Impl::token_params(config, static_cast<int>(E), false);
-  o.num_tokens = T;
-  o.logits = Impl::canonical2<decltype(o.logits)>(logits);
-  o.ids = Impl::canonical2<decltype(o.ids)>(ids);
-  o.grad_weights = Impl::canonical2<decltype(o.grad_weights)>(grad_weights);
-  o.grad_logits = Impl::canonical2<decltype(o.grad_logits)>(grad_logits);
-  Impl::run_compact_backward(exec, config, o);
+  Impl::topk_router_compact_backward_with(Impl::KernelChoice{}, exec, config, logits, ids, grad_weights, grad_logits);
 }
 
 /// \brief Debug check (docs/router.md §7.1): scans a [T, E] float/fp16_t/bf16_t View and throws

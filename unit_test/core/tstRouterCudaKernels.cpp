@@ -1,8 +1,8 @@
 /*
  * KokkosMoE: Mixture-of-Experts routing for Kokkos. SPDX-License-Identifier: Apache-2.0
  */
-// Kernel variants that must give the same bits, forced through the kernel choice the specs take (KernelChoice,
-// RouterWithChoice.hpp), each against the library's own choice:
+// Kernel variants that must give the same bits, forced through the kernel choice the specs take (KernelChoice, passed
+// to the operations' Impl entries, impl/KokkosMoE_Router_Entry.hpp), each against the library's own choice:
 // - the native CUDA map backward's sparse kernel (map first, then the routed entries gathered) and its streaming
 //   one (every chunk of the row loaded), for Sigmoid, SqrtSoftplus and Softmax post (docs/router.md §9, §17), both
 //   map formats, every gradient type and every lane layout (E from 8 to 1024);
@@ -12,6 +12,7 @@
 //   reduction's order).
 // The default kernels' outputs are checked against the oracle by the other router suites.
 
+#include <KokkosMoE_AuxLoss.hpp>
 #include <KokkosMoE_Router.hpp>
 
 #include <Kokkos_Core.hpp>
@@ -26,7 +27,6 @@
 #include <vector>
 
 #include "RouterTestUtils.hpp"
-#include "RouterWithChoice.hpp"
 
 #if defined(KOKKOS_ENABLE_CUDA)
 
@@ -35,6 +35,14 @@ using namespace KokkosMoETest;
 namespace {
 
 using D = Kokkos::Cuda::device_type;
+using KokkosMoE::Impl::aux_scores_with;
+using KokkosMoE::Impl::KernelChoice;
+using KokkosMoE::Impl::topk_router_backward_with;
+using KokkosMoE::Impl::topk_router_compact_backward_with;
+using KokkosMoE::Impl::topk_router_compact_with;
+using KokkosMoE::Impl::topk_router_indices_backward_with;
+using KokkosMoE::Impl::topk_router_indices_with;
+using KokkosMoE::Impl::topk_router_with;
 
 struct Mode {
   KokkosMoE::ScoreFunction f;
