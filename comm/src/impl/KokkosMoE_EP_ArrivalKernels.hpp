@@ -55,6 +55,19 @@ KOKKOS_INLINE_FUNCTION std::int64_t arrival_index(const EpShape& s, const Ints& 
 /// that no slot feeds (a team per row would spend a launch slot and a load latency on every fed row).
 constexpr int kZeroRows = 64;
 
+/// The teams of a launch that walks the arrivals and zeroes the receive rows no slot feeds: `walkers` teams
+/// (arrival_teams) walk, then one team per kZeroRows receive rows; a team's receive-row table holds `rows_len` ints
+/// (K slots and two more for a walker, kZeroRows + 1 for a zeroing team).
+struct WalkAndZeroTeams {
+  std::int64_t walkers;
+  int teams;
+  int rows_len;
+  WalkAndZeroTeams(const EpShape& s, std::int64_t arrivals, int recv_rows)
+      : walkers(arrival_teams(s, arrivals)),
+        teams(static_cast<int>(walkers) + (recv_rows + kZeroRows - 1) / kZeroRows),
+        rows_len(s.K + 2 > kZeroRows + 1 ? s.K + 2 : kZeroRows + 1) {}
+};
+
 /// A zeroing team's rows: those of [q0, q0 + kZeroRows) that no slot feeds inside the experts' slabs, compacted into
 /// rows (kZeroRows + 1 ints of scratch); returns their number.
 template <class Member, class Ints, class Rows>
@@ -118,13 +131,12 @@ void expand_arrivals(const Exec& exec, const EpShape s, std::int64_t arrivals, i
   auto arrive_count = v.arrive_count;
   auto fwd_rows = v.fwd_rows;
   auto offsets = v.expert_offsets;
-  const int groups = (recv_rows + kZeroRows - 1) / kZeroRows;
-  const std::int64_t walkers = arrival_teams(s, arrivals);
-  const int teams = static_cast<int>(walkers) + groups;
-  const int rows_len = s.K + 2 > kZeroRows + 1 ? s.K + 2 : kZeroRows + 1;
+  const WalkAndZeroTeams wz(s, arrivals, recv_rows);
+  const std::int64_t walkers = wz.walkers;
+  const int rows_len = wz.rows_len;
   const std::size_t shmem = SInt::shmem_size(rows_len) + SInt::shmem_size(s.K) + SInt::shmem_size(s.R + 1);
   team_items(
-      exec, s, label, teams, shmem, KOKKOS_LAMBDA(const Team& m, std::int64_t item, const TeamScratch<Exec>& sp) {
+      exec, s, label, wz.teams, shmem, KOKKOS_LAMBDA(const Team& m, std::int64_t item, const TeamScratch<Exec>& sp) {
         SInt rows(sp, rows_len);
         SInt fwd(sp, s.K);
         SInt pre(sp, s.R + 1);
@@ -502,14 +514,13 @@ void expand_with_dots(const Exec& exec, const EpShape s, std::int64_t arrivals, 
   auto arrive_count = v.arrive_count;
   auto fwd_rows = v.fwd_rows;
   auto offsets = v.expert_offsets;
-  const int groups = (recv_rows + kZeroRows - 1) / kZeroRows;
-  const std::int64_t walkers = arrival_teams(s, arrivals);
-  const int teams = static_cast<int>(walkers) + groups;
-  const int rows_len = s.K + 2 > kZeroRows + 1 ? s.K + 2 : kZeroRows + 1;
+  const WalkAndZeroTeams wz(s, arrivals, recv_rows);
+  const std::int64_t walkers = wz.walkers;
+  const int rows_len = wz.rows_len;
   const std::size_t shmem =
       SInt::shmem_size(rows_len) + 2 * SInt::shmem_size(s.K) + SFlt::shmem_size(s.K) + SInt::shmem_size(s.R + 1);
   team_items(
-      exec, s, "KokkosMoE::ep_combine_backward::expert", teams, shmem,
+      exec, s, "KokkosMoE::ep_combine_backward::expert", wz.teams, shmem,
       KOKKOS_LAMBDA(const Team& m, std::int64_t item, const TeamScratch<Exec>& sp) {
         SInt rows(sp, rows_len);
         SInt fwd(sp, s.K);
