@@ -132,14 +132,15 @@ __global__ void __launch_bounds__(256) aux_loss_grad(long long n, long long CV, 
   S* row = reinterpret_cast<S*>(aux_row);
   const float cst = const_buf[0];
   const float gl = Elem<GL>::to_f(__ldg(grad_loss));
+  auto value = [&](long long c) { return TT::from_f(cst * tpe_value(tpe, c) * gl); };
   auto form = [&](long long cv) {
     S v[VW];
 #pragma unroll
-    for (int w = 0; w < VW; ++w) v[w] = TT::from_f(cst * tpe_value(tpe, cv * VW + w) * gl);
+    for (int w = 0; w < VW; ++w) v[w] = value(cv * VW + w);
     return VV::from_array(v);
   };
   if constexpr (MODE == kStaged) {
-    for (long long c = threadIdx.x; c < CV * VW; c += blockDim.x) row[c] = TT::from_f(cst * tpe_value(tpe, c) * gl);
+    for (long long c = threadIdx.x; c < CV * VW; c += blockDim.x) row[c] = value(c);
     __syncthreads();
   }
   const long long stride = static_cast<long long>(gridDim.x) * blockDim.x;

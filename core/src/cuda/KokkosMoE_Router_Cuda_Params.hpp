@@ -19,8 +19,9 @@ namespace Impl {
 namespace CudaKernels {
 
 /// The expert bias [E] of a forward call in its own element type, which need not be the logits': at most one member
-/// is set, none without a bias. It is read once per lane and chunk (not per token and element), so the kernels take
-/// every bias type without an instantiation per combination.
+/// is set, none without a bias. Each block widens it once into a float row in shared memory (the lane kernel with one
+/// chunk per lane: once per lane into registers), so the kernels take every bias type without an instantiation per
+/// combination and their token loops never branch on it.
 struct ExpertBias {
   const float* f32 = nullptr;
   const fp16_t* f16 = nullptr;
