@@ -41,14 +41,16 @@ void run_topk_router_qb(const char* fn, const ExecSpace& exec, const RouterConfi
     run_topk_forward(fn, exec, config, o, logits);
     if (o.num_tokens == 0) return;
   }
-  q.output = o.output;
+  q.output = o.output();
   q.num_tokens = o.num_tokens;
   q.num_experts = o.params.num_experts;
   q.topk = config.topk;
   q.inter = o.inter;
   q.bias = o.bias;
-  q.map = o.map;
-  q.indices = o.indices;
+  if constexpr (Ops::op == TopkForwardOp::Indices)
+    q.indices = o.indices;
+  else
+    q.map = o.map;
   if (!cutoff_written) PortableQb<ExecSpace>::cutoff(exec, q);
   // Both modes count in the histogram pass (docs/router.md §19.8).
   qb_histogram_pass(exec, qb.implementation, histogram_operands(q));
@@ -118,7 +120,7 @@ void topk_router_qb(const ExecSpace& exec, const RouterConfig& config, const QbC
   Impl::check_shape2(fn, "routing_map", routing_map, T, bitmap ? Impl::bitmap_row_bytes(E) : E);
   Impl::check_qb_forward(fn, config, logits, expert_bias, bin_bounds, intermediate, cutoff, histogram);
   // Rule 8: the router's remaining configuration rules, aliasing, the mode.
-  using Ops = Impl::TopkForwardOperands<ExecSpace, Scalar, BiasScalar, std::int32_t>;
+  using Ops = Impl::MapForwardOperands<ExecSpace, Scalar, BiasScalar>;
   Ops o = Impl::lower_topk_forward<Ops, ExecSpace>(fn, config, logits, expert_bias);
   const Impl::Span in[] = {Impl::span_of("logits", logits), Impl::span_of("expert_bias", expert_bias),
                            Impl::span_of("bin_bounds", bin_bounds)};
@@ -126,7 +128,7 @@ void topk_router_qb(const ExecSpace& exec, const RouterConfig& config, const QbC
                             Impl::span_of("intermediate", intermediate), Impl::span_of("cutoff", cutoff),
                             Impl::span_of("histogram", histogram)};
   Impl::check_no_alias(fn, in, out);
-  o.output = bitmap ? Impl::RoutingOutput::BitmapU8 : Impl::RoutingOutput::Bytemap;
+  o.bitmap = bitmap;
   o.probs = Impl::canonical2<decltype(o.probs)>(probs);
   o.map = Impl::canonical2<decltype(o.map)>(routing_map);
   o.inter = Impl::canonical2<decltype(o.inter)>(intermediate);
@@ -167,7 +169,7 @@ void topk_router_qb_indices(const ExecSpace& exec, const RouterConfig& config, c
   Impl::check_shape2(fn, "probs", probs, T, E);
   Impl::check_shape2(fn, "indices", indices, T, config.topk);
   Impl::check_qb_forward(fn, config, logits, expert_bias, bin_bounds, intermediate, cutoff, histogram);
-  using Ops = Impl::TopkForwardOperands<ExecSpace, Scalar, BiasScalar, Index>;
+  using Ops = Impl::IndicesForwardOperands<ExecSpace, Scalar, BiasScalar, Index>;
   Ops o = Impl::lower_topk_forward<Ops, ExecSpace>(fn, config, logits, expert_bias);
   if (std::is_same_v<Index, std::int16_t> && E > 32767)
     Impl::fail(fn, "indices", Rule::IndexTypeRange,
@@ -178,7 +180,6 @@ void topk_router_qb_indices(const ExecSpace& exec, const RouterConfig& config, c
                             Impl::span_of("intermediate", intermediate), Impl::span_of("cutoff", cutoff),
                             Impl::span_of("histogram", histogram)};
   Impl::check_no_alias(fn, in, out);
-  o.output = Impl::RoutingOutput::Indices;
   o.probs = Impl::canonical2<decltype(o.probs)>(probs);
   o.indices = Impl::canonical2<decltype(o.indices)>(indices);
   o.inter = Impl::canonical2<decltype(o.inter)>(intermediate);

@@ -42,22 +42,29 @@ struct TopkSpec<Kokkos::Cuda> {
     return c;
   }
 
-  /// The forward operands lowered to the native kernels' argument struct.
+  /// A forward operation's operands (MapForwardOperands, IndicesForwardOperands, CompactForwardOperands) lowered to
+  /// the argument struct of the native forward kernels, which the operations share: its output kind tells them which
+  /// outputs there are.
   template <class Ops>
   static CudaKernels::TopkForward<typename Ops::scalar_type> forward_args(const RouterConfig& config, const Ops& o) {
     CudaKernels::TopkForward<typename Ops::scalar_type> a;
     a.num_tokens = o.num_tokens;
     a.num_experts = o.params.num_experts;
     a.config = lowered_config(config);
-    a.output = o.output;
+    a.output = o.output();
     a.logits = o.logits.data();
     if (o.params.has_bias) a.bias = CudaKernels::ExpertBias(o.bias.data());
-    a.probs = o.probs.data();
-    a.routing_map = o.map.data();
-    a.indices = CudaKernels::IndexOutput(o.indices.data());
-    a.intermediate = o.inter.data();
-    a.ids = o.ids.data();
-    a.weights = o.weights.data();
+    if constexpr (Ops::op == TopkForwardOp::Compact) {
+      a.ids = o.ids.data();
+      a.weights = o.weights.data();
+    } else {
+      a.probs = o.probs.data();
+      a.intermediate = o.inter.data();
+      if constexpr (Ops::op == TopkForwardOp::Indices)
+        a.indices = CudaKernels::IndexOutput(o.indices.data());
+      else
+        a.routing_map = o.map.data();
+    }
     return a;
   }
 

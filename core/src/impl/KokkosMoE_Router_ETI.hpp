@@ -31,8 +31,8 @@
 #define KOKKOSMOE_IMPL_ETI_TOPK_ONE(PREFIX, EXEC, FN, ...)                                                     \
   PREFIX template void ::KokkosMoE::Impl::PortableTopk<EXEC>::FN<__VA_ARGS__>(const EXEC&, const __VA_ARGS__&, \
                                                                               const ::KokkosMoE::Impl::KernelChoice&);
-#define KOKKOSMOE_IMPL_ETI_TOPK_FORWARD_1(P, X, S, B, I) \
-  KOKKOSMOE_IMPL_ETI_TOPK_ONE(P, X, forward, ::KokkosMoE::Impl::TopkForwardOperands<X, S, B, I>)
+#define KOKKOSMOE_IMPL_ETI_TOPK_FORWARD_1(P, X, ...) \
+  KOKKOSMOE_IMPL_ETI_TOPK_ONE(P, X, forward, ::KokkosMoE::Impl::__VA_ARGS__)
 #define KOKKOSMOE_IMPL_ETI_TOPK_BACKWARD_1(P, X, G, I) \
   KOKKOSMOE_IMPL_ETI_TOPK_ONE(P, X, backward, ::KokkosMoE::Impl::TopkBackwardOperands<X, G, I>)
 #define KOKKOSMOE_IMPL_ETI_COMPACT_BACKWARD_1(P, X, S, GW) \
@@ -46,12 +46,14 @@
   KOKKOSMOE_IMPL_ETI_ONE(P, X, PortableAux, aux_loss_backward, ::KokkosMoE::Impl::AuxLossBackwardOperands<X, G, GL, T>)
 
 // ---- the shipped combinations --------------------------------------------------------------------------------
-// topk_router forward: logits S (float, fp16_t, bf16_t) x bias B (the same three) x indices I (int16/32/64; the
-// map and compact forms use int32_t).
-#define KOKKOSMOE_IMPL_ETI_TOPK_FORWARD_SB(P, X, S, B)        \
-  KOKKOSMOE_IMPL_ETI_TOPK_FORWARD_1(P, X, S, B, std::int16_t) \
-  KOKKOSMOE_IMPL_ETI_TOPK_FORWARD_1(P, X, S, B, std::int32_t) \
-  KOKKOSMOE_IMPL_ETI_TOPK_FORWARD_1(P, X, S, B, std::int64_t)
+// topk_router forward operations (routing map, dense indices I in int16/32/64, compact): logits S (float, fp16_t,
+// bf16_t) x bias B (the same three).
+#define KOKKOSMOE_IMPL_ETI_TOPK_FORWARD_SB(P, X, S, B)                                   \
+  KOKKOSMOE_IMPL_ETI_TOPK_FORWARD_1(P, X, MapForwardOperands<X, S, B>)                   \
+  KOKKOSMOE_IMPL_ETI_TOPK_FORWARD_1(P, X, IndicesForwardOperands<X, S, B, std::int16_t>) \
+  KOKKOSMOE_IMPL_ETI_TOPK_FORWARD_1(P, X, IndicesForwardOperands<X, S, B, std::int32_t>) \
+  KOKKOSMOE_IMPL_ETI_TOPK_FORWARD_1(P, X, IndicesForwardOperands<X, S, B, std::int64_t>) \
+  KOKKOSMOE_IMPL_ETI_TOPK_FORWARD_1(P, X, CompactForwardOperands<X, S, B>)
 #define KOKKOSMOE_IMPL_ETI_TOPK_FORWARD_S(P, X, S)                 \
   KOKKOSMOE_IMPL_ETI_TOPK_FORWARD_SB(P, X, S, float)               \
   KOKKOSMOE_IMPL_ETI_TOPK_FORWARD_SB(P, X, S, ::KokkosMoE::fp16_t) \

@@ -34,8 +34,7 @@ void topk_router_with(const KernelChoice& choice, const ExecSpace& exec, const R
                       const MapView& routing_map, const InterView& intermediate) {
   constexpr const char* fn = "topk_router";
   using Scalar = typename LogitsView::non_const_value_type;
-  using Ops = TopkForwardOperands<ExecSpace, Scalar, typename BiasView::non_const_value_type, std::int32_t>;
-  Ops o = lower_topk_forward<Ops, ExecSpace>(fn, config, logits, expert_bias);
+  using Bias = typename BiasView::non_const_value_type;
   static_check_view<ExecSpace, ProbsView, 2>();
   static_check_view<ExecSpace, MapView, 2>();
   static_check_view<ExecSpace, InterView, 2>();
@@ -45,17 +44,18 @@ void topk_router_with(const KernelChoice& choice, const ExecSpace& exec, const R
                 "KokkosMoE::topk_router: routing_map must be uint8_t");
   static_assert(std::is_same_v<typename InterView::value_type, float>,
                 "KokkosMoE::topk_router: intermediate must be float");
+  using Ops = MapForwardOperands<ExecSpace, Scalar, Bias>;
+  Ops o = lower_topk_forward<Ops, ExecSpace>(fn, config, logits, expert_bias);
   check_map_format(fn, config.map_format);
   const auto T = o.num_tokens, E = static_cast<std::int64_t>(o.params.num_experts);
   check_shape2(fn, "probs", probs, T, E);
-  const bool bitmap = config.map_format == RoutingMapFormat::BitmapU8;
-  check_shape2(fn, "routing_map", routing_map, T, bitmap ? bitmap_row_bytes(E) : E);
+  o.bitmap = config.map_format == RoutingMapFormat::BitmapU8;
+  check_shape2(fn, "routing_map", routing_map, T, o.bitmap ? bitmap_row_bytes(E) : E);
   check_shape2(fn, "intermediate", intermediate, T, E);
   const Span in[] = {span_of("logits", logits), span_of("expert_bias", expert_bias)};
   const Span out[] = {span_of("probs", probs), span_of("routing_map", routing_map),
                       span_of("intermediate", intermediate)};
   check_no_alias(fn, in, out);
-  o.output = bitmap ? RoutingOutput::BitmapU8 : RoutingOutput::Bytemap;
   o.probs = canonical2<decltype(o.probs)>(probs);
   o.map = canonical2<decltype(o.map)>(routing_map);
   o.inter = canonical2<decltype(o.inter)>(intermediate);
@@ -72,7 +72,7 @@ void topk_router_indices_with(const KernelChoice& choice, const ExecSpace& exec,
   using Index = typename IndicesView::value_type;
   static_assert(is_index_type<Index>::value,
                 "KokkosMoE::topk_router_indices: indices must be int16_t, int32_t or int64_t");
-  using Ops = TopkForwardOperands<ExecSpace, Scalar, typename BiasView::non_const_value_type, Index>;
+  using Ops = IndicesForwardOperands<ExecSpace, Scalar, typename BiasView::non_const_value_type, Index>;
   Ops o = lower_topk_forward<Ops, ExecSpace>(fn, config, logits, expert_bias);
   static_check_view<ExecSpace, ProbsView, 2>();
   static_check_view<ExecSpace, IndicesView, 2>();
@@ -91,7 +91,6 @@ void topk_router_indices_with(const KernelChoice& choice, const ExecSpace& exec,
   const Span in[] = {span_of("logits", logits), span_of("expert_bias", expert_bias)};
   const Span out[] = {span_of("probs", probs), span_of("indices", indices), span_of("intermediate", intermediate)};
   check_no_alias(fn, in, out);
-  o.output = RoutingOutput::Indices;
   o.probs = canonical2<decltype(o.probs)>(probs);
   o.indices = canonical2<decltype(o.indices)>(indices);
   o.inter = canonical2<decltype(o.inter)>(intermediate);
@@ -105,7 +104,7 @@ void topk_router_compact_with(const KernelChoice& choice, const ExecSpace& exec,
                               const WeightsView& weights) {
   constexpr const char* fn = "topk_router_compact";
   using Scalar = typename LogitsView::non_const_value_type;
-  using Ops = TopkForwardOperands<ExecSpace, Scalar, typename BiasView::non_const_value_type, std::int32_t>;
+  using Ops = CompactForwardOperands<ExecSpace, Scalar, typename BiasView::non_const_value_type>;
   Ops o = lower_topk_forward<Ops, ExecSpace>(fn, config, logits, expert_bias);
   static_check_view<ExecSpace, IdsView, 2>();
   static_check_view<ExecSpace, WeightsView, 2>();
@@ -118,7 +117,6 @@ void topk_router_compact_with(const KernelChoice& choice, const ExecSpace& exec,
   const Span in[] = {span_of("logits", logits), span_of("expert_bias", expert_bias)};
   const Span out[] = {span_of("ids", ids), span_of("weights", weights)};
   check_no_alias(fn, in, out);
-  o.output = RoutingOutput::Compact;
   o.ids = canonical2<decltype(o.ids)>(ids);
   o.weights = canonical2<decltype(o.weights)>(weights);
   run_topk_forward(fn, exec, config, o, logits, choice);

@@ -53,24 +53,59 @@ Canonical canonical0(const V& v) {
   return Canonical(v.data());
 }
 
-/// topk_router forward: the operands of every output kind (the ones the kind does not use are empty Views).
-template <class ExecSpace, class Scalar, class BiasScalar, class Index>
-struct TopkForwardOperands {
+/// What every top-k forward reads: the token parameters, the logits and the optional expert bias.
+template <class ExecSpace, class Scalar, class BiasScalar>
+struct TopkForwardInputs {
   using V = CanonicalViews<ExecSpace>;
   using scalar_type = Scalar;
   using bias_type = BiasScalar;
-  using index_type = Index;
   TokenParams params;
-  RoutingOutput output = RoutingOutput::Bytemap;
   std::int64_t num_tokens = 0;
-  typename V::template In2<Scalar> logits;      ///< [T, E]
-  typename V::template In1<BiasScalar> bias;    ///< [E] or empty
-  typename V::template Out2<Scalar> probs;      ///< [T, E] (Bytemap, BitmapU8, Indices)
-  typename V::template Out2<std::uint8_t> map;  ///< [T, E] Bytemap / [T, ceil(E/8)] BitmapU8
-  typename V::template Out2<Index> indices;     ///< [T, k] (Indices)
-  typename V::template Out2<float> inter;       ///< [T, E] (Bytemap, BitmapU8, Indices)
-  typename V::template Out2<std::int32_t> ids;  ///< [T, k] (Compact)
-  typename V::template Out2<float> weights;     ///< [T, k] (Compact)
+  typename V::template In2<Scalar> logits;    ///< [T, E]
+  typename V::template In1<BiasScalar> bias;  ///< [E] or empty
+};
+
+/// What the dense forwards (topk_router, topk_router_indices) write besides their routing: probs and the FP32
+/// intermediate the backward reads.
+template <class ExecSpace, class Scalar, class BiasScalar>
+struct TopkDenseOutputs : TopkForwardInputs<ExecSpace, Scalar, BiasScalar> {
+  using V = CanonicalViews<ExecSpace>;
+  typename V::template Out2<Scalar> probs;  ///< [T, E]
+  typename V::template Out2<float> inter;   ///< [T, E]
+};
+
+/// The top-k forward operations (docs/conventions.md §4), one operand type each, holding the Views that operation
+/// writes and nothing else: topk_router (a routing map in either format: one operation, so that the two formats share
+/// every instruction and their probs and intermediate are bit-identical, docs/router.md §16.1), topk_router_indices
+/// and topk_router_compact.
+enum class TopkForwardOp : std::uint8_t { Map, Indices, Compact };
+
+/// topk_router.
+template <class ExecSpace, class Scalar, class BiasScalar>
+struct MapForwardOperands : TopkDenseOutputs<ExecSpace, Scalar, BiasScalar> {
+  static constexpr TopkForwardOp op = TopkForwardOp::Map;
+  bool bitmap = false;                                                  ///< RoutingMapFormat::BitmapU8
+  typename CanonicalViews<ExecSpace>::template Out2<std::uint8_t> map;  ///< [T, E] or, bitmap, [T, ceil(E/8)]
+  RoutingOutput output() const { return bitmap ? RoutingOutput::BitmapU8 : RoutingOutput::Bytemap; }
+};
+
+/// topk_router_indices: Index is int16_t, int32_t or int64_t.
+template <class ExecSpace, class Scalar, class BiasScalar, class Index>
+struct IndicesForwardOperands : TopkDenseOutputs<ExecSpace, Scalar, BiasScalar> {
+  static constexpr TopkForwardOp op = TopkForwardOp::Indices;
+  static constexpr RoutingOutput output() { return RoutingOutput::Indices; }
+  using index_type = Index;
+  typename CanonicalViews<ExecSpace>::template Out2<Index> indices;  ///< [T, k] in slot order
+};
+
+/// topk_router_compact.
+template <class ExecSpace, class Scalar, class BiasScalar>
+struct CompactForwardOperands : TopkForwardInputs<ExecSpace, Scalar, BiasScalar> {
+  static constexpr TopkForwardOp op = TopkForwardOp::Compact;
+  static constexpr RoutingOutput output() { return RoutingOutput::Compact; }
+  using V = CanonicalViews<ExecSpace>;
+  typename V::template Out2<std::int32_t> ids;  ///< [T, k]
+  typename V::template Out2<float> weights;     ///< [T, k]
 };
 
 /// Backward from a routing map (Bytemap or BitmapU8) or from dense indices (Indices): grad_logits has grad_probs'

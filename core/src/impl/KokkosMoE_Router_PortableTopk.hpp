@@ -35,7 +35,7 @@ struct TopkForwardKernel {
   using member_type = typename Kokkos::TeamPolicy<ExecSpace>::member_type;
   using Work = TokenWork<typename ExecSpace::scratch_memory_space>;
   using Scalar = typename Ops::scalar_type;
-  using Index = typename Ops::index_type;
+  static constexpr TopkForwardOp kOp = Ops::op;
 
   Ops o;
   int tokens_per_team;
@@ -85,19 +85,26 @@ struct TopkForwardKernel {
     const float scale = p.scaling_factor;
     const auto x = Kokkos::subview(o.logits, t, Kokkos::ALL);
     const TokenChoice c = route_token(SerialLoops{}, p, x, o.bias, w);
-    if (o.output == RoutingOutput::Compact) {
+    if constexpr (kOp == TopkForwardOp::Compact) {
       for (int i = 0; i < k; ++i) {
         const int e = key_index(w.keys(i));
         o.ids(t, i) = e;
         o.weights(t, i) = scale * c.weight(w.act(e));
       }
-      return;
+    } else {
+      serial_dense_rows(t, x, c, w);
     }
-    // the non-selected values everywhere, then the k selected entries; rows as locals, so that the stores cannot be
-    // taken to alias the operands and the fill loops vectorize
+  }
+
+  /// serial_token's dense outputs: the non-selected values everywhere, then the k selected entries; rows as locals,
+  /// so that the stores cannot be taken to alias the operands and the fill loops vectorize.
+  template <class X>
+  KOKKOS_INLINE_FUNCTION void serial_dense_rows(std::int64_t t, const X& x, const TokenChoice& c, const Work& w) const {
+    const TokenParams& p = o.params;
+    const int E = p.num_experts, k = p.topk;
+    const float scale = p.scaling_factor;
     const auto probs = Kokkos::subview(o.probs, t, Kokkos::ALL);
     const auto inter = Kokkos::subview(o.inter, t, Kokkos::ALL);
-    const auto map = Kokkos::subview(o.map, t, Kokkos::ALL);
     const Scalar zero = from_float<Scalar>(0.0f);
     for (int e = 0; e < E; ++e) probs(e) = zero;
     if (p.score_function == ScoreFunction::SqrtSoftplus) {
@@ -108,23 +115,21 @@ struct TopkForwardKernel {
     } else {
       for (int e = 0; e < E; ++e) inter(e) = w.act(e);
     }
-    if (o.output == RoutingOutput::Bytemap) {
-      for (int e = 0; e < E; ++e) map(e) = 0;
-    } else if (o.output == RoutingOutput::BitmapU8) {
-      const int nb = static_cast<int>(bitmap_row_bytes(E));
-      for (int b = 0; b < nb; ++b) map(b) = 0;
+    if constexpr (kOp == TopkForwardOp::Map) {
+      const int nb = o.bitmap ? static_cast<int>(bitmap_row_bytes(E)) : E;
+      for (int b = 0; b < nb; ++b) o.map(t, b) = 0;
     }
     for (int i = 0; i < k; ++i) {
       const int e = key_index(w.keys(i));
       const float we = c.weight(w.act(e));
       probs(e) = from_float<Scalar>(scale * we);
       if (c.mode == TokenChoice::Post) inter(e) = we;
-      if (o.output == RoutingOutput::Bytemap) {
-        map(e) = 1;
-      } else if (o.output == RoutingOutput::BitmapU8) {
-        map(e / 8) = static_cast<std::uint8_t>(map(e / 8) | (1u << (e % 8)));
+      if constexpr (kOp == TopkForwardOp::Indices) {
+        o.indices(t, i) = static_cast<typename Ops::index_type>(e);
+      } else if (o.bitmap) {
+        o.map(t, e / 8) = static_cast<std::uint8_t>(o.map(t, e / 8) | (1u << (e % 8)));
       } else {
-        o.indices(t, i) = static_cast<Index>(e);
+        o.map(t, e) = 1;
       }
     }
   }
@@ -150,7 +155,7 @@ struct TopkForwardKernel {
     for (int i = 0; i < k; ++i) {
       const int e = key_index(w.keys(i));
       sel |= 1u << e;
-      if (o.output == RoutingOutput::Indices) o.indices(t, i) = static_cast<Index>(e);
+      if constexpr (kOp == TopkForwardOp::Indices) o.indices(t, i) = static_cast<typename Ops::index_type>(e);
     }
     const bool ssp = p.score_function == ScoreFunction::SqrtSoftplus, post = p.softmax_post();
     Scalar pr[N];
@@ -166,10 +171,11 @@ struct TopkForwardKernel {
     }
     store_row(&o.probs(t, 0), E, pr);
     store_row(&o.inter(t, 0), E, ir);
-    if (o.output == RoutingOutput::Bytemap) {
-      store_row(&o.map(t, 0), E, mr);
-    } else if (o.output == RoutingOutput::BitmapU8) {
-      for (int b = 0; b < (E + 7) / 8; ++b) o.map(t, b) = static_cast<std::uint8_t>(sel >> (8 * b));
+    if constexpr (kOp == TopkForwardOp::Map) {
+      if (o.bitmap)
+        for (int b = 0; b < (E + 7) / 8; ++b) o.map(t, b) = static_cast<std::uint8_t>(sel >> (8 * b));
+      else
+        store_row(&o.map(t, 0), E, mr);
     }
   }
 
@@ -180,14 +186,24 @@ struct TopkForwardKernel {
     const ThreadVectorLoops<member_type> L{m};
     const auto x = Kokkos::subview(o.logits, t, Kokkos::ALL);
     const TokenChoice c = route_token(L, p, x, o.bias, w);
-    if (o.output == RoutingOutput::Compact) {
+    if constexpr (kOp == TopkForwardOp::Compact) {
       L.for_each(k, [&](const int i) {
         const int e = key_index(w.keys(i));
         o.ids(t, i) = e;
         o.weights(t, i) = scale * c.weight(w.act(e));
       });
-      return;
+    } else {
+      device_dense_rows(L, t, x, c, w);
     }
+  }
+
+  /// device_token's dense outputs, each expert on a vector lane.
+  template <class Loops, class X>
+  KOKKOS_INLINE_FUNCTION void device_dense_rows(const Loops& L, std::int64_t t, const X& x, const TokenChoice& c,
+                                                const Work& w) const {
+    const TokenParams& p = o.params;
+    const int E = p.num_experts, k = p.topk;
+    const float scale = p.scaling_factor;
     const bool post = c.mode == TokenChoice::Post;
     const bool ssp = p.score_function == ScoreFunction::SqrtSoftplus;
     L.for_each(E, [&](const int e) {
@@ -196,22 +212,26 @@ struct TopkForwardKernel {
       const float we = routed ? c.weight(w.act(e)) : 0.0f;
       o.probs(t, e) = from_float<Scalar>(routed ? scale * we : 0.0f);
       o.inter(t, e) = ssp ? to_float(x(e)) : post ? (routed ? we : neg_inf()) : w.act(e);
-      if (o.output == RoutingOutput::Bytemap) o.map(t, e) = routed ? 1 : 0;
+      if constexpr (kOp == TopkForwardOp::Map)
+        if (!o.bitmap) o.map(t, e) = routed ? 1 : 0;
     });
-    if (o.output == RoutingOutput::BitmapU8) {
-      L.for_each(static_cast<int>(bitmap_row_bytes(E)), [&](const int b) {
-        unsigned byte = 0;
-        for (int j = 0; j < 8; ++j) {
-          const int e = b * 8 + j;
-          if (e < E) {
-            const std::uint64_t key = w.eligible_key(p, e);
-            if (key != 0 && key >= c.kth) byte |= 1u << j;
+    if constexpr (kOp == TopkForwardOp::Map) {
+      if (o.bitmap) {
+        L.for_each(static_cast<int>(bitmap_row_bytes(E)), [&](const int b) {
+          unsigned byte = 0;
+          for (int j = 0; j < 8; ++j) {
+            const int e = b * 8 + j;
+            if (e < E) {
+              const std::uint64_t key = w.eligible_key(p, e);
+              if (key != 0 && key >= c.kth) byte |= 1u << j;
+            }
           }
-        }
-        o.map(t, b) = static_cast<std::uint8_t>(byte);
-      });
-    } else if (o.output == RoutingOutput::Indices) {
-      L.for_each(k, [&](const int i) { o.indices(t, i) = static_cast<Index>(key_index(w.keys(i))); });
+          o.map(t, b) = static_cast<std::uint8_t>(byte);
+        });
+      }
+    } else if constexpr (kOp == TopkForwardOp::Indices) {
+      L.for_each(k,
+                 [&](const int i) { o.indices(t, i) = static_cast<typename Ops::index_type>(key_index(w.keys(i))); });
     }
   }
 };
@@ -265,9 +285,11 @@ void PortableTopk<ExecSpace>::forward(const ExecSpace& exec, const Ops& o, const
   ScopedRegion region("KokkosMoE::topk_router[portable]");
   const Geometry geo = Geometry::forward(o.params, choice);
   // dense outputs get rows in registers; the compact one writes 2k values per token and keeps the smaller kernel
-  launch_token_kernel<TopkForwardKernel, true>(
-      "KokkosMoE::topk_router", exec, o,
-      o.output == RoutingOutput::Compact ? geo : geo.with_rows(o.params.num_experts));
+  if constexpr (Ops::op == TopkForwardOp::Compact)
+    launch_token_kernel<TopkForwardKernel, false>("KokkosMoE::topk_router_compact", exec, o, geo);
+  else
+    launch_token_kernel<TopkForwardKernel, true>("KokkosMoE::topk_router", exec, o,
+                                                 geo.with_rows(o.params.num_experts));
 }
 
 template <class ExecSpace>
