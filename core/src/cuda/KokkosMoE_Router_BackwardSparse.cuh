@@ -50,6 +50,26 @@ __device__ __forceinline__ void fill_unrouted(typename Elem<GO>::S* orow, int E,
   }
 }
 
+/// A token's coefficients from its reduced sums (Ps for Softmax, S and Q otherwise), then, on a valid row, the fill
+/// of its unrouted entries (fill_unrouted, from the intermediate row unless the form is compact).
+template <class Params, int TPT, int VO, bool VEC>
+__device__ __forceinline__ BwdCoef coef_and_fill(const Params& P, bool valid, long long rowE, bool pre, int ls,
+                                                 float Ps, float S, float Q,
+                                                 const typename Elem<typename Params::Logit>::S* lrow, float M,
+                                                 float inv) {
+  BwdCoef cf;
+  cf.P = Ps;
+  cf.norm = P.k > 1;
+  cf.set_sums(S, Q);
+  if (valid) {
+    const float* inter_row = nullptr;
+    if constexpr (!Params::compact) inter_row = P.inter + rowE;
+    fill_unrouted<typename Params::Out, typename Params::Logit, TPT, VO, VEC>(P.gout + rowE, P.E, ls, pre, cf.P,
+                                                                              inter_row, lrow, M, inv);
+  }
+  return cf;
+}
+
 template <class Params, int TPT, bool VEC>
 __global__ void __launch_bounds__(128) bwd_sparse(const Params P) {
   using GO = typename Params::Out;
@@ -147,15 +167,7 @@ __global__ void __launch_bounds__(128) bwd_sparse(const Params P) {
           Q += __shfl_sync(kFull, gv, src);
         }
       }
-      BwdCoef cf;
-      cf.P = Ps;
-      cf.norm = k > 1;
-      cf.set_sums(S, Q);
-      if (valid) {
-        const float* inter_row = nullptr;
-        if constexpr (!compact) inter_row = P.inter + rowE;
-        fill_unrouted<GO, LD, TPT, VO, VEC>(P.gout + rowE, E, ls, pre, cf.P, inter_row, nullptr, 0.0f, 0.0f);
-      }
+      const BwdCoef cf = coef_and_fill<Params, TPT, VO, VEC>(P, valid, rowE, pre, ls, Ps, S, Q, nullptr, 0.0f, 0.0f);
       __syncwarp();
       if (has) {
         const float dx = (fn == kFnSoftmax) ? softmax_grad(g, a, cf.P) : dx_sig_ssp(fn, cf, true, a, v, g);
@@ -230,6 +242,15 @@ __global__ void __launch_bounds__(128) bwd_sparse(const Params P) {
       }
       v = (fn == kFnSqrtSoftplus) ? sqrt_softplus(a) : a;
     };
+    // slot r with the compact Softmax post activation normalized by sinv (set below, before the first call)
+    auto weighted_slot = [&](int r, int& idx, float& a, float& v, float& g) {
+      float e;
+      slot(r, idx, a, v, g, e);
+      if (compact && post) {
+        a = e * sinv;
+        v = a;
+      }
+    };
 
     float S = 0.0f, Q = 0.0f, Ps = 0.0f;
     int my_idx = 0;
@@ -276,12 +297,8 @@ __global__ void __launch_bounds__(128) bwd_sparse(const Params P) {
       if (valid)
         for (int r = ls; r < k; r += TPT) {
           int idx;
-          float a, v, g, e;
-          slot(r, idx, a, v, g, e);
-          if (compact && post) {
-            a = e * sinv;
-            v = a;
-          }
+          float a, v, g;
+          weighted_slot(r, idx, a, v, g);
           if (fn == kFnSoftmax) {
             Ps += g * a;
           } else {
@@ -293,17 +310,8 @@ __global__ void __launch_bounds__(128) bwd_sparse(const Params P) {
       S = seg_add_f32<TPT>(S);
       Q = seg_add_f32<TPT>(Q);
     }
-    BwdCoef cf;
-    cf.P = Ps;
-    cf.norm = k > 1;
-    cf.set_sums(S, Q);
-
     // row fill: +0.0, or the non-routed Softmax pre gradient
-    if (valid) {
-      const float* inter_row = nullptr;
-      if constexpr (!compact) inter_row = P.inter + rowE;
-      fill_unrouted<GO, LD, TPT, VO, VEC>(P.gout + rowE, E, ls, pre, cf.P, inter_row, lrow, M, inv);
-    }
+    const BwdCoef cf = coef_and_fill<Params, TPT, VO, VEC>(P, valid, rowE, pre, ls, Ps, S, Q, lrow, M, inv);
     __syncwarp();
     // routed entries
     if (valid) {
@@ -321,12 +329,8 @@ __global__ void __launch_bounds__(128) bwd_sparse(const Params P) {
       } else {
         for (int r = ls; r < k; r += TPT) {
           int idx;
-          float a, v, g, e;
-          slot(r, idx, a, v, g, e);
-          if (compact && post) {
-            a = e * sinv;
-            v = a;
-          }
+          float a, v, g;
+          weighted_slot(r, idx, a, v, g);
           put(idx, a, v, g);
         }
       }

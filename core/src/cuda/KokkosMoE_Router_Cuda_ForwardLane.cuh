@@ -388,15 +388,7 @@ __global__ void __launch_bounds__(128, NC == 1
     // ---- 2. group-limited routing (§5.3): NC == 1, kg <= 2, a group spans sg lanes ----------------------------
     bool elig = lvalid;
     if (NC == 1 && P.gk > 0) {
-      for (int o = 1; o < sg; o <<= 1) {
-        const unsigned b1 = __shfl_xor_sync(kFull, g1, o);
-        const unsigned b2 = __shfl_xor_sync(kFull, g2, o);
-        const unsigned n2 = max(min(g1, b1), max(g2, b2));
-        g1 = max(g1, b1);
-        g2 = n2;
-      }
-      float gsum = group_score_add(0.0f, 0, order_key_decode(g1));
-      if (P.kg == 2) gsum = group_score_add(gsum, 1, order_key_decode(g2));
+      const float gsum = group_top2_score(g1, g2, sg, P.kg);
       unsigned gkey = lvalid ? order_key(gsum) : 0u;
       elig = false;
       if (P.G <= 8) {
