@@ -314,45 +314,6 @@ __device__ __forceinline__ void token_front(const FwdParams<L>& P, const float (
   }
 }
 
-/// The token loop of the register kernels (topk_fwd_reg, topk_fwd_rounds): stages the block's expert-bias row for
-/// \p row experts after the token rows of its warps (stage_bias), then each warp takes TPW tokens per step over a
-/// grid stride, loading the lanes' raw chunks of its next step while this one is processed. Per token: `reset()`
-/// (the token's shared scratch), the front part (token_front), then `body(t, valid, rowE, y, key)`.
-template <class L, int TPT, int NC, int W, class Reset, class Body>
-__device__ __forceinline__ void lane_token_loop(const FwdParams<L>& P, unsigned char* smem, int row,
-                                                const bool (&cvalid)[NC], int warp, int seg, int ls, float* ybuf,
-                                                Reset reset, Body body) {
-  constexpr int V = NC * W;
-  constexpr int TPW = 32 / TPT;
-  float* sbias =
-      reinterpret_cast<float*>(smem + bias_row_offset(static_cast<size_t>(blockDim.x >> 5) * TPW * P.tok_smem));
-  stage_bias(P, sbias, row);
-
-  using Row = LaneRow<L, TPT, NC, W>;
-  const long long nwarps = static_cast<long long>(gridDim.x) * (blockDim.x >> 5);
-  const long long gwarp = static_cast<long long>(blockIdx.x) * (blockDim.x >> 5) + warp;
-  const long long stride = nwarps * TPW;
-
-  // software prefetch: the raw chunks of the next token are loaded while this one is processed
-  typename Row::Raw raw[NC];
-  long long tb = gwarp * TPW;
-  if (tb < P.T) Row::load(P, tb + seg, ls, cvalid, raw);
-
-  for (; tb < P.T; tb += stride) {
-    const long long t = tb + seg;
-    const bool valid = t < P.T;
-    float x[V];
-    Row::widen(raw, x);
-    if (tb + stride < P.T) Row::load(P, tb + stride + seg, ls, cvalid, raw);
-    const long long rowE = t * static_cast<long long>(P.E);
-    float y[V];
-    unsigned key[V];
-    reset();
-    token_front<L, TPT, NC, W>(P, x, y, key, cvalid, sbias, valid, rowE, ls, seg, ybuf);
-    body(t, valid, rowE, y, key);
-  }
-}
-
 // =============================================================================================================
 // Fast path: TPT lanes per token, NC chunks of W experts per lane
 // =============================================================================================================
@@ -387,206 +348,227 @@ __global__ void __launch_bounds__(128) topk_fwd_reg(const FwdParams<L> P) {
 
   bool cvalid[NC];
   lane_chunks<TPT, NC, W>(E, ls, cvalid);
-  const auto reset = [&] {  // the selected flags
+  float* sbias =
+      reinterpret_cast<float*>(smem + bias_row_offset(static_cast<size_t>(blockDim.x >> 5) * TPW * P.tok_smem));
+  stage_bias(P, sbias, ECAP);
+
+  using Row = LaneRow<L, TPT, NC, W>;
+  const long long nwarps = static_cast<long long>(gridDim.x) * (blockDim.x >> 5);
+  const long long gwarp = static_cast<long long>(blockIdx.x) * (blockDim.x >> 5) + warp;
+  const long long stride = nwarps * TPW;
+
+  // software prefetch: the raw chunks of the next token are loaded while this one is processed
+  typename Row::Raw raw[NC];
+  long long tb = gwarp * TPW;
+  if (tb < P.T) Row::load(P, tb + seg, ls, cvalid, raw);
+
+  for (; tb < P.T; tb += stride) {
+    const long long t = tb + seg;
+    const bool valid = t < P.T;
+    float x[V];
+    Row::widen(raw, x);
+    if (tb + stride < P.T) Row::load(P, tb + stride + seg, ls, cvalid, raw);
+
+    const long long rowE = t * static_cast<long long>(E);
+    float y[V];
+    unsigned key[V];
     for (int i = ls * 16; i < P.fbuf_bytes; i += TPT * 16) *reinterpret_cast<uint4*>(fbuf + i) = make_uint4(0, 0, 0, 0);
-  };
-  lane_token_loop<L, TPT, NC, W>(
-      P, smem, ECAP, cvalid, warp, seg, ls, ybuf, reset,
-      [&](const long long t, const bool valid, const long long rowE, float(&y)[V], unsigned(&key)[V]) {
-        // ---- top-k selection -------------------------------------------------------------------------------
-        unsigned cmask = 0;
-        int C = 0;
-        bool need_exact = false;
+    token_front<L, TPT, NC, W>(P, x, y, key, cvalid, sbias, valid, rowE, ls, seg, ybuf);
+
+    // ---- top-k selection -------------------------------------------------------------------------------
+    unsigned cmask = 0;
+    int C = 0;
+    bool need_exact = false;
+    {
+      unsigned tau = 0;
+      if constexpr (ECAP <= kCandLimit) {
+        tau = 1;  // every real key (>= kNaNKey) is a candidate
+      } else {
+        if (k <= TPT) {
+          unsigned lm = 0;
+#pragma unroll
+          for (int p = 0; p < V; ++p) lm = max(lm, key[p]);
+          int cnt = 0;
+          bool done = false;
+          for (int r = 0; r < k; ++r) {
+            const unsigned M = seg_max_u32<TPT>(lm);
+            const int c = seg_add_i32<TPT>(lm == M ? 1 : 0);
+            if (!done) {
+              tau = M;
+              cnt += c;
+              done = cnt >= k || M == 0;
+            }
+            lm = (lm == M) ? 0u : lm;
+            if (__all_sync(kFull, done)) break;
+          }
+        }
+      }
+      if (tau != 0) {
+#pragma unroll
+        for (int p = 0; p < V; ++p) cmask |= (key[p] >= tau) ? (1u << p) : 0u;
+      }
+      C = seg_add_i32<TPT>(__popc(cmask));
+      need_exact = valid && (tau == 0 || C > kCandLimit);
+    }
+    if (__any_sync(kFull, need_exact)) {
+      unsigned T = 0;
+      for (int b = 31; b >= 0; --b) {
+        const unsigned cd = T | (1u << b);
+        int c = 0;
+#pragma unroll
+        for (int p = 0; p < V; ++p) c += (key[p] >= cd) ? 1 : 0;
+        c = seg_add_i32<TPT>(c);
+        if (c >= k) T = cd;
+      }
+      int gt = 0;
+      cmask = 0;
+#pragma unroll
+      for (int p = 0; p < V; ++p) {
+        const bool g = key[p] > T;
+        gt += g ? 1 : 0;
+        cmask |= g ? (1u << p) : 0u;
+      }
+      const int need = k - seg_add_i32<TPT>(gt);
+      int base = 0;
+#pragma unroll
+      for (int c = 0; c < NC; ++c) {
+        int tc = 0;
+#pragma unroll
+        for (int w = 0; w < W; ++w) tc += (key[c * W + w] == T) ? 1 : 0;
+        int r = base + seg_excl_scan<TPT>(tc, ls);
+#pragma unroll
+        for (int w = 0; w < W; ++w) {
+          if (key[c * W + w] == T) {
+            if (r < need) cmask |= 1u << (c * W + w);
+            ++r;
+          }
+        }
+        base += seg_add_i32<TPT>(tc);
+      }
+      C = k;
+    }
+    {  // compaction of the candidates
+      int off = seg_excl_scan<TPT>(__popc(cmask), ls);
+#pragma unroll
+      for (int c = 0; c < NC; ++c)
+#pragma unroll
+        for (int w = 0; w < W; ++w) {
+          const int p = c * W + w;
+          if (cmask & (1u << p)) cand[off++] = pack_key(key[p], (c * TPT + ls) * W + w);
+        }
+    }
+    __syncwarp();
+    // rank = slot: candidates beating this one under (key desc, index asc)
+    for (int j = ls; j < C; j += TPT) {
+      const unsigned long long me = cand[j];
+      int rank = 0;
+      int i = 0;
+      for (; i + 4 <= C; i += 4) {
+        rank += (cand[i] > me) ? 1 : 0;
+        rank += (cand[i + 1] > me) ? 1 : 0;
+        rank += (cand[i + 2] > me) ? 1 : 0;
+        rank += (cand[i + 3] > me) ? 1 : 0;
+      }
+      for (; i < C; ++i) rank += (cand[i] > me) ? 1 : 0;
+      if (rank < k) {
+        const int idx = key_index(me);
+        if (aux) {
+          fbuf[idx] = 1;
+        } else {
+          slot_idx[rank] = idx;
+          slot_y[rank] = ybuf[idx];
+        }
+      }
+    }
+    __syncwarp();
+
+    // ---- weights per slot (§5.2): sums in slot order ----------------------------------------------------
+    if (!aux) {
+      float x0 = 0.0f, inv = 0.0f, D = 0.0f;
+      if (softmax_post) {
+        x0 = slot_y[0];
+        for (int r = ls; r < k; r += TPT) slot_e[r] = softmax_exp(slot_y[r], x0);
+        __syncwarp();
+        float sum = 0.0f;
+        for (int r = 0; r < k; ++r) {
+          const float xr = slot_y[r];
+          sum += (xr == -INFINITY) ? 0.0f : slot_e[r];
+        }
+        inv = 1.0f / sum;
+      } else if (fn != kFnSoftmax && k > 1) {
+        float sum = 0.0f;
+        for (int r = 0; r < k; ++r) sum += slot_y[r];
+        D = normalization_denominator(sum);
+      }
+      for (int r = ls; r < k; r += TPT) {
+        const int idx = slot_idx[r];
+        const float yr = slot_y[r];
+        float v;
+        if (fn == kFnSoftmax)
+          v = P.pre ? yr : slot_e[r] * inv;
+        else
+          v = (k > 1) ? yr / D : yr;
+        if (valid) {
+          const long long o = t * static_cast<long long>(k) + r;
+          if (compact) {
+            P.ids[o] = idx;
+            P.weights[o] = P.scale * v;
+          } else if (P.out == kOutIndices) {
+            store_index(P.indices, o, idx);
+          }
+        }
+        if (valid) {      // (slots of a token beyond T were never written)
+          ybuf[idx] = v;  // weights row (activations are no longer read)
+          fbuf[idx] = 1;
+        }
+      }
+    }
+    __syncwarp();
+
+    // ---- dense outputs: one coalesced pass over the row ---------------------------------------------------
+    if (valid && !compact) {
+#pragma unroll
+      for (int c = 0; c < NC; ++c) {
+        if (!cvalid[c]) continue;
+        const int e0 = (c * TPT + ls) * W;
+        unsigned char f[W];
         {
-          unsigned tau = 0;
-          if constexpr (ECAP <= kCandLimit) {
-            tau = 1;  // every real key (>= kNaNKey) is a candidate
-          } else {
-            if (k <= TPT) {
-              unsigned lm = 0;
-#pragma unroll
-              for (int p = 0; p < V; ++p) lm = max(lm, key[p]);
-              int cnt = 0;
-              bool done = false;
-              for (int r = 0; r < k; ++r) {
-                const unsigned M = seg_max_u32<TPT>(lm);
-                const int c = seg_add_i32<TPT>(lm == M ? 1 : 0);
-                if (!done) {
-                  tau = M;
-                  cnt += c;
-                  done = cnt >= k || M == 0;
-                }
-                lm = (lm == M) ? 0u : lm;
-                if (__all_sync(kFull, done)) break;
-              }
-            }
-          }
-          if (tau != 0) {
-#pragma unroll
-            for (int p = 0; p < V; ++p) cmask |= (key[p] >= tau) ? (1u << p) : 0u;
-          }
-          C = seg_add_i32<TPT>(__popc(cmask));
-          need_exact = valid && (tau == 0 || C > kCandLimit);
+          using VB = Vec<unsigned char, W>;
+          const typename VB::R rb = *reinterpret_cast<const typename VB::R*>(fbuf + e0);
+          VB::to_array(rb, f);
         }
-        if (__any_sync(kFull, need_exact)) {
-          unsigned T = 0;
-          for (int b = 31; b >= 0; --b) {
-            const unsigned cd = T | (1u << b);
-            int c = 0;
-#pragma unroll
-            for (int p = 0; p < V; ++p) c += (key[p] >= cd) ? 1 : 0;
-            c = seg_add_i32<TPT>(c);
-            if (c >= k) T = cd;
-          }
-          int gt = 0;
-          cmask = 0;
-#pragma unroll
-          for (int p = 0; p < V; ++p) {
-            const bool g = key[p] > T;
-            gt += g ? 1 : 0;
-            cmask |= g ? (1u << p) : 0u;
-          }
-          const int need = k - seg_add_i32<TPT>(gt);
-          int base = 0;
-#pragma unroll
-          for (int c = 0; c < NC; ++c) {
-            int tc = 0;
-#pragma unroll
-            for (int w = 0; w < W; ++w) tc += (key[c * W + w] == T) ? 1 : 0;
-            int r = base + seg_excl_scan<TPT>(tc, ls);
-#pragma unroll
-            for (int w = 0; w < W; ++w) {
-              if (key[c * W + w] == T) {
-                if (r < need) cmask |= 1u << (c * W + w);
-                ++r;
-              }
-            }
-            base += seg_add_i32<TPT>(tc);
-          }
-          C = k;
-        }
-        {  // compaction of the candidates
-          int off = seg_excl_scan<TPT>(__popc(cmask), ls);
-#pragma unroll
-          for (int c = 0; c < NC; ++c)
-#pragma unroll
-            for (int w = 0; w < W; ++w) {
-              const int p = c * W + w;
-              if (cmask & (1u << p)) cand[off++] = pack_key(key[p], (c * TPT + ls) * W + w);
-            }
-        }
-        __syncwarp();
-        // rank = slot: candidates beating this one under (key desc, index asc)
-        for (int j = ls; j < C; j += TPT) {
-          const unsigned long long me = cand[j];
-          int rank = 0;
-          int i = 0;
-          for (; i + 4 <= C; i += 4) {
-            rank += (cand[i] > me) ? 1 : 0;
-            rank += (cand[i + 1] > me) ? 1 : 0;
-            rank += (cand[i + 2] > me) ? 1 : 0;
-            rank += (cand[i + 3] > me) ? 1 : 0;
-          }
-          for (; i < C; ++i) rank += (cand[i] > me) ? 1 : 0;
-          if (rank < k) {
-            const int idx = key_index(me);
-            if (aux) {
-              fbuf[idx] = 1;
-            } else {
-              slot_idx[rank] = idx;
-              slot_y[rank] = ybuf[idx];
-            }
-          }
-        }
-        __syncwarp();
-
-        // ---- weights per slot (§5.2): sums in slot order ----------------------------------------------------
         if (!aux) {
-          float x0 = 0.0f, inv = 0.0f, D = 0.0f;
+          float wv[W], pv[W];
+#pragma unroll
+          for (int w = 0; w < W; ++w) {
+            wv[w] = ybuf[e0 + w];
+            pv[w] = f[w] ? P.scale * wv[w] : 0.0f;
+          }
+          store_elems<L, W>(storage(P.probs) + rowE + e0, pv);
           if (softmax_post) {
-            x0 = slot_y[0];
-            for (int r = ls; r < k; r += TPT) slot_e[r] = softmax_exp(slot_y[r], x0);
-            __syncwarp();
-            float sum = 0.0f;
-            for (int r = 0; r < k; ++r) {
-              const float xr = slot_y[r];
-              sum += (xr == -INFINITY) ? 0.0f : slot_e[r];
-            }
-            inv = 1.0f / sum;
-          } else if (fn != kFnSoftmax && k > 1) {
-            float sum = 0.0f;
-            for (int r = 0; r < k; ++r) sum += slot_y[r];
-            D = normalization_denominator(sum);
-          }
-          for (int r = ls; r < k; r += TPT) {
-            const int idx = slot_idx[r];
-            const float yr = slot_y[r];
-            float v;
-            if (fn == kFnSoftmax)
-              v = P.pre ? yr : slot_e[r] * inv;
-            else
-              v = (k > 1) ? yr / D : yr;
-            if (valid) {
-              const long long o = t * static_cast<long long>(k) + r;
-              if (compact) {
-                P.ids[o] = idx;
-                P.weights[o] = P.scale * v;
-              } else if (P.out == kOutIndices) {
-                store_index(P.indices, o, idx);
-              }
-            }
-            if (valid) {      // (slots of a token beyond T were never written)
-              ybuf[idx] = v;  // weights row (activations are no longer read)
-              fbuf[idx] = 1;
-            }
+#pragma unroll
+            for (int w = 0; w < W; ++w) wv[w] = f[w] ? wv[w] : -INFINITY;
+            store_elems<float, W>(P.inter + rowE + e0, wv);
           }
         }
-        __syncwarp();
-
-        // ---- dense outputs: one coalesced pass over the row ---------------------------------------------------
-        if (valid && !compact) {
+        if (P.out == kOutBytemap) store_bytes<W>(P.map + rowE + e0, f);
+      }
+      if (P.out == kOutBitmap) {
+        const int nb = (E + 7) >> 3;
+        for (int b = ls; b < nb; b += TPT) {
+          const uint2 q = *reinterpret_cast<const uint2*>(fbuf + 8 * b);
+          unsigned bits = 0;
 #pragma unroll
-          for (int c = 0; c < NC; ++c) {
-            if (!cvalid[c]) continue;
-            const int e0 = (c * TPT + ls) * W;
-            unsigned char f[W];
-            {
-              using VB = Vec<unsigned char, W>;
-              const typename VB::R rb = *reinterpret_cast<const typename VB::R*>(fbuf + e0);
-              VB::to_array(rb, f);
-            }
-            if (!aux) {
-              float wv[W], pv[W];
-#pragma unroll
-              for (int w = 0; w < W; ++w) {
-                wv[w] = ybuf[e0 + w];
-                pv[w] = f[w] ? P.scale * wv[w] : 0.0f;
-              }
-              store_elems<L, W>(storage(P.probs) + rowE + e0, pv);
-              if (softmax_post) {
-#pragma unroll
-                for (int w = 0; w < W; ++w) wv[w] = f[w] ? wv[w] : -INFINITY;
-                store_elems<float, W>(P.inter + rowE + e0, wv);
-              }
-            }
-            if (P.out == kOutBytemap) store_bytes<W>(P.map + rowE + e0, f);
+          for (int j = 0; j < 4; ++j) {
+            bits |= ((q.x >> (8 * j)) & 1u) << j;
+            bits |= ((q.y >> (8 * j)) & 1u) << (j + 4);
           }
-          if (P.out == kOutBitmap) {
-            const int nb = (E + 7) >> 3;
-            for (int b = ls; b < nb; b += TPT) {
-              const uint2 q = *reinterpret_cast<const uint2*>(fbuf + 8 * b);
-              unsigned bits = 0;
-#pragma unroll
-              for (int j = 0; j < 4; ++j) {
-                bits |= ((q.x >> (8 * j)) & 1u) << j;
-                bits |= ((q.y >> (8 * j)) & 1u) << (j + 4);
-              }
-              P.map[t * static_cast<long long>(nb) + b] = static_cast<unsigned char>(bits);
-            }
-          }
+          P.map[t * static_cast<long long>(nb) + b] = static_cast<unsigned char>(bits);
         }
-        __syncwarp();
-      });
+      }
+    }
+    __syncwarp();
+  }
 }
 
 /// Inserts (key, pos) into the descending top-Q list (Lk, Lp). Elements arrive in ascending pos, and a tie never

@@ -52,132 +52,153 @@ __global__ void __launch_bounds__(128) topk_fwd_rounds(const FwdParams<L> P) {
 
   bool cvalid[NC];
   lane_chunks<TPT, NC, W>(E, ls, cvalid);
-  lane_token_loop<L, TPT, NC, W>(
-      P, smem, TPT * V, cvalid, warp, seg, ls, ybuf, [] {},
-      [&](const long long t, const bool valid, const long long rowE, float(&y)[V], unsigned(&key)[V]) {
-        // ---- per-lane sorted top-Q (key desc, position asc) -------------------------------------------------
-        unsigned Lk[Q];
-        int Lp[Q];
-#pragma unroll
-        for (int j = 0; j < Q; ++j) {
-          Lk[j] = 0u;
-          Lp[j] = 0;
-        }
-#pragma unroll
-        for (int p = 0; p < V; ++p) topq_insert<Q>(Lk, Lp, key[p], p);
+  float* sbias =
+      reinterpret_cast<float*>(smem + bias_row_offset(static_cast<size_t>(blockDim.x >> 5) * TPW * P.tok_smem));
+  stage_bias(P, sbias, TPT * V);
 
-        // ---- k rounds ---------------------------------------------------------------------------------------
-        unsigned selmask = 0;
-        int my_idx = 0;  // slot ls (ls < k): expert index
-        for (int r = 0; r < k; ++r) {
-          const unsigned head = Lk[0];
-          const int hp = Lp[0];
-          const int hidx = ((hp / W) * TPT + ls) * W + (hp % W);
-          const unsigned M = seg_max_u32<TPT>(head);
-          const unsigned b = __ballot_sync(kFull, head == M) & segmask;
-          int wl = __ffs(b) - 1;  // lowest lane with the maximum
-          if constexpr (NC > 1) {
-            // equal heads in different chunk rows: the lowest expert index wins
-            if (__any_sync(kFull, __popc(b) > 1)) {
-              const unsigned cand = (head == M) ? static_cast<unsigned>(hidx) : 0xffffffffu;
-              const unsigned mn = seg_min_u32<TPT>(cand);
-              wl = __ffs(__ballot_sync(kFull, cand == mn) & segmask) - 1;
-            }
-          }
-          const int widx = __shfl_sync(kFull, hidx, wl);
-          if (ls == r) my_idx = widx;
-          const bool win = lane == wl;
-          if (win) {
-            selmask |= 1u << hp;
-            if (!aux) sl[hidx] = static_cast<unsigned char>(r);
-#pragma unroll
-            for (int j = 0; j + 1 < Q; ++j) {
-              Lk[j] = Lk[j + 1];
-              Lp[j] = Lp[j + 1];
-            }
-            Lk[Q - 1] = 0u;
-            Lp[Q - 1] = 0;
-          }
-          const bool dry = win && Lk[0] == 0u && r + 1 < k;
-          if (__any_sync(kFull, dry)) {
-            if (dry) {
-#pragma unroll
-              for (int p = 0; p < V; ++p) topq_insert<Q>(Lk, Lp, (selmask & (1u << p)) ? 0u : key[p], p);
-            }
-          }
-        }
-        __syncwarp();
+  using Row = LaneRow<L, TPT, NC, W>;
+  const long long nwarps = static_cast<long long>(gridDim.x) * (blockDim.x >> 5);
+  const long long gwarp = static_cast<long long>(blockIdx.x) * (blockDim.x >> 5) + warp;
+  const long long stride = nwarps * TPW;
 
-        // ---- slot weights (§5.2): slot lanes, sums in slot order ---------------------------------------------
-        float vr = 0.0f;
+  typename Row::Raw raw[NC];
+  long long tb = gwarp * TPW;
+  if (tb < P.T) Row::load(P, tb + seg, ls, cvalid, raw);
+
+  for (; tb < P.T; tb += stride) {
+    const long long t = tb + seg;
+    const bool valid = t < P.T;
+    float x[V];
+    Row::widen(raw, x);
+    if (tb + stride < P.T) Row::load(P, tb + stride + seg, ls, cvalid, raw);
+    const long long rowE = t * static_cast<long long>(E);
+    float y[V];
+    unsigned key[V];
+    token_front<L, TPT, NC, W>(P, x, y, key, cvalid, sbias, valid, rowE, ls, seg, ybuf);
+
+    // ---- per-lane sorted top-Q (key desc, position asc) -------------------------------------------------
+    unsigned Lk[Q];
+    int Lp[Q];
+#pragma unroll
+    for (int j = 0; j < Q; ++j) {
+      Lk[j] = 0u;
+      Lp[j] = 0;
+    }
+#pragma unroll
+    for (int p = 0; p < V; ++p) topq_insert<Q>(Lk, Lp, key[p], p);
+
+    // ---- k rounds ---------------------------------------------------------------------------------------
+    unsigned selmask = 0;
+    int my_idx = 0;  // slot ls (ls < k): expert index
+    for (int r = 0; r < k; ++r) {
+      const unsigned head = Lk[0];
+      const int hp = Lp[0];
+      const int hidx = ((hp / W) * TPT + ls) * W + (hp % W);
+      const unsigned M = seg_max_u32<TPT>(head);
+      const unsigned b = __ballot_sync(kFull, head == M) & segmask;
+      int wl = __ffs(b) - 1;  // lowest lane with the maximum
+      if constexpr (NC > 1) {
+        // equal heads in different chunk rows: the lowest expert index wins
+        if (__any_sync(kFull, __popc(b) > 1)) {
+          const unsigned cand = (head == M) ? static_cast<unsigned>(hidx) : 0xffffffffu;
+          const unsigned mn = seg_min_u32<TPT>(cand);
+          wl = __ffs(__ballot_sync(kFull, cand == mn) & segmask) - 1;
+        }
+      }
+      const int widx = __shfl_sync(kFull, hidx, wl);
+      if (ls == r) my_idx = widx;
+      const bool win = lane == wl;
+      if (win) {
+        selmask |= 1u << hp;
+        if (!aux) sl[hidx] = static_cast<unsigned char>(r);
+#pragma unroll
+        for (int j = 0; j + 1 < Q; ++j) {
+          Lk[j] = Lk[j + 1];
+          Lp[j] = Lp[j + 1];
+        }
+        Lk[Q - 1] = 0u;
+        Lp[Q - 1] = 0;
+      }
+      const bool dry = win && Lk[0] == 0u && r + 1 < k;
+      if (__any_sync(kFull, dry)) {
+        if (dry) {
+#pragma unroll
+          for (int p = 0; p < V; ++p) topq_insert<Q>(Lk, Lp, (selmask & (1u << p)) ? 0u : key[p], p);
+        }
+      }
+    }
+    __syncwarp();
+
+    // ---- slot weights (§5.2): slot lanes, sums in slot order ---------------------------------------------
+    float vr = 0.0f;
+    if (!aux) {
+      const bool has = ls < k;
+      vr = slot_weight(P, k, softmax_post, has ? ybuf[my_idx] : 1.0f, sbase);
+      if (valid && has) store_slot(P, k, t, ls, my_idx, vr);
+    }
+
+    // ---- dense outputs: one pass over the row ----------------------------------------------------------
+    if (!compact) {
+#pragma unroll
+      for (int c = 0; c < NC; ++c) {
+        const int e0 = (c * TPT + ls) * W;
+        const bool st = valid && cvalid[c];
+        unsigned char f[W];
+#pragma unroll
+        for (int w = 0; w < W; ++w) f[w] = (selmask >> (c * W + w)) & 1u;
         if (!aux) {
-          const bool has = ls < k;
-          vr = slot_weight(P, k, softmax_post, has ? ybuf[my_idx] : 1.0f, sbase);
-          if (valid && has) store_slot(P, k, t, ls, my_idx, vr);
-        }
-
-        // ---- dense outputs: one pass over the row ----------------------------------------------------------
-        if (!compact) {
-#pragma unroll
-          for (int c = 0; c < NC; ++c) {
-            const int e0 = (c * TPT + ls) * W;
-            const bool st = valid && cvalid[c];
-            unsigned char f[W];
-#pragma unroll
-            for (int w = 0; w < W; ++w) f[w] = (selmask >> (c * W + w)) & 1u;
-            if (!aux) {
-              unsigned char sv[W];
-              {
-                using VB = Vec<unsigned char, W>;
-                const typename VB::R rb = *reinterpret_cast<const typename VB::R*>(sl + e0);
-                VB::to_array(rb, sv);
-              }
-              float wv[W], pv[W];
-#pragma unroll
-              for (int w = 0; w < W; ++w) {
-                const int src = f[w] ? (sv[w] & (TPT - 1)) : 0;
-                wv[w] = __shfl_sync(kFull, vr, sbase + src);
-                pv[w] = f[w] ? P.scale * wv[w] : 0.0f;
-              }
-              if (st) store_elems<L, W>(storage(P.probs) + rowE + e0, pv);
-              if (softmax_post) {
-#pragma unroll
-                for (int w = 0; w < W; ++w) wv[w] = f[w] ? wv[w] : -INFINITY;
-                if (st) store_elems<float, W>(P.inter + rowE + e0, wv);
-              }
-            }
-            if (P.out == kOutBytemap && st) store_bytes<W>(P.map + rowE + e0, f);
+          unsigned char sv[W];
+          {
+            using VB = Vec<unsigned char, W>;
+            const typename VB::R rb = *reinterpret_cast<const typename VB::R*>(sl + e0);
+            VB::to_array(rb, sv);
           }
-          if (P.out == kOutBitmap) {
-            const long long nb = (E + 7) >> 3;
-            unsigned char* mrow = P.map + t * nb;
+          float wv[W], pv[W];
 #pragma unroll
-            for (int c = 0; c < NC; ++c) {
-              const unsigned bits = (selmask >> (c * W)) & ((W == 32) ? 0xffffffffu : ((1u << W) - 1u));
-              if constexpr (W == 8) {
-                if (valid && cvalid[c]) mrow[((c * TPT + ls) * W) >> 3] = static_cast<unsigned char>(bits);
-              } else if constexpr (W == 4) {
-                if constexpr (TPT == 1) {
-                  if ((c & 1) == 0) {
-                    const unsigned hi = (c + 1 < NC) ? ((selmask >> ((c + 1) * W)) & 0xfu) : 0u;
-                    if (valid && cvalid[c]) mrow[c >> 1] = static_cast<unsigned char>(bits | (hi << 4));
-                  }
-                } else {
-                  const unsigned o = __shfl_xor_sync(kFull, bits, 1);
-                  if ((ls & 1) == 0 && valid && cvalid[c])
-                    mrow[((c * TPT + ls) * W) >> 3] = static_cast<unsigned char>(bits | (o << 4));
-                }
-              } else {
-                static_assert(W == 1 && TPT == 32, "scalar rounds kernel uses whole warps");
-                const unsigned bb = __ballot_sync(kFull, bits != 0u);
-                if ((ls & 7) == 0 && valid && cvalid[c])
-                  mrow[(c * TPT + ls) >> 3] = static_cast<unsigned char>((bb >> ls) & 0xffu);
-              }
-            }
+          for (int w = 0; w < W; ++w) {
+            const int src = f[w] ? (sv[w] & (TPT - 1)) : 0;
+            wv[w] = __shfl_sync(kFull, vr, sbase + src);
+            pv[w] = f[w] ? P.scale * wv[w] : 0.0f;
+          }
+          if (st) store_elems<L, W>(storage(P.probs) + rowE + e0, pv);
+          if (softmax_post) {
+#pragma unroll
+            for (int w = 0; w < W; ++w) wv[w] = f[w] ? wv[w] : -INFINITY;
+            if (st) store_elems<float, W>(P.inter + rowE + e0, wv);
           }
         }
-        __syncwarp();
-      });
+        if (P.out == kOutBytemap && st) store_bytes<W>(P.map + rowE + e0, f);
+      }
+      if (P.out == kOutBitmap) {
+        const long long nb = (E + 7) >> 3;
+        unsigned char* mrow = P.map + t * nb;
+#pragma unroll
+        for (int c = 0; c < NC; ++c) {
+          const unsigned bits = (selmask >> (c * W)) & ((W == 32) ? 0xffffffffu : ((1u << W) - 1u));
+          if constexpr (W == 8) {
+            if (valid && cvalid[c]) mrow[((c * TPT + ls) * W) >> 3] = static_cast<unsigned char>(bits);
+          } else if constexpr (W == 4) {
+            if constexpr (TPT == 1) {
+              if ((c & 1) == 0) {
+                const unsigned hi = (c + 1 < NC) ? ((selmask >> ((c + 1) * W)) & 0xfu) : 0u;
+                if (valid && cvalid[c]) mrow[c >> 1] = static_cast<unsigned char>(bits | (hi << 4));
+              }
+            } else {
+              const unsigned o = __shfl_xor_sync(kFull, bits, 1);
+              if ((ls & 1) == 0 && valid && cvalid[c])
+                mrow[((c * TPT + ls) * W) >> 3] = static_cast<unsigned char>(bits | (o << 4));
+            }
+          } else {
+            static_assert(W == 1 && TPT == 32, "scalar rounds kernel uses whole warps");
+            const unsigned bb = __ballot_sync(kFull, bits != 0u);
+            if ((ls & 7) == 0 && valid && cvalid[c])
+              mrow[(c * TPT + ls) >> 3] = static_cast<unsigned char>((bb >> ls) & 0xffu);
+          }
+        }
+      }
+    }
+    __syncwarp();
+  }
 }
 
 }  // namespace detail
