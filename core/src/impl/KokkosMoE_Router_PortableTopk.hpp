@@ -81,11 +81,11 @@ struct TopkForwardKernel {
 
   KOKKOS_INLINE_FUNCTION void serial_token(std::int64_t t, const Work& w) const {
     const TokenParams& p = o.params;
-    const int E = p.num_experts, k = p.topk;
-    const float scale = p.scaling_factor;
     const auto x = Kokkos::subview(o.logits, t, Kokkos::ALL);
     const TokenChoice c = route_token(SerialLoops{}, p, x, o.bias, w);
     if constexpr (kOp == TopkForwardOp::Compact) {
+      const int k = p.topk;
+      const float scale = p.scaling_factor;
       for (int i = 0; i < k; ++i) {
         const int e = key_index(w.keys(i));
         o.ids(t, i) = e;
@@ -181,12 +181,12 @@ struct TopkForwardKernel {
 
   KOKKOS_INLINE_FUNCTION void device_token(const member_type& m, std::int64_t t, const Work& w) const {
     const TokenParams& p = o.params;
-    const int E = p.num_experts, k = p.topk;
-    const float scale = p.scaling_factor;
     const ThreadVectorLoops<member_type> L{m};
     const auto x = Kokkos::subview(o.logits, t, Kokkos::ALL);
     const TokenChoice c = route_token(L, p, x, o.bias, w);
     if constexpr (kOp == TopkForwardOp::Compact) {
+      const int k = p.topk;
+      const float scale = p.scaling_factor;
       L.for_each(k, [&](const int i) {
         const int e = key_index(w.keys(i));
         o.ids(t, i) = e;
