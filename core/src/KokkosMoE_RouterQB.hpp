@@ -171,9 +171,7 @@ void topk_router_qb_indices(const ExecSpace& exec, const RouterConfig& config, c
   Impl::check_qb_forward(fn, config, logits, expert_bias, bin_bounds, intermediate, cutoff, histogram);
   using Ops = Impl::IndicesForwardOperands<ExecSpace, Scalar, BiasScalar, Index>;
   Ops o = Impl::lower_topk_forward<Ops, ExecSpace>(fn, config, logits, expert_bias);
-  if (std::is_same_v<Index, std::int16_t> && E > 32767)
-    Impl::fail(fn, "indices", Rule::IndexTypeRange,
-               "int16_t indices require num_experts <= 32767 (num_experts = " + std::to_string(E) + ")");
+  Impl::check_index_range<Index>(fn, E);
   const Impl::Span in[] = {Impl::span_of("logits", logits), Impl::span_of("expert_bias", expert_bias),
                            Impl::span_of("bin_bounds", bin_bounds)};
   const Impl::Span out[] = {Impl::span_of("probs", probs), Impl::span_of("indices", indices),

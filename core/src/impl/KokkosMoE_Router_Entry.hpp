@@ -82,9 +82,7 @@ void topk_router_indices_with(const KernelChoice& choice, const ExecSpace& exec,
   static_assert(std::is_same_v<typename InterView::value_type, float>,
                 "KokkosMoE::topk_router_indices: intermediate must be float");
   const auto T = o.num_tokens, E = static_cast<std::int64_t>(o.params.num_experts);
-  if (std::is_same_v<Index, std::int16_t> && E > 32767)
-    fail(fn, "indices", Rule::IndexTypeRange,
-         "int16_t indices require num_experts <= 32767 (num_experts = " + std::to_string(E) + ")");
+  check_index_range<Index>(fn, E);
   check_shape2(fn, "probs", probs, T, E);
   check_shape2(fn, "indices", indices, T, config.topk);
   check_shape2(fn, "intermediate", intermediate, T, E);
@@ -158,9 +156,7 @@ void topk_router_indices_backward_with(const KernelChoice& choice, const ExecSpa
                 "KokkosMoE::topk_router_indices_backward: indices must be int16_t, int32_t or int64_t");
   using Ops = TopkBackwardOperands<ExecSpace, typename GradProbsView::non_const_value_type, Index>;
   Ops o = lower_topk_backward<Ops, ExecSpace>(fn, config, intermediate, grad_probs, grad_logits);
-  if (std::is_same_v<Index, std::int16_t> && o.params.num_experts > 32767)
-    fail(fn, "indices", Rule::IndexTypeRange,
-         "int16_t indices require num_experts <= 32767 (num_experts = " + std::to_string(o.params.num_experts) + ")");
+  check_index_range<Index>(fn, o.params.num_experts);
   check_shape2(fn, "indices", indices, o.num_tokens, config.topk);
   const Span in[] = {span_of("indices", indices), span_of("intermediate", intermediate),
                      span_of("grad_probs", grad_probs)};

@@ -104,6 +104,14 @@ inline void check_score_function(const char* fn, ScoreFunction f) {
          "score_function (" + std::to_string(v) + ") must be Sigmoid (0), Softmax (1) or SqrtSoftplus (2)");
 }
 
+/// Dense indices of type Index must hold every expert index: int16_t needs num_experts <= 32767.
+template <class Index>
+void check_index_range(const char* fn, std::int64_t num_experts) {
+  if (std::is_same_v<Index, std::int16_t> && num_experts > 32767)
+    fail(fn, "indices", Rule::IndexTypeRange,
+         "int16_t indices require num_experts <= 32767 (num_experts = " + std::to_string(num_experts) + ")");
+}
+
 inline void check_map_format(const char* fn, RoutingMapFormat f) {
   const int v = static_cast<int>(f);
   if (v < 0 || v > 1)
