@@ -291,6 +291,17 @@ template <class T>
 bool bytes_equal(const std::vector<T>& a, const std::vector<T>& b) {
   return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0);
 }
+/// Exact equality of two value arrays in which a NaN equals any NaN: IEEE 754 (§6.3) leaves the sign and payload of
+/// an operation's NaN result unspecified, and compilers reorder commutative operands (x86 returns the first one's
+/// NaN), so two compilations of the same expression may differ in a NaN's bits and nothing else (docs/router.md §16.1).
+template <class S>
+bool values_equal(const std::vector<S>& a, const std::vector<S>& b) {
+  if (a.size() != b.size()) return false;
+  for (std::size_t i = 0; i < a.size(); ++i)
+    if (Num<S>::raw(a[i]) != Num<S>::raw(b[i]) && !(std::isnan(Num<S>::value(a[i])) && std::isnan(Num<S>::value(b[i]))))
+      return false;
+  return true;
+}
 
 /// The two implementations: Auto (the CUDA specialization on Kokkos::Cuda) and Portable (the generic kernels).
 inline const KokkosMoE::Implementation kImpls[] = {KokkosMoE::Implementation::Auto,
