@@ -212,12 +212,14 @@ template <class L, int TPT, int NC, int W, int K, bool QB>
 // Blocks per SM, the fastest count per shape on the H200: 8 blocks of 128 threads for one chunk per lane (its rows
 // fit in 64 registers); 4 with several chunks, so that every chunk's row stays in registers (up to 128); 5 for 4
 // chunks of 16-bit logits, where the fifth resident block is worth the few bytes its 96-register cap spills. With
-// f32 logits, or at 6 blocks, the spills cost more than the extra block gains. The QB variant: 5 blocks with 2
-// chunks (f32: the plain kernel gets 5 from its 93 registers, the cutoff's few more would cost the fifth block; it
-// fits 90 without spills), 4 with 4 chunks (at 5, 16-bit logits would spill 164 bytes).
-__global__ void __launch_bounds__(128, NC == 1
-                                           ? 8
-                                           : (QB ? (NC == 2 ? 5 : 4) : (NC == 4 && !std::is_same_v<L, float> ? 5 : 4)))
+// f32 logits, or at 6 blocks, the spills cost more than the extra block gains. The QB variant: with 2 chunks 5 blocks
+// (f32: the plain kernel gets 5 from its 93 registers, the cutoff's few more would cost the fifth block; it fits 90
+// without spills), 7 for bf16 logits, as many as the plain kernel (71 registers, no spills; capped at 5 it took 84
+// registers and was 2% slower on an H100, E = 384); 4 with 4 chunks (at 5, bf16 logits spilled 134 MB per call at
+// E = 896 and were 4% slower).
+__global__ void __launch_bounds__(128, NC == 1 ? 8
+                                               : (QB ? (NC == 2 ? (std::is_same_v<L, bf16_t> ? 7 : 5) : 4)
+                                                     : (NC == 4 && !std::is_same_v<L, float> ? 5 : 4)))
     topk_fwd_lane(const FwdParams<L> P) {
   using TT = Elem<L>;
   using S = typename TT::S;
