@@ -90,18 +90,7 @@ constexpr void fp8_static_view() {
                 "KokkosMoE FP8 rows: the execution space cannot access a View's memory");
 }
 
-/// The scale of one block from its amax (docs/ep.md §3.5).
-KOKKOS_INLINE_FUNCTION float fp8_block_scale(float amax, float min_amax, bool ue8m0) {
-  const float a = amax > min_amax ? amax : min_amax;
-  float s = a / kE4m3Max;
-  if (ue8m0) {
-    const std::uint32_t u = float_bits(s);
-    if ((u & 0x7fffffu) != 0u) s = bits_float((u & 0x7f800000u) + 0x800000u);  // next power of two
-  }
-  return s;
-}
-
-KOKKOS_INLINE_FUNCTION bool fp8_finite(float v) { return (float_bits(v) & 0x7f800000u) != 0x7f800000u; }
+// fp8_block_scale and fp8_finite are in kokkos_ext/KokkosMoE_Float8.hpp (Kokkos-free: native kernels use them too).
 
 }  // namespace Impl
 

@@ -33,6 +33,7 @@
 #include <random>
 #include <set>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 using namespace KokkosMoE;
@@ -744,6 +745,31 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(kernels_on_the_user_backend, DeviceType, KOKKOSMOE
   each_ep_operation(exec, [&](const std::string& op, bool, const std::vector<ToolsEvent>& events, const auto&) {
     expect_on_instance(op, events, exec, /*whole_id=*/false, /*fences_allowed=*/true);
     if (op == "ep_dispatch" || op == "ep_combine") BOOST_TEST(kernel_count(events) > 0, op << ": no kernel seen");
+  });
+}
+
+// Where the backend has native kernels (docs/ep.md §3.6: on Kokkos::Cuda the FP8 pack and the Weighted combine
+// backward's expert side) the operations run them, reported to the Tools as kernels "...[cuda]"; elsewhere every
+// kernel is a Kokkos kernel. A native kernel that stopped taking the step's shapes would leave the Cuda test matrix
+// checking only the portable kernels: this says which ran.
+BOOST_AUTO_TEST_CASE_TEMPLATE(native_kernels_where_the_backend_has_them, DeviceType, KOKKOSMOE_DEVICE_TYPES) {
+  using Exec = typename DeviceType::execution_space;
+#if defined(KOKKOS_ENABLE_CUDA)
+  constexpr bool native = std::is_same<Exec, Kokkos::Cuda>::value;
+#else
+  constexpr bool native = false;
+#endif
+  const Exec exec = Impl::partitioned_instance(Exec());
+  auto natives = [](const std::vector<ToolsEvent>& events) {
+    int n = 0;
+    for (const ToolsEvent& e : events)
+      n += e.kind != ToolsEvent::Kind::Fence && e.name.size() >= 6 &&
+           e.name.compare(e.name.size() - 6, 6, "[cuda]") == 0;
+    return n;
+  };
+  each_ep_operation(exec, [&](const std::string& op, bool, const std::vector<ToolsEvent>& events, const auto&) {
+    const bool has_native = op == "ep_dispatch (FP8 rows)" || op == "ep_combine_backward";
+    BOOST_TEST(natives(events) == (native && has_native ? 1 : 0), op << ": " << natives(events) << " native kernels");
   });
 }
 

@@ -7,6 +7,7 @@
 // The receive side of the EP layer (docs/ep.md §3.2-§3.4): expanding arrived token rows into the expert-major
 // receive rows, reducing slots on the expert's rank and then over ranks, and the combine backward's dots.
 
+#include <impl/KokkosMoE_EP_Native.hpp>
 #include <impl/KokkosMoE_EP_PackKernels.hpp>
 
 #include <cstdint>
@@ -495,7 +496,8 @@ void local_dots(const Exec& exec, const EpShape s, const Unmanaged2<const Unit, 
 /// Combine backward, Weighted, expert side: every arrived row g is read once for the kept slots it feeds here
 /// (fwd_rows); each such receive row q gets grad_out = w * g (w from the arrived trailer), and the slot's
 /// dot(g, out[q]) goes back to the source in the float row of the return (K floats per token). Receive rows no slot
-/// feeds are zeroed up to off(L), as in expand_arrivals; local rows were written by local_dots.
+/// feeds are zeroed up to off(L), as in expand_arrivals; local rows were written by local_dots. A native kernel of the
+/// space (EpNative) runs instead where it takes the arguments.
 template <class Exec, class Scalar, class Unit>
 void expand_with_dots(const Exec& exec, const EpShape s, std::int64_t arrivals, int recv_rows, const LocalRows in,
                       std::size_t trailer_off, const Unmanaged2<const Unit, typename Exec::memory_space>& out,
@@ -506,6 +508,9 @@ void expand_with_dots(const Exec& exec, const EpShape s, std::int64_t arrivals, 
   using SInt = Kokkos::View<int*, typename Exec::scratch_memory_space, Kokkos::MemoryUnmanaged>;
   using SFlt = Kokkos::View<float*, typename Exec::scratch_memory_space, Kokkos::MemoryUnmanaged>;
   if (recv_rows == 0) return;
+  if (EpNative<Exec>::template expand_with_dots<Scalar, Unit>(exec, s, arrivals, recv_rows, in, trailer_off, out, v,
+                                                              dots, grad_out))
+    return;
   const int units = static_cast<int>(grad_out.extent(1));
   auto recv_src = v.recv_src;
   auto recv_expert = v.recv_expert;

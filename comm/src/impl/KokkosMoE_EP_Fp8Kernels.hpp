@@ -6,6 +6,7 @@
 
 // FP8 token rows (docs/ep.md §3.5): sources quantized in the pack or given, and their pack kernel.
 
+#include <impl/KokkosMoE_EP_Native.hpp>
 #include <impl/KokkosMoE_EP_PackKernels.hpp>
 
 #include <cstdint>
@@ -81,7 +82,8 @@ struct QuantizedRows {
 
 /// Forward direction, source side, FP8 rows: each token's codes and scales (quantized here from \p src when it
 /// quantizes) go once to every remote rank its kept slots reach, at scales_off and the K weights at trailer_off of the
-/// wire row, and to the receive rows of its local slots (local_q, local_s; local_f = the slot's weight or 1).
+/// wire row, and to the receive rows of its local slots (local_q, local_s; local_f = the slot's weight or 1). A native
+/// kernel of the space (EpNative) runs instead where it takes the arguments.
 template <class Exec, class Src>
 void pack_fp8_tokens(const Exec& exec, const EpShape s, const Src& src, int units,
                      const Unmanaged2<const float, typename Exec::memory_space>& w,
@@ -94,6 +96,9 @@ void pack_fp8_tokens(const Exec& exec, const EpShape s, const Src& src, int unit
   using Mem = typename Exec::memory_space;
   using Team = typename Kokkos::TeamPolicy<Exec>::member_type;
   if (s.T == 0) return;
+  if (EpNative<Exec>::pack_fp8(exec, s, src, units, w, v, local_q, local_s, local_f, dst, scales_off, trailer_off,
+                               label))
+    return;
   const int blocks = units / kFp8UnitsPerBlock;
   // One vector of kFp8UnitsPerBlock lanes per 128-channel block: a lane's 16 channels, the block's maximum across the
   // lanes (a maximum: the same in any order), then the lane's codes from its channels again (the loads it just made).

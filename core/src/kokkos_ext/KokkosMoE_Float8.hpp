@@ -69,6 +69,21 @@ KOKKOSMOE_HD_INLINE std::uint8_t float_to_e4m3_bits(float f) {
 #endif
 }
 
+/// The FP32 scale of one block of FP8 rows from its amax (docs/ep.md §3.5): max(amax, min_amax) / 448, with
+/// \p ue8m0 the next power of two at or above it.
+KOKKOSMOE_HD_INLINE float fp8_block_scale(float amax, float min_amax, bool ue8m0) {
+  const float a = amax > min_amax ? amax : min_amax;
+  float s = a / kE4m3Max;
+  if (ue8m0) {
+    const std::uint32_t u = float_bits(s);
+    if ((u & 0x7fffffu) != 0u) s = bits_float((u & 0x7f800000u) + 0x800000u);  // next power of two
+  }
+  return s;
+}
+
+/// Whether v is finite (the values a block's amax takes).
+KOKKOSMOE_HD_INLINE bool fp8_finite(float v) { return (float_bits(v) & 0x7f800000u) != 0x7f800000u; }
+
 /// E4M3 bits -> float (exact).
 KOKKOSMOE_HD_INLINE float e4m3_bits_to_float(std::uint8_t b) {
   const std::uint32_t sign = static_cast<std::uint32_t>(b & 0x80u) << 24;
