@@ -17,14 +17,18 @@ class CudaDeviceGuard {
  public:
   explicit CudaDeviceGuard(int device) {
     cudaGetDevice(&m_old);
-    if (device >= 0 && device != m_old) cudaSetDevice(device);
+    m_switched = device >= 0 && device != m_old;
+    if (m_switched) cudaSetDevice(device);
   }
-  ~CudaDeviceGuard() { cudaSetDevice(m_old); }
+  ~CudaDeviceGuard() {
+    if (m_switched) cudaSetDevice(m_old);
+  }
   CudaDeviceGuard(const CudaDeviceGuard&) = delete;
   CudaDeviceGuard& operator=(const CudaDeviceGuard&) = delete;
 
  private:
   int m_old = 0;
+  bool m_switched = false;
 };
 
 }  // namespace Impl

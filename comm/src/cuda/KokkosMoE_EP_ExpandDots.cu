@@ -24,11 +24,6 @@ constexpr int kBatch = 2;  // units per lane in flight
 constexpr int kDots = 4;   // slots per pass over the arrived row
 constexpr unsigned kAllLanes = 0xffffffffu;
 
-template <class Scalar>
-struct Widths {
-  static constexpr int n = 16 / static_cast<int>(sizeof(Scalar));  // values per 16-byte unit
-};
-
 /// The arrival index of the c-th real arrival: source i's arrivals are [i * B, i * B + count(i)), pre the prefix sums
 /// of the counts (pre[0] = 0).
 __device__ __forceinline__ std::int64_t arrival_at(const ExpandDotsArgs& a, const std::int64_t* pre, std::int64_t c) {
@@ -49,7 +44,7 @@ __device__ __forceinline__ std::int64_t arrival_at(const ExpandDotsArgs& a, cons
 template <class Scalar>
 __device__ __forceinline__ void arrival(const ExpandDotsArgs& a, std::int64_t idx, int lane, int* rows, float* cs,
                                         int* ks) {
-  constexpr int kN = Widths<Scalar>::n;
+  constexpr int kN = 16 / static_cast<int>(sizeof(Scalar));  // values per 16-byte unit
   const Scalar* tag = nullptr;
   const int src = __shfl_sync(kAllLanes, lane == 0 ? a.arrive_rank[idx] : 0, 0);
   if (src < 0) return;  // the same in every lane

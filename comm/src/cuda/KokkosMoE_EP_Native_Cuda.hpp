@@ -27,13 +27,15 @@
 namespace KokkosMoE {
 namespace Impl {
 
-/// A kernel that Kokkos does not launch, reported to the Kokkos Tools as a parallel_for on \p exec's instance for as
-/// long as this lives: begin_parallel_for with the instance's device id, then end_parallel_for, as Kokkos reports
-/// its own kernels.
+/// A kernel that Kokkos does not launch, reported to the Kokkos Tools as a parallel_for "<label>[cuda]" on \p exec's
+/// instance for as long as this lives: begin_parallel_for with the instance's device id, then end_parallel_for, as
+/// Kokkos reports its own kernels. Without a tool loaded it costs one flag test (no name is built).
 class ToolsKernel {
  public:
-  ToolsKernel(const std::string& name, const Kokkos::Cuda& exec) : m_on(Kokkos::Tools::profileLibraryLoaded()) {
-    if (m_on) Kokkos::Tools::beginParallelFor(name, Kokkos::Tools::Experimental::device_id(exec), &m_id);
+  ToolsKernel(const char* label, const Kokkos::Cuda& exec) : m_on(Kokkos::Tools::profileLibraryLoaded()) {
+    if (m_on)
+      Kokkos::Tools::beginParallelFor(std::string(label) + "[cuda]", Kokkos::Tools::Experimental::device_id(exec),
+                                      &m_id);
   }
   ~ToolsKernel() {
     if (m_on) Kokkos::Tools::endParallelFor(m_id);
@@ -154,7 +156,7 @@ struct EpNative<Kokkos::Cuda> {
   class Guard {
    public:
     Guard(const Kokkos::Cuda& exec, const char* label)
-        : m_label(label), m_tools(std::string(label) + "[cuda]", exec), m_device(exec.cuda_device()) {}
+        : m_label(label), m_tools(label, exec), m_device(exec.cuda_device()) {}
     void check(cudaError_t r) const {
       if (r != cudaSuccess) throw DeviceError(std::string(m_label) + ": CUDA launch failed: " + cudaGetErrorString(r));
     }
