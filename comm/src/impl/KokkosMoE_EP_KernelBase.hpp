@@ -20,9 +20,12 @@
 namespace KokkosMoE {
 namespace Impl {
 
-/// Tokens per layout team: at most 32, and at most 2048 slots, so that a chunk's ids fit in team scratch.
-KOKKOS_INLINE_FUNCTION constexpr int layout_chunk(int top_k) {
-  return top_k >= 2048 ? 1 : (2048 / top_k < 32 ? 2048 / top_k : 32);
+/// Tokens per layout team: words of 32 tokens in the team's masks of \p columns (experts + ranks + 1), up to four
+/// while the masks take at most 16 KB of team scratch; at most 2048 slots, so that a chunk's ids fit there too.
+KOKKOS_INLINE_FUNCTION constexpr int layout_chunk(int top_k, int columns) {
+  const int words = columns <= 0 || 4096 / columns >= 4 ? 4 : (4096 / columns < 1 ? 1 : 4096 / columns);
+  const int tokens = 32 * words;
+  return top_k >= 2048 ? 1 : (2048 / top_k < tokens ? 2048 / top_k : tokens);
 }
 
 /// Every EP launch passes its functor as a kernel argument (Kokkos' light-weight launch): the functors are small,
@@ -81,7 +84,7 @@ struct EpLayoutViews {
   Kokkos::View<int*, Mem> ret_rows;              // [R] return rows this rank writes for rank i
   Kokkos::View<std::int64_t*, Mem> traffic;      // [2 * kEpOps] logical and wire bytes per operation since the sync
   Kokkos::View<std::int64_t*, Mem> expert_load;  // [L] slots addressed to each local expert since creation or reset
-  Kokkos::View<int*, Mem> status;                // [4] invalid ids, dropped slots, receive demand (rows), unused
+  Kokkos::View<int*, Mem> status;                // [4] invalid ids, dropped slots, receive demand, count ticket
   Kokkos::View<int*, Mem> rank_status;  // [2R] every rank's receive demand and receive-side drops: (2j, 2j + 1)
 };
 
@@ -98,7 +101,7 @@ struct EpShape {
   bool fixed = false;          // ExpertMajorFixed: expert l owns rows [l*slab, (l+1)*slab)
   int slab = 0;                // fixed: R*B
   int capacity = 0;            // > 0: receive rows of the padded layout (capacity mode); 0: eager
-  int chunk = 32;              // tokens per layout team (layout_chunk(K))
+  int chunk = 32;              // tokens per layout team (layout_chunk)
   bool capacity_mode = false;  // capacity or fixed: peer blocks of B token rows (index i * B + p)
   bool windows = false;        // direct writes into the peers' windows
   int max_teams = -1;          // > 0: the SM cap (EpGroupConfig::max_sms), teams per kernel at most; -1: none

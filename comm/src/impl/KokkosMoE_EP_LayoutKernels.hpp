@@ -14,40 +14,86 @@
 namespace KokkosMoE {
 namespace Impl {
 
-/// K1 + K2 of the layout: per-chunk ranks and histograms, then the prefix over chunks (docs/ep.md §3.1).
+/// Chunks of the layout at most whose prefix the count kernel's last team scans itself (one kernel); more chunks
+/// take a prefix kernel of a team per column, since one thread per column then walks too long a chain.
+constexpr int kLayoutScanChunks = 32;
+
+/// The exclusive prefix over the \p nch chunks of one column of counts (p[c * stride] for chunk c), in place, by one
+/// thread; returns the column's total. The counts are read kBatch chunks at a time, as volatile loads: another team
+/// of the kernel wrote them, and no earlier read may answer from a cache.
+KOKKOS_INLINE_FUNCTION int scan_column(int* p, std::int64_t stride, int nch) {
+  constexpr int kBatch = 8;
+  const volatile int* in = p;
+  int part = 0;
+  for (int c0 = 0; c0 < nch; c0 += kBatch) {
+    int n[kBatch];
+    for (int j = 0; j < kBatch; ++j) n[j] = c0 + j < nch ? in[(c0 + j) * stride] : 0;
+    for (int j = 0; j < kBatch && c0 + j < nch; ++j) {
+      p[(c0 + j) * stride] = part;
+      part += n[j];
+    }
+  }
+  return part;
+}
+
+/// The layout's column totals: the vector every rank all-gathers (slots per expert, invalid ids, tokens per rank),
+/// into the gathered vectors too at one rank (no exchange follows), and the invalid ids into the status.
+template <class Mem>
+struct LayoutTotals {
+  Kokkos::View<int*, Mem> send, own, status;
+  int E = 0;
+  bool alone = false;
+  KOKKOS_INLINE_FUNCTION void column(int out, int n) const {
+    send(out) = n;
+    if (alone) own(out) = n;
+  }
+  KOKKOS_INLINE_FUNCTION void invalid(int bad) const {
+    status(0) = bad;
+    status(1) = 0;
+    column(E, bad);  // travels with the counts: every rank learns of every rank's invalid ids
+  }
+};
+
+/// K1 + K2 of the layout: per-chunk ranks and histograms, then the prefix over chunks (docs/ep.md §3.1). With at
+/// most kLayoutScanChunks chunks one kernel: the team that finishes the last chunk (a ticket in status(3): it decides
+/// who scans, not what is written) scans every column.
 template <class Exec, class IdxView>
 void layout_count(const Exec& exec, const EpShape s, const IdxView& idx,
                   const EpLayoutViews<typename Exec::memory_space>& v) {
   using Team = typename Kokkos::TeamPolicy<Exec>::member_type;
   using Scratch = Kokkos::View<int*, typename Exec::scratch_memory_space, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
   const int nch = (s.T + s.chunk - 1) / s.chunk;
+  const bool fused = nch <= kLayoutScanChunks;
   auto local_pos = v.local_pos;
   auto chunk_prefix = v.chunk_prefix;
   auto chunk_tokens = v.chunk_tokens;
   auto chunk_bad = v.chunk_bad;
   auto token_in_rank = v.token_in_rank;
   auto tok_local = v.tok_local;
+  auto status = v.status;
+  const LayoutTotals<typename Exec::memory_space> totals{v.gather_send, v.gathered, status, s.E, s.R == 1};
   if (nch > 0) {
-    // The chunk's ids are staged in scratch, with a bit mask of the chunk's tokens (chunk <= 32) per expert and per
-    // rank. A slot's rank among the chunk's slots of its expert is then the number of earlier tokens in its expert's
-    // mask (a population count), and so is a token's rank among the chunk's tokens for a rank; no serial walk. Where
-    // a token holds one expert twice (allowed outside the decode contract) a token may stand for two slots: such a
-    // chunk counts the earlier equal ids in scratch instead.
+    // The chunk's ids are staged in scratch, with a bit mask of the chunk's tokens (chunk <= 128: W words of 32
+    // tokens) per expert and per rank. A slot's rank among the chunk's slots of its expert is then the number of
+    // earlier tokens in its expert's mask (population counts), and so is a token's rank among the chunk's tokens for
+    // a rank; no serial walk. Where a token holds one expert twice (allowed outside the decode contract) a token may
+    // stand for two slots: such a chunk counts the earlier equal ids in scratch instead.
     using Masks =
         Kokkos::View<std::uint32_t*, typename Exec::scratch_memory_space, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
-    const int n_max = s.chunk * s.K;
-    const std::size_t shmem = Scratch::shmem_size(s.E) + Scratch::shmem_size(n_max) + Masks::shmem_size(s.E + s.R + 1);
+    const int n_max = s.chunk * s.K, W = (s.chunk + 31) / 32, C = s.E + s.R;
+    const std::size_t shmem =
+        Scratch::shmem_size(s.E) + Scratch::shmem_size(n_max) + Masks::shmem_size(static_cast<std::size_t>(C) * W + 1);
     team_items(
         exec, s, "KokkosMoE::ep_layout::count", nch, shmem,
         KOKKOS_LAMBDA(const Team& m, std::int64_t item, const TeamScratch<Exec>& sp) {
           const int c = static_cast<int>(item);
           Scratch cnt(sp, s.E);
           Scratch ids(sp, n_max);
-          Masks mask(sp, s.E + s.R + 1);  // tokens per expert, per rank; the last word: a repeated id in the chunk
+          Masks mask(sp, C * W + 1);  // tokens per expert and per rank (W words each); last: a repeated id
           const int t0 = c * s.chunk;
           const int t1 = t0 + s.chunk < s.T ? t0 + s.chunk : s.T;
           const int n = (t1 - t0) * s.K;
-          Kokkos::parallel_for(Kokkos::TeamThreadRange(m, s.E + s.R + 1), [&](int e) {
+          Kokkos::parallel_for(Kokkos::TeamThreadRange(m, C * W + 1), [&](int e) {
             mask(e) = 0;
             if (e < s.E) cnt(e) = 0;
           });
@@ -66,19 +112,30 @@ void layout_count(const Exec& exec, const EpShape s, const IdxView& idx,
                 if (!ok && e != -1) ++acc;
                 ids(j) = ok ? static_cast<int>(e) : -1;
                 if (!ok) return;
-                const std::uint32_t bit = std::uint32_t(1) << jt;
-                Kokkos::atomic_fetch_or(&mask(static_cast<int>(e)), bit);
-                Kokkos::atomic_fetch_or(&mask(s.E + static_cast<int>(e) / s.L), bit);
-                if (repeat) Kokkos::atomic_fetch_or(&mask(s.E + s.R), std::uint32_t(1));
+                const std::uint32_t bit = std::uint32_t(1) << (jt % 32);
+                Kokkos::atomic_fetch_or(&mask(static_cast<int>(e) * W + jt / 32), bit);
+                Kokkos::atomic_fetch_or(&mask((s.E + static_cast<int>(e) / s.L) * W + jt / 32), bit);
+                if (repeat) Kokkos::atomic_fetch_or(&mask(C * W), std::uint32_t(1));
               },
               bad);
           m.team_barrier();
-          const bool repeats = mask(s.E + s.R) != 0;
+          // The chunk's tokens before token jt in column col's mask.
+          auto before = [&](int col, int jt) {
+            int r = popcount32(mask(col * W + jt / 32) & ((std::uint32_t(1) << (jt % 32)) - 1));
+            for (int w = 0; w < jt / 32; ++w) r += popcount32(mask(col * W + w));
+            return r;
+          };
+          auto all = [&](int col) {
+            int r = 0;
+            for (int w = 0; w < W; ++w) r += popcount32(mask(col * W + w));
+            return r;
+          };
+          const bool repeats = mask(C * W) != 0;
           Kokkos::parallel_for(Kokkos::TeamThreadRange(m, n), [&](int j) {
             const int e = ids(j), jt = j / s.K;
             int pos = -1;
             if (e >= 0 && !repeats) {
-              pos = popcount32(mask(e) & ((std::uint32_t(1) << jt) - 1));
+              pos = before(e, jt);
             } else if (e >= 0) {
               pos = 0;
               for (int i = 0; i < j; ++i) pos += ids(i) == e ? 1 : 0;
@@ -89,32 +146,50 @@ void layout_count(const Exec& exec, const EpShape s, const IdxView& idx,
           // A token's rank among the chunk's tokens for rank r: the earlier tokens in r's mask.
           Kokkos::parallel_for(Kokkos::TeamThreadRange(m, (t1 - t0) * s.R), [&](int j) {
             const int jt = j / s.R, r = j % s.R;
-            const std::uint32_t rm = mask(s.E + r);
-            const bool in = (rm >> jt) & 1u;
+            const bool in = (mask((s.E + r) * W + jt / 32) >> (jt % 32)) & 1u;
             token_in_rank(static_cast<std::int64_t>(t0 + jt) * s.R + r) = in ? 1 : 0;
-            tok_local(static_cast<std::int64_t>(t0 + jt) * s.R + r) =
-                in ? popcount32(rm & ((std::uint32_t(1) << jt) - 1)) : -1;
+            tok_local(static_cast<std::int64_t>(t0 + jt) * s.R + r) = in ? before(s.E + r, jt) : -1;
           });
           m.team_barrier();
           Kokkos::single(Kokkos::PerTeam(m), [&]() { chunk_bad(c) = bad; });
           Kokkos::parallel_for(Kokkos::TeamThreadRange(m, s.E), [&](int e) {
-            chunk_prefix(static_cast<std::int64_t>(c) * s.E + e) = repeats ? cnt(e) : popcount32(mask(e));
+            chunk_prefix(static_cast<std::int64_t>(c) * s.E + e) = repeats ? cnt(e) : all(e);
           });
-          Kokkos::parallel_for(Kokkos::TeamThreadRange(m, s.R), [&](int r) {
-            chunk_tokens(static_cast<std::int64_t>(c) * s.R + r) = popcount32(mask(s.E + r));
+          Kokkos::parallel_for(Kokkos::TeamThreadRange(m, s.R),
+                               [&](int r) { chunk_tokens(static_cast<std::int64_t>(c) * s.R + r) = all(s.E + r); });
+          if (!fused) return;
+          // Every thread's counts are out before the team takes its ticket; the last one scans every column.
+          Kokkos::memory_fence();
+          m.team_barrier();
+          int last = 0;
+          Kokkos::single(
+              Kokkos::PerTeam(m),
+              [&](int& l) {
+                l = Kokkos::atomic_fetch_add(&status(3), 1) == nch - 1 ? 1 : 0;
+                if (l) status(3) = 0;  // for the next layout (a captured one replays)
+              },
+              last);
+          if (!last) return;
+          Kokkos::memory_fence();
+          Kokkos::parallel_for(Kokkos::TeamThreadRange(m, C), [&](int i) {
+            const bool expert = i < s.E;
+            const int col = expert ? i : i - s.E;
+            const int n_col = scan_column(expert ? &chunk_prefix(col) : &chunk_tokens(col), expert ? s.E : s.R, nch);
+            totals.column(expert ? i : s.E + 1 + col, n_col);
           });
+          int sum = 0;
+          Kokkos::parallel_reduce(
+              Kokkos::TeamThreadRange(m, nch),
+              [&](int c2, int& acc) { acc += static_cast<const volatile int*>(chunk_bad.data())[c2]; }, sum);
+          Kokkos::single(Kokkos::PerTeam(m), [&]() { totals.invalid(sum); });
         });
   }
+  if (nch > 0 && fused) return;
   // K2: exclusive prefix over chunks per expert (teams e < E) and per destination rank (teams E..E+R), invalid ids
-  // (the last team). A team scan, so that no thread walks the chunks serially through global memory. The totals form
-  // the vector every rank all-gathers: slots per expert, invalid ids, tokens per rank.
-  auto send = v.gather_send;
-  auto own = v.gathered;  // at one rank the gathered vectors are this rank's own: no exchange follows
-  const bool alone = s.R == 1;
-  auto status = v.status;
+  // (the last team). A team scan, so that no thread walks the chunks serially through global memory.
   team_items(
       exec, s, "KokkosMoE::ep_layout::prefix", s.E + s.R + 1, 0,
-      KOKKOS_LAMBDA(const Team& m, std::int64_t item, const TeamScratch<Exec>& sp) {
+      KOKKOS_LAMBDA(const Team& m, std::int64_t item, const TeamScratch<Exec>&) {
         const int i = static_cast<int>(item);
         if (i < s.E + s.R) {
           const bool expert = i < s.E;
@@ -122,10 +197,7 @@ void layout_count(const Exec& exec, const EpShape s, const IdxView& idx,
           auto& prefix = expert ? chunk_prefix : chunk_tokens;
           const int out = expert ? i : s.E + 1 + col;
           if (nch == 0) {
-            Kokkos::single(Kokkos::PerTeam(m), [&]() {
-              send(out) = 0;
-              if (alone) own(out) = 0;
-            });
+            Kokkos::single(Kokkos::PerTeam(m), [&]() { totals.column(out, 0); });
             return;
           }
           Kokkos::parallel_scan(Kokkos::TeamThreadRange(m, nch), [&](int c, int& part, bool final) {
@@ -133,10 +205,7 @@ void layout_count(const Exec& exec, const EpShape s, const IdxView& idx,
             const int n = prefix(at);
             if (final) {
               prefix(at) = part;
-              if (c == nch - 1) {
-                send(out) = part + n;
-                if (alone) own(out) = part + n;
-              }
+              if (c == nch - 1) totals.column(out, part + n);
             }
             part += n;
           });
@@ -145,11 +214,8 @@ void layout_count(const Exec& exec, const EpShape s, const IdxView& idx,
           Kokkos::parallel_reduce(
               Kokkos::TeamThreadRange(m, nch), [&](int c, int& acc) { acc += chunk_bad(c); }, bad);
           Kokkos::single(Kokkos::PerTeam(m), [&]() {
-            status(0) = bad;
-            status(1) = 0;
+            totals.invalid(bad);
             status(3) = 0;
-            send(s.E) = bad;  // travels with the counts: every rank learns of every rank's invalid ids
-            if (alone) own(s.E) = bad;
           });
         }
       });

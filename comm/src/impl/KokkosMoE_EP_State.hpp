@@ -617,9 +617,9 @@ std::shared_ptr<EpGroupState<Exec>> make_group_state(const Exec& exec, const Com
   g->lane = std::move(lane);
   EpShape& s = g->shape;
   s.K = config.topk;
-  s.chunk = layout_chunk(config.topk);
   s.E = config.num_experts;
   s.R = config.ep_size;
+  s.chunk = layout_chunk(config.topk, s.E + s.R + 1);
   s.L = s.E / s.R;
   s.me = t->rank();
   s.align = config.layout == RecvLayout::ExpertMajor ? config.expert_alignment : 1;
