@@ -8,6 +8,7 @@
 #include <EpCases.hpp>
 #include <EpStep.hpp>
 #include <boost/test/unit_test.hpp>
+#include <impl/KokkosMoE_EP_Decode.hpp>         // kDecodeStageIds: a decode case of several staged tiles
 #include <impl/KokkosMoE_EP_LayoutKernels.hpp>  // the layout chunk and kLayoutScanChunks: a case past the fused scan
 
 #include <algorithm>
@@ -122,6 +123,15 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(step_matches_oracle, DeviceType, KOKKOSMOE_DEVICE_
   auto wide_odd = odd_fixed;
   wide_odd.hidden_size = 1030;
   check_step<Exec, float>(wide_odd, Routing::WithMinusOne, CombineMode::Sum, 364, false, "decode, wide unaligned rows",
+                          false, true);
+  // The decode kernels stage a step's ids in tiles of whole tokens: the most tokens the path takes, with more ids
+  // than one tile holds.
+  auto tiles = odd_fixed;
+  tiles.max_tokens_per_rank = EpDecodeLimits::max_tokens_per_rank;
+  tiles.topk = Impl::kDecodeStageIds / tiles.max_tokens_per_rank + 1;
+  tiles.num_experts = 2 * tiles.topk * R;
+  tiles.hidden_size = 16;
+  check_step<Exec, float>(tiles, Routing::Skewed, CombineMode::Weighted, 365, true, "decode, ids in several tiles",
                           false, true);
 }
 

@@ -42,27 +42,78 @@ KOKKOS_INLINE_FUNCTION int decode_id(const IdxView& idx, int E, int t, int k) {
   return static_cast<int>(e);
 }
 
+/// Ids a decode kernel's team stages in scratch at a time (decode_stage): whole tokens, about 8 KB.
+constexpr int kDecodeStageIds = 2048;
+
+/// Tokens per staged tile (at least one).
+KOKKOS_INLINE_FUNCTION constexpr int decode_stage_tokens(int K) {
+  return K >= kDecodeStageIds ? 1 : kDecodeStageIds / K;
+}
+
+/// Team scratch of one staged tile (ints) for a step of \p T tokens.
+KOKKOS_INLINE_FUNCTION constexpr int decode_stage_ints(int T, int K) {
+  return (T < decode_stage_tokens(K) ? (T > 0 ? T : 1) : decode_stage_tokens(K)) * K;
+}
+
+/// Tokens [t0, t1)'s ids into team scratch, raw(j) for slot j = (t - t0) * K + k: the expert, -1 for an empty slot,
+/// -2 for an id out of range. One pass of independent loads (the team's threads side by side), then a barrier: the
+/// kernels' slot ranks and counts then read scratch, not a chain of global loads per id.
+template <class Member, class IdxView, class Ints>
+KOKKOS_INLINE_FUNCTION void decode_stage(const Member& m, const EpShape& s, const IdxView& idx, int t0, int t1,
+                                         const Ints& raw) {
+  Kokkos::parallel_for(Kokkos::TeamThreadRange(m, (t1 - t0) * s.K), [&](int j) {
+    const long long e = static_cast<long long>(idx(t0 + j / s.K, j % s.K));
+    raw(j) = e >= 0 && e < s.E ? static_cast<int>(e) : (e == -1 ? -1 : -2);
+  });
+  m.team_barrier();
+}
+
+/// decode_id of staged slot j: its expert, or -1 when empty, out of range or a repeat of an earlier slot of its token.
+template <class Ints>
+KOKKOS_INLINE_FUNCTION int decode_staged_id(const Ints& raw, int j, int K) {
+  const int e = raw(j);
+  if (e < 0) return -1;
+  const int first = j - j % K;
+  for (int i = first; i < j; ++i)
+    if (raw(i) == e) return -1;
+  return e;
+}
+
+/// Calls f(t0, t1) for the tiles of tokens [0, t) staged in turn into raw (a barrier between two: they share raw).
+template <class Member, class IdxView, class Ints, class F>
+KOKKOS_INLINE_FUNCTION void decode_tiles(const Member& m, const EpShape& s, const IdxView& idx, int t, const Ints& raw,
+                                         const F& f) {
+  const int tile = decode_stage_tokens(s.K);
+  for (int t0 = 0; t0 < t; t0 += tile) {
+    const int t1 = t0 + tile < t ? t0 + tile : t;
+    if (t0 > 0) m.team_barrier();
+    decode_stage(m, s, idx, t0, t1, raw);
+    f(t0, t1);
+  }
+}
+
 /// Token t's slots as the decode path numbers them, into team scratch: slots(k) the slot's expert (-1 none), slots(K +
 /// k) its rank among this rank's slots of that expert, the tokens before t that chose it (-1 for an empty slot). One
-/// pass over the earlier tokens' slots: a valid id equal to one of t's experts adds one to that slot's count (a count
-/// in scratch, the same in any order; decode_id drops a repeat, so a token counts once per expert). Ends with a
-/// barrier.
+/// pass over the earlier tokens' slots, staged in \p raw (decode_stage_ints ints): a valid id equal to one of t's
+/// experts adds one to that slot's count (a count in scratch, the same in any order; a repeat is dropped, so a token
+/// counts once per expert). Ends with a barrier.
 template <class Member, class IdxView, class Ints>
 KOKKOS_INLINE_FUNCTION void decode_slots(const Member& m, const EpShape& s, const IdxView& idx, int t,
-                                         const Ints& slots) {
+                                         const Ints& slots, const Ints& raw) {
   Kokkos::parallel_for(Kokkos::TeamThreadRange(m, s.K), [&](int k) {
     slots(k) = decode_id(idx, s.E, t, k);
     slots(s.K + k) = 0;
   });
-  m.team_barrier();
-  Kokkos::parallel_for(Kokkos::TeamThreadRange(m, t * s.K), [&](int j) {
-    const int e = decode_id(idx, s.E, j / s.K, j % s.K);
-    if (e < 0) return;
-    for (int k = 0; k < s.K; ++k)
-      if (slots(k) == e) {
-        Kokkos::atomic_add(&slots(s.K + k), 1);
-        break;  // t's experts are distinct
-      }
+  decode_tiles(m, s, idx, t, raw, [&](int t0, int t1) {
+    Kokkos::parallel_for(Kokkos::TeamThreadRange(m, (t1 - t0) * s.K), [&](int j) {
+      const int e = decode_staged_id(raw, j, s.K);
+      if (e < 0) return;
+      for (int k = 0; k < s.K; ++k)
+        if (slots(k) == e) {
+          Kokkos::atomic_add(&slots(s.K + k), 1);
+          break;  // t's experts are distinct
+        }
+    });
   });
   m.team_barrier();
   Kokkos::parallel_for(Kokkos::TeamThreadRange(m, s.K), [&](int k) {
@@ -72,29 +123,35 @@ KOKKOS_INLINE_FUNCTION void decode_slots(const Member& m, const EpShape& s, cons
 }
 
 /// The decode path's histogram of this rank's slots, into team scratch: cnt(e) slots per expert (E), then cnt(E + r)
-/// tokens that reach rank r (R). Returns the invalid ids (out of range or repeated, not -1). Ends with a barrier.
+/// tokens that reach rank r (R); the ids staged in \p raw (decode_stage_ints ints). Returns the invalid ids (out of
+/// range or repeated, not -1). Ends with a barrier.
 template <class Member, class IdxView, class Ints>
-KOKKOS_INLINE_FUNCTION int decode_histogram(const Member& m, const EpShape& s, const IdxView& idx, const Ints& cnt) {
+KOKKOS_INLINE_FUNCTION int decode_histogram(const Member& m, const EpShape& s, const IdxView& idx, const Ints& cnt,
+                                            const Ints& raw) {
   Kokkos::parallel_for(Kokkos::TeamThreadRange(m, s.E + s.R), [&](int e) { cnt(e) = 0; });
-  m.team_barrier();
   int bad = 0;
-  Kokkos::parallel_reduce(
-      Kokkos::TeamThreadRange(m, s.T),
-      [&](int t, int& acc) {
-        std::uint64_t reached = 0;  // R <= EpDecodeLimits::max_ep_size
-        for (int k = 0; k < s.K; ++k) {
-          const int e = decode_id(idx, s.E, t, k);
-          if (e >= 0) {
-            Kokkos::atomic_add(&cnt(e), 1);  // a histogram: the same counts in any order
-            reached |= std::uint64_t(1) << (e / s.L);
-          } else if (static_cast<long long>(idx(t, k)) != -1) {
-            ++acc;
+  decode_tiles(m, s, idx, s.T, raw, [&](int t0, int t1) {
+    int part = 0;
+    Kokkos::parallel_reduce(
+        Kokkos::TeamThreadRange(m, t1 - t0),
+        [&](int jt, int& acc) {
+          std::uint64_t reached = 0;  // R <= EpDecodeLimits::max_ep_size
+          for (int k = 0; k < s.K; ++k) {
+            const int j = jt * s.K + k;
+            const int e = decode_staged_id(raw, j, s.K);
+            if (e >= 0) {
+              Kokkos::atomic_add(&cnt(e), 1);  // a histogram: the same counts in any order
+              reached |= std::uint64_t(1) << (e / s.L);
+            } else if (raw(j) != -1) {
+              ++acc;
+            }
           }
-        }
-        for (int r = 0; r < s.R; ++r)
-          if ((reached >> r) & 1u) Kokkos::atomic_add(&cnt(s.E + r), 1);
-      },
-      bad);
+          for (int r = 0; r < s.R; ++r)
+            if ((reached >> r) & 1u) Kokkos::atomic_add(&cnt(s.E + r), 1);
+        },
+        part);
+    bad += part;
+  });
   m.team_barrier();
   return bad;
 }
@@ -301,7 +358,9 @@ struct DecodeDispatch {
 
   KOKKOS_INLINE_FUNCTION std::int64_t send_items() const { return static_cast<std::int64_t>(s.T) * split.blocks + 1; }
   std::size_t send_shmem() const {
-    const std::size_t a = PackScratch<Exec>::shmem(s) + Rows::shmem(split), b = SInt::shmem_size(s.E + s.R);
+    const std::size_t stage = SInt::shmem_size(decode_stage_ints(s.T, s.K));
+    const std::size_t a = PackScratch<Exec>::shmem(s) + stage + Rows::shmem(split),
+                      b = SInt::shmem_size(s.E + s.R) + stage;
     return a > b ? a : b;
   }
   KOKKOS_INLINE_FUNCTION std::int64_t receive_items() const { return static_cast<std::int64_t>(s.R) * s.B + s.L + 1; }
@@ -312,7 +371,8 @@ struct DecodeDispatch {
     const int CW = decode_count_words(s.L);
     if (item == send_items() - 1) {
       SInt cnt(sp, s.E + s.R);  // slots per expert, then tokens per rank
-      const int bad = decode_histogram(m, s, idx, cnt);
+      SInt raw(sp, decode_stage_ints(s.T, s.K));
+      const int bad = decode_histogram(m, s, idx, cnt, raw);
       decode_gather_send(m, s, v, cnt, bad);
       Kokkos::parallel_for(Kokkos::TeamThreadRange(m, s.R), [&](int r) {
         v.sent_rows(r) = r == s.me ? 0 : cnt(s.E + r);
@@ -340,7 +400,8 @@ struct DecodeDispatch {
     }
     const int t = static_cast<int>(item / split.blocks), c = static_cast<int>(item % split.blocks);
     const PackScratch<Exec> p(sp, s);
-    decode_slots(m, s, idx, t, p.slots);
+    SInt raw(sp, decode_stage_ints(s.T, s.K));
+    decode_slots(m, s, idx, t, p.slots, raw);
     const std::int64_t q0 = static_cast<std::int64_t>(t) * s.K, a = static_cast<std::int64_t>(s.me) * s.B + t;
     // The token's first block sends its codes and weights and writes its maps; every block its columns of the row.
     Kokkos::parallel_for(Kokkos::TeamThreadRange(m, c == 0 ? s.R * s.K : 0), [&](int j) {
@@ -480,7 +541,9 @@ void decode_local(const Exec& exec, const EpShape s, const IdxView& idx, const R
   const int units = rows.units();
   const bool with_w = recv_w.extent(0) > 0;
   const RowSplit split = rows.split(s.T, kSplitTeams);
-  const std::size_t a = SInt::shmem_size(s.E + s.R), b = SInt::shmem_size(3 * s.K + 1) + Rows::shmem(split);
+  const int stage = decode_stage_ints(s.T, s.K);
+  const std::size_t a = SInt::shmem_size(s.E + s.R) + SInt::shmem_size(stage),
+                    b = SInt::shmem_size(3 * s.K + 1) + SInt::shmem_size(stage) + Rows::shmem(split);
   const std::size_t shmem = a > b ? a : b;
   const std::int64_t blocks = static_cast<std::int64_t>(s.T) * split.blocks;
   team_items(
@@ -488,7 +551,8 @@ void decode_local(const Exec& exec, const EpShape s, const IdxView& idx, const R
       KOKKOS_LAMBDA(const Team& m, std::int64_t item, const TeamScratch<Exec>& sp) {
         if (item == blocks + s.L) {
           SInt cnt(sp, s.E + s.R);
-          const int bad = decode_histogram(m, s, idx, cnt);
+          SInt raw(sp, stage);
+          const int bad = decode_histogram(m, s, idx, cnt, raw);
           decode_gather_send(m, s, v, cnt, bad);
           decode_maps(m, s, v, [&](int, int c) { return c < s.L ? cnt(c) : (c == s.L ? s.T : bad); });
           Kokkos::single(Kokkos::PerTeam(m), [&]() {
@@ -502,16 +566,22 @@ void decode_local(const Exec& exec, const EpShape s, const IdxView& idx, const R
         }
         if (item >= blocks) {
           const int l = static_cast<int>(item - blocks);
+          SInt raw(sp, stage);
           int n = 0;
-          Kokkos::parallel_reduce(
-              Kokkos::TeamThreadRange(m, s.T * s.K),
-              [&](int j, int& acc) { acc += decode_id(idx, s.E, j / s.K, j % s.K) == l ? 1 : 0; }, n);
+          decode_tiles(m, s, idx, s.T, raw, [&](int t0, int t1) {
+            int part = 0;
+            Kokkos::parallel_reduce(
+                Kokkos::TeamThreadRange(m, (t1 - t0) * s.K),
+                [&](int j, int& acc) { acc += decode_staged_id(raw, j, s.K) == l ? 1 : 0; }, part);
+            n += part;
+          });
           decode_mask_slab(m, s, v, l, n);
           return;
         }
         const int t = static_cast<int>(item / split.blocks), c = static_cast<int>(item % split.blocks);
         SInt slots(sp, 3 * s.K + 1);  // decode_slots' 2K, then the compacted receive rows, their count last
-        decode_slots(m, s, idx, t, slots);
+        SInt raw(sp, stage);
+        decode_slots(m, s, idx, t, slots, raw);
         const std::int64_t q0 = static_cast<std::int64_t>(t) * s.K;
         // The token's first block writes its maps; every block its columns of the rows.
         if (c == 0)
