@@ -459,7 +459,6 @@ void BM_TrainStep(benchmark::State& state, int R, int T, int max_sms, SmCap sm_c
   std::vector<std::thread> ranks;
   for (int r = 0; r < R; ++r)
     ranks.emplace_back([&, r] {
-      bool ok = true;
       try {
         const Exec eexec(ep_streams[static_cast<std::size_t>(r)]), cexec(compute_streams[static_cast<std::size_t>(r)]);
         Rank rank(eexec, comms[r], T, LMode::Eager, max_sms, meet, sm_cap, 2);
@@ -538,9 +537,7 @@ void BM_TrainStep(benchmark::State& state, int R, int T, int max_sms, SmCap sm_c
         cudaEventDestroy(join);
       } catch (const std::exception& e) {
         errors[static_cast<std::size_t>(r)] = e.what();
-        ok = false;
       }
-      (void)ok;
     });
   for (auto& t : ranks) t.join();
   for (auto& s : ep_streams) cudaStreamDestroy(s);

@@ -243,7 +243,7 @@ void steps_match_oracle() {
        true},
       {"decode -1 fp32 sum, wide unaligned rows", Routing::WithMinusOne, CombineMode::Sum, false, 3, 1030, -1, false,
        true},
-      // Many tokens: the layout's prefix over many chunks (docs/ep.md §3.1), the last chunk partial.
+      // Many tokens: the layout's chunks of several mask words and the prefix over them (docs/ep.md §3.1).
       {"eager skewed fp32 weighted, many tokens", Routing::Skewed, CombineMode::Weighted, false, 0, 16, -1, false,
        false, SmCap::Auto, 1500},
       {"capacity drops duplicates bf16 sum, many tokens", Routing::Duplicates, CombineMode::Sum, true, 2, 16, -1, false,
@@ -255,10 +255,11 @@ void steps_match_oracle() {
   // KOKKOSMOE_TEST_LOOPBACK_R=2 (say) keeps only the runs at that R: the sanitizers' runs, whose tools slow every
   // launch down by orders of magnitude, need every kernel but not every group size.
   const char* only = std::getenv("KOKKOSMOE_TEST_LOOPBACK_R");
-  for (const auto& [R, windows] : runs) {
+  for (const auto& run : runs) {
+    const int R = run.first;  // a name, not a structured binding: the lambda below captures it (C++17)
     if (only != nullptr && *only != '\0' && std::atoi(only) != R) continue;
     CommConfig cc;
-    cc.peer_windows = windows;
+    cc.peer_windows = run.second;
     for (const Case& k : cases) {
       EpGroupConfig c = case_config(R, k);
       // A host space's cap counts its threads (Kokkos::Serial: one); a device's, its SMs.
@@ -276,8 +277,8 @@ void steps_match_oracle() {
                       : rank_step<Exec, float>(exec, comm, c, in, k.mode, k.split, k.decode);
       });
       for (int r = 0; r < R; ++r)
-        BOOST_TEST(found[r].empty(), "R = " << R << " (windows " << to_string(windows) << "), " << k.name << ", rank "
-                                            << r << ": " << found[r]);
+        BOOST_TEST(found[r].empty(), "R = " << R << " (windows " << to_string(run.second) << "), " << k.name
+                                            << ", rank " << r << ": " << found[r]);
     }
   }
 }
@@ -290,10 +291,11 @@ void interleaved_layers() {
   const std::pair<int, PeerWindows> runs[] = {
       {2, PeerWindows::Auto}, {3, PeerWindows::Auto}, {8, PeerWindows::Auto}, {3, PeerWindows::Off}};
   const char* only = std::getenv("KOKKOSMOE_TEST_LOOPBACK_R");
-  for (const auto& [R, windows] : runs) {
+  for (const auto& run : runs) {
+    const int R = run.first;  // a name, not a structured binding: the lambda below captures it (C++17)
     if (only != nullptr && *only != '\0' && std::atoi(only) != R) continue;
     CommConfig cc;
-    cc.peer_windows = windows;
+    cc.peer_windows = run.second;
     const auto found = on_ranks<Exec>(R, cc, [&](int, const Exec& exec, const Communicator& comm) {
       std::string f;
       {
@@ -313,7 +315,7 @@ void interleaved_layers() {
     });
     for (int r = 0; r < R; ++r)
       BOOST_TEST(found[r].empty(),
-                 "R = " << R << " (windows " << to_string(windows) << "), rank " << r << ": " << found[r]);
+                 "R = " << R << " (windows " << to_string(run.second) << "), rank " << r << ": " << found[r]);
   }
 }
 
