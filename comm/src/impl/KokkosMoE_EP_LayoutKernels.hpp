@@ -137,8 +137,18 @@ void layout_count(const Exec& exec, const EpShape s, const IdxView& idx,
             if (e >= 0 && !repeats) {
               pos = before(e, jt);
             } else if (e >= 0) {
+              // The earlier tokens that hold e (its mask's bits below jt), each with its repeats, then this
+              // token's earlier slots of e: the chunk's earlier slots of e, without a walk over all of them.
               pos = 0;
-              for (int i = 0; i < j; ++i) pos += ids(i) == e ? 1 : 0;
+              for (int w = 0; w <= jt / 32; ++w) {
+                std::uint32_t bits = mask(e * W + w);
+                if (w == jt / 32) bits &= (std::uint32_t(1) << (jt % 32)) - 1;
+                for (; bits != 0; bits &= bits - 1) {
+                  const int t2 = w * 32 + popcount32((bits & (~bits + 1)) - 1);  // the lowest set bit's token
+                  for (int k2 = 0; k2 < s.K; ++k2) pos += ids(t2 * s.K + k2) == e ? 1 : 0;
+                }
+              }
+              for (int i = jt * s.K; i < j; ++i) pos += ids(i) == e ? 1 : 0;
               Kokkos::atomic_add(&cnt(e), 1);
             }
             local_pos(static_cast<std::int64_t>(t0) * s.K + j) = pos;
