@@ -77,7 +77,7 @@ void layout_count(const Exec& exec, const EpShape s, const IdxView& idx,
     // tokens) per expert and per rank. A slot's rank among the chunk's slots of its expert is then the number of
     // earlier tokens in its expert's mask (population counts), and so is a token's rank among the chunk's tokens for
     // a rank; no serial walk. Where a token holds one expert twice (allowed outside the decode contract) a token may
-    // stand for two slots: such a chunk counts the earlier equal ids in scratch instead.
+    // stand for two slots: such a chunk counts the equal ids of the tokens its masks name instead.
     using Masks =
         Kokkos::View<std::uint32_t*, typename Exec::scratch_memory_space, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
     const int n_max = s.chunk * s.K, W = (s.chunk + 31) / 32, C = s.E + s.R;
