@@ -31,15 +31,21 @@ constexpr RegionMask kDecodeRegions = (1u << kRegionFwd) | (1u << kRegionMeta) |
 /// Ints per source rank in a rank's counts area: its slots for each of the L local experts, its T, its invalid ids.
 KOKKOS_INLINE_FUNCTION constexpr int decode_count_words(int L) { return L + 2; }
 
-/// Slot k of token t as the decode path reads it: its expert id, or -1 when empty, out of range or a repeat of an
-/// earlier slot of the token.
-template <class IdxView>
-KOKKOS_INLINE_FUNCTION int decode_id(const IdxView& idx, int E, int t, int k) {
-  const long long e = static_cast<long long>(idx(t, k));
+/// Slot k of a token whose ids id(0), id(1), ... reads: its expert id, or -1 when empty, out of range or a repeat of
+/// an earlier slot of the token (the decode path's rule, for ids in global memory and staged ones alike).
+template <class Id>
+KOKKOS_INLINE_FUNCTION int decode_rule(const Id& id, int E, int k) {
+  const long long e = id(k);
   if (e < 0 || e >= E) return -1;
   for (int k2 = 0; k2 < k; ++k2)
-    if (static_cast<long long>(idx(t, k2)) == e) return -1;
+    if (id(k2) == e) return -1;
   return static_cast<int>(e);
+}
+
+/// Slot k of token t as the decode path reads it (decode_rule).
+template <class IdxView>
+KOKKOS_INLINE_FUNCTION int decode_id(const IdxView& idx, int E, int t, int k) {
+  return decode_rule([&](int k2) { return static_cast<long long>(idx(t, k2)); }, E, k);
 }
 
 /// Ids a decode kernel's team stages in scratch at a time (decode_stage): whole tokens, about 8 KB.
@@ -52,7 +58,8 @@ KOKKOS_INLINE_FUNCTION constexpr int decode_stage_tokens(int K) {
 
 /// Team scratch of one staged tile (ints) for a step of \p T tokens.
 KOKKOS_INLINE_FUNCTION constexpr int decode_stage_ints(int T, int K) {
-  return (T < decode_stage_tokens(K) ? (T > 0 ? T : 1) : decode_stage_tokens(K)) * K;
+  const int tokens = T < decode_stage_tokens(K) ? T : decode_stage_tokens(K);
+  return (tokens > 0 ? tokens : 1) * K;
 }
 
 /// Tokens [t0, t1)'s ids into team scratch, raw(j) for slot j = (t - t0) * K + k: the expert, -1 for an empty slot,
@@ -68,15 +75,11 @@ KOKKOS_INLINE_FUNCTION void decode_stage(const Member& m, const EpShape& s, cons
   m.team_barrier();
 }
 
-/// decode_id of staged slot j: its expert, or -1 when empty, out of range or a repeat of an earlier slot of its token.
+/// decode_id of staged slot j (decode_rule over its token's staged ids).
 template <class Ints>
-KOKKOS_INLINE_FUNCTION int decode_staged_id(const Ints& raw, int j, int K) {
-  const int e = raw(j);
-  if (e < 0) return -1;
-  const int first = j - j % K;
-  for (int i = first; i < j; ++i)
-    if (raw(i) == e) return -1;
-  return e;
+KOKKOS_INLINE_FUNCTION int decode_staged_id(const Ints& raw, int j, const EpShape& s) {
+  const int first = j - j % s.K;
+  return decode_rule([&](int k2) { return static_cast<long long>(raw(first + k2)); }, s.E, j % s.K);
 }
 
 /// Calls f(t0, t1) for the tiles of tokens [0, t) staged in turn into raw (a barrier between two: they share raw).
@@ -106,7 +109,7 @@ KOKKOS_INLINE_FUNCTION void decode_slots(const Member& m, const EpShape& s, cons
   });
   decode_tiles(m, s, idx, t, raw, [&](int t0, int t1) {
     Kokkos::parallel_for(Kokkos::TeamThreadRange(m, (t1 - t0) * s.K), [&](int j) {
-      const int e = decode_staged_id(raw, j, s.K);
+      const int e = decode_staged_id(raw, j, s);
       if (e < 0) return;
       for (int k = 0; k < s.K; ++k)
         if (slots(k) == e) {
@@ -138,7 +141,7 @@ KOKKOS_INLINE_FUNCTION int decode_histogram(const Member& m, const EpShape& s, c
           std::uint64_t reached = 0;  // R <= EpDecodeLimits::max_ep_size
           for (int k = 0; k < s.K; ++k) {
             const int j = jt * s.K + k;
-            const int e = decode_staged_id(raw, j, s.K);
+            const int e = decode_staged_id(raw, j, s);
             if (e >= 0) {
               Kokkos::atomic_add(&cnt(e), 1);  // a histogram: the same counts in any order
               reached |= std::uint64_t(1) << (e / s.L);
@@ -572,7 +575,7 @@ void decode_local(const Exec& exec, const EpShape s, const IdxView& idx, const R
             int part = 0;
             Kokkos::parallel_reduce(
                 Kokkos::TeamThreadRange(m, (t1 - t0) * s.K),
-                [&](int j, int& acc) { acc += decode_staged_id(raw, j, s.K) == l ? 1 : 0; }, part);
+                [&](int j, int& acc) { acc += decode_staged_id(raw, j, s) == l ? 1 : 0; }, part);
             n += part;
           });
           decode_mask_slab(m, s, v, l, n);
