@@ -92,14 +92,6 @@ __device__ __forceinline__ void stage_bias(const FwdParams<L>& P, float* sbias, 
   __syncthreads();
 }
 
-/// The prologue of the register kernels (topk_fwd_reg, topk_fwd_rounds), per lane: which of its NC chunks of W
-/// experts ((c * TPT + ls) * W) lie inside the row.
-template <int TPT, int NC, int W>
-__device__ __forceinline__ void lane_chunks(int E, int ls, bool (&cvalid)[NC]) {
-#pragma unroll
-  for (int c = 0; c < NC; ++c) cvalid[c] = (c * TPT + ls) * W < E;
-}
-
 /// The lane's chunks of the logits row of token t as raw vectors (zeros past the row or for t >= T): loaded one
 /// token ahead by the register kernels, then widened.
 template <class L, int TPT, int NC, int W>
@@ -314,6 +306,52 @@ __device__ __forceinline__ void token_front(const FwdParams<L>& P, const float (
   }
 }
 
+/// The token loop of the register kernels (topk_fwd_reg, topk_fwd_rounds): segment seg of a warp (TPT lanes) takes
+/// token tb + seg, tb striding over the grid's tokens; lane ls owns the NC chunks of W experts (c * TPT + ls) * W
+/// that lie inside the row (cvalid). The lane's chunks of the next token are loaded while this one is processed.
+template <class L, int TPT, int NC, int W>
+struct LaneTokens {
+  static constexpr int TPW = 32 / TPT;  // tokens per warp
+  using Row = LaneRow<L, TPT, NC, W>;
+  const int lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
+  const int seg = lane / TPT;
+  const int ls = lane % TPT;
+  long long stride = 0;
+  long long tb = 0;
+  bool cvalid[NC];
+  typename Row::Raw raw[NC];
+
+  /// Stages the bias (every thread of the block) into the row behind the block's P.tok_smem token rows and returns
+  /// it, then starts the first token's load.
+  __device__ __forceinline__ const float* start(const FwdParams<L>& P, unsigned char* smem, int bias_row) {
+#pragma unroll
+    for (int c = 0; c < NC; ++c) cvalid[c] = (c * TPT + ls) * W < P.E;
+    float* sbias =
+        reinterpret_cast<float*>(smem + bias_row_offset(static_cast<size_t>(blockDim.x >> 5) * TPW * P.tok_smem));
+    stage_bias(P, sbias, bias_row);
+    stride = static_cast<long long>(gridDim.x) * (blockDim.x >> 5) * TPW;
+    tb = (static_cast<long long>(blockIdx.x) * (blockDim.x >> 5) + warp) * TPW;
+    if (tb < P.T) Row::load(P, tb + seg, ls, cvalid, raw);
+    return sbias;
+  }
+  __device__ __forceinline__ bool more(const FwdParams<L>& P) const { return tb < P.T; }
+  __device__ __forceinline__ long long token() const { return tb + seg; }
+  /// The current token's activations and keys (token_front) from its loaded row; the next token's load started.
+  /// Returns whether the token is inside the batch.
+  __device__ __forceinline__ bool front(const FwdParams<L>& P, const float* sbias, float* ybuf, float (&y)[NC * W],
+                                        unsigned (&key)[NC * W]) {
+    float x[NC * W];
+    Row::widen(raw, x);
+    if (tb + stride < P.T) Row::load(P, tb + stride + seg, ls, cvalid, raw);
+    const long long t = tb + seg;
+    const bool valid = t < P.T;
+    token_front<L, TPT, NC, W>(P, x, y, key, cvalid, sbias, valid, t * static_cast<long long>(P.E), ls, seg, ybuf);
+    return valid;
+  }
+  __device__ __forceinline__ void next() { tb += stride; }
+};
+
 // =============================================================================================================
 // Fast path: TPT lanes per token, NC chunks of W experts per lane
 // =============================================================================================================
@@ -327,10 +365,11 @@ __global__ void __launch_bounds__(128) topk_fwd_reg(const FwdParams<L> P) {
   static_assert(V <= 32, "selection masks are 32-bit");
   extern __shared__ __align__(16) unsigned char smem[];
 
-  const int lane = threadIdx.x & 31;
-  const int warp = threadIdx.x >> 5;
-  const int seg = lane / TPT;
-  const int ls = lane % TPT;
+  LaneTokens<L, TPT, NC, W> it;
+  const int lane = it.lane;
+  const int seg = it.seg;
+  const int ls = it.ls;
+  const bool(&cvalid)[NC] = it.cvalid;
   const int E = P.E;
   const int k = P.k;
   const int fn = P.fn;
@@ -338,42 +377,22 @@ __global__ void __launch_bounds__(128) topk_fwd_reg(const FwdParams<L> P) {
   const bool compact = P.out == kOutCompact;
   const bool softmax_post = fn == kFnSoftmax && !P.pre && !aux;
 
-  unsigned char* tok = smem + static_cast<size_t>(warp * TPW + seg) * P.tok_smem;
+  unsigned char* tok = smem + static_cast<size_t>(it.warp * TPW + seg) * P.tok_smem;
   unsigned long long* cand = reinterpret_cast<unsigned long long*>(tok);
   int* slot_idx = reinterpret_cast<int*>(tok + P.off_slots);
   float* slot_y = reinterpret_cast<float*>(slot_idx + k);
   float* slot_e = slot_y + k;
   float* ybuf = reinterpret_cast<float*>(tok + P.off_ybuf);  // activations, then weights (same region)
   unsigned char* fbuf = tok + P.off_fbuf;                    // selected flags
+  const float* sbias = it.start(P, smem, ECAP);
 
-  bool cvalid[NC];
-  lane_chunks<TPT, NC, W>(E, ls, cvalid);
-  float* sbias =
-      reinterpret_cast<float*>(smem + bias_row_offset(static_cast<size_t>(blockDim.x >> 5) * TPW * P.tok_smem));
-  stage_bias(P, sbias, ECAP);
-
-  using Row = LaneRow<L, TPT, NC, W>;
-  const long long nwarps = static_cast<long long>(gridDim.x) * (blockDim.x >> 5);
-  const long long gwarp = static_cast<long long>(blockIdx.x) * (blockDim.x >> 5) + warp;
-  const long long stride = nwarps * TPW;
-
-  // software prefetch: the raw chunks of the next token are loaded while this one is processed
-  typename Row::Raw raw[NC];
-  long long tb = gwarp * TPW;
-  if (tb < P.T) Row::load(P, tb + seg, ls, cvalid, raw);
-
-  for (; tb < P.T; tb += stride) {
-    const long long t = tb + seg;
-    const bool valid = t < P.T;
-    float x[V];
-    Row::widen(raw, x);
-    if (tb + stride < P.T) Row::load(P, tb + stride + seg, ls, cvalid, raw);
-
-    const long long rowE = t * static_cast<long long>(E);
+  for (; it.more(P); it.next()) {
     float y[V];
     unsigned key[V];
+    const bool valid = it.front(P, sbias, ybuf, y, key);
     for (int i = ls * 16; i < P.fbuf_bytes; i += TPT * 16) *reinterpret_cast<uint4*>(fbuf + i) = make_uint4(0, 0, 0, 0);
-    token_front<L, TPT, NC, W>(P, x, y, key, cvalid, sbias, valid, rowE, ls, seg, ybuf);
+    const long long t = it.token();
+    const long long rowE = t * static_cast<long long>(E);
 
     // ---- top-k selection -------------------------------------------------------------------------------
     unsigned cmask = 0;

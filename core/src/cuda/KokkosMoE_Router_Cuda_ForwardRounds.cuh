@@ -33,10 +33,11 @@ __global__ void __launch_bounds__(128) topk_fwd_rounds(const FwdParams<L> P) {
   static_assert(V <= 32, "selection masks are 32-bit");
   extern __shared__ __align__(16) unsigned char smem[];
 
-  const int lane = threadIdx.x & 31;
-  const int warp = threadIdx.x >> 5;
-  const int seg = lane / TPT;
-  const int ls = lane % TPT;
+  LaneTokens<L, TPT, NC, W> it;
+  const int lane = it.lane;
+  const int seg = it.seg;
+  const int ls = it.ls;
+  const bool(&cvalid)[NC] = it.cvalid;
   const int sbase = seg * TPT;
   const unsigned segmask = (TPT == 32) ? kFull : (((1u << TPT) - 1u) << sbase);
   const int E = P.E;
@@ -46,35 +47,17 @@ __global__ void __launch_bounds__(128) topk_fwd_rounds(const FwdParams<L> P) {
   const bool compact = P.out == kOutCompact;
   const bool softmax_post = fn == kFnSoftmax && !P.pre && !aux;
 
-  unsigned char* tok = smem + static_cast<size_t>(warp * TPW + seg) * P.tok_smem;
+  unsigned char* tok = smem + static_cast<size_t>(it.warp * TPW + seg) * P.tok_smem;
   float* ybuf = reinterpret_cast<float*>(tok);  // activations
   unsigned char* sl = tok + P.off_fbuf;         // slot of each selected expert
+  const float* sbias = it.start(P, smem, TPT * V);
 
-  bool cvalid[NC];
-  lane_chunks<TPT, NC, W>(E, ls, cvalid);
-  float* sbias =
-      reinterpret_cast<float*>(smem + bias_row_offset(static_cast<size_t>(blockDim.x >> 5) * TPW * P.tok_smem));
-  stage_bias(P, sbias, TPT * V);
-
-  using Row = LaneRow<L, TPT, NC, W>;
-  const long long nwarps = static_cast<long long>(gridDim.x) * (blockDim.x >> 5);
-  const long long gwarp = static_cast<long long>(blockIdx.x) * (blockDim.x >> 5) + warp;
-  const long long stride = nwarps * TPW;
-
-  typename Row::Raw raw[NC];
-  long long tb = gwarp * TPW;
-  if (tb < P.T) Row::load(P, tb + seg, ls, cvalid, raw);
-
-  for (; tb < P.T; tb += stride) {
-    const long long t = tb + seg;
-    const bool valid = t < P.T;
-    float x[V];
-    Row::widen(raw, x);
-    if (tb + stride < P.T) Row::load(P, tb + stride + seg, ls, cvalid, raw);
-    const long long rowE = t * static_cast<long long>(E);
+  for (; it.more(P); it.next()) {
     float y[V];
     unsigned key[V];
-    token_front<L, TPT, NC, W>(P, x, y, key, cvalid, sbias, valid, rowE, ls, seg, ybuf);
+    const bool valid = it.front(P, sbias, ybuf, y, key);
+    const long long t = it.token();
+    const long long rowE = t * static_cast<long long>(E);
 
     // ---- per-lane sorted top-Q (key desc, position asc) -------------------------------------------------
     unsigned Lk[Q];
