@@ -249,6 +249,17 @@ void gather_pack(const Exec& exec, const EpShape s, const EpLayoutViews<typename
 /// tokens, capacity mode).
 constexpr int kPlaceItemsPerTeam = 128;
 
+/// The receive rows layout_place fills. Known: capacity mode's, or eager mode's once the host has read the counts.
+/// Derived: eager mode's launch queued before that host read (docs/ep.md §3.1), where the kernel takes the padded
+/// total of this rank's experts from the gathered counts, within the \p rows its receive maps hold.
+struct PlaceRows {
+  std::int64_t rows = 0;
+  bool derive = false;
+  /// Whether the layout's demand is added to the expert load: not on a launch that repeats one (the maps grew), and
+  /// the kernel skips it where an eager layout will throw (an invalid id on some rank).
+  bool add_load = true;
+};
+
 /// K3 + K4 in one kernel (docs/ep.md §3.1). Every team derives every expert's offsets from the all-gathered vectors
 /// into scratch (E + R columns of R counts: little against its share of the slots); team 0 writes them out with the
 /// per-rank bases, demands and drops and adds the demand to the load; then every team places its share of the slots
@@ -256,7 +267,7 @@ constexpr int kPlaceItemsPerTeam = 128;
 /// this rank's receive rows (their expert, their arrival sources cleared for meta_scatter).
 template <class Exec, class IdxView>
 void layout_place(const Exec& exec, const EpShape s, const IdxView& idx,
-                  const EpLayoutViews<typename Exec::memory_space>& v, int recv_rows) {
+                  const EpLayoutViews<typename Exec::memory_space>& v, const PlaceRows pr) {
   using Team = typename Kokkos::TeamPolicy<Exec>::member_type;
   using Scratch = Kokkos::View<int*, typename Exec::scratch_memory_space, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
   auto gathered = v.gathered;
@@ -287,8 +298,11 @@ void layout_place(const Exec& exec, const EpShape s, const IdxView& idx,
   auto recv_src = v.recv_src;
   const std::int64_t slots = static_cast<std::int64_t>(s.T) * s.K;
   const std::int64_t pairs = static_cast<std::int64_t>(s.T) * s.R;
+  // Derived rows are at most every rank's slots to this rank's experts, each expert padded.
+  const std::int64_t most = static_cast<std::int64_t>(s.R) * s.B * s.K + static_cast<std::int64_t>(s.L) * (s.align - 1);
+  const std::int64_t bound = pr.derive && most < pr.rows ? most : pr.rows;
   std::int64_t n = slots;
-  n = recv_rows > n ? recv_rows : n;
+  n = bound > n ? bound : n;
   n = pairs > n ? pairs : n;
   const std::int64_t items = (n + kPlaceItemsPerTeam - 1) / kPlaceItemsPerTeam;
   std::int64_t league = s.max_teams > 0 && items > s.max_teams ? s.max_teams : items;
@@ -320,6 +334,9 @@ void layout_place(const Exec& exec, const EpShape s, const IdxView& idx,
           for (int q = 0; q < i; ++q) k += q == r ? 0 : tok(q, r);
           return k;
         };
+        // An eager layout with an invalid id on some rank throws once the host has read the counts: no load.
+        bool add_load = pr.add_load;
+        for (int i = 0; i < R && add_load; ++i) add_load = !(s.eager() && count(i, E) > 0);
         // Slots per expert from every rank, and this rank's slots of it before its own (ranks below it come first).
         Kokkos::parallel_for(Kokkos::TeamThreadRange(m, E), [&](int e) {
           int all = 0, before = 0;
@@ -369,7 +386,7 @@ void layout_place(const Exec& exec, const EpShape s, const IdxView& idx,
             const int l = e - me * L;
             recv_count(l) = tot(e);
             expert_offsets(l) = clamp(off);
-            load(l) += tot(e);  // on the device only, so that a captured layout keeps counting at every replay
+            if (add_load) load(l) += tot(e);  // on the device only: a captured layout keeps counting at every replay
           }
         });
         m.team_barrier();
@@ -397,6 +414,7 @@ void layout_place(const Exec& exec, const EpShape s, const IdxView& idx,
         }
         const int first = ex(me * L);
         auto own_offset = [&](int l) { return clamp(l == L ? ex((me + 1) * L) - first : ex(me * L + l) - first); };
+        const std::int64_t recv_rows = pr.derive && own_offset(L) < pr.rows ? own_offset(L) : pr.rows;
         for (std::int64_t item = m.league_rank(); item < items; item += league) {
           const std::int64_t q0 = item * kPlaceItemsPerTeam;
           const int len = static_cast<int>(n - q0 < kPlaceItemsPerTeam ? n - q0 : kPlaceItemsPerTeam);

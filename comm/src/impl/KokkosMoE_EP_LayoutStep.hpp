@@ -86,16 +86,21 @@ void run_layout(const Exec& exec, EpHandleState<Exec>& h, const IdxView& idx, co
 
   if (!s.capacity_mode) {
     // Eager: the one host wait of the step, bounded by the communicator's timeout. The counts (and the error word
-    // of the windows' waits; one rank waits for nobody) come back in that wait: copies into pinned host memory.
+    // of the windows' waits; one rank waits for nobody) come back in that wait: copies into pinned host memory. The
+    // place kernel is queued before it, on the receive maps the handle holds (it derives the receive rows from the
+    // counts itself), so that the device does not idle through the host's read; where the layout needs more rows
+    // than the maps hold, the maps grow and place runs again.
     const bool err_word = g.windows && s.R > 1;
     const int* m = h.v.gathered.data();
     if constexpr (Kokkos::SpaceAccessibility<Kokkos::HostSpace, typename Exec::memory_space>::accessible) {
+      layout_place(exec, s, idx, h.v, PlaceRows{h.recv_rows_alloc, true, true});
       g.transport->wait(fn, stream);
       exec.fence();
       if (err_word && g.err(0) != 0) throw_window_error(fn, g, g.err.data());
     } else {
       Kokkos::deep_copy(exec, h.gathered_host, h.v.gathered);
       if (err_word) Kokkos::deep_copy(exec, h.err_host, g.err);
+      layout_place(exec, s, idx, h.v, PlaceRows{h.recv_rows_alloc, true, true});
       g.transport->wait(fn, stream);
       exec.fence();  // the instance is idle by now: the documented fence (docs/ep.md §7.4) costs no wait
       if (err_word && h.err_host(0) != 0) throw_window_error(fn, g, h.err_host.data());
@@ -133,17 +138,20 @@ void run_layout(const Exec& exec, EpHandleState<Exec>& h, const IdxView& idx, co
     if (padded > std::numeric_limits<int>::max())
       throw CommError(fn, s.me, s.R, CommFailure::Library,
                       "the layout needs " + std::to_string(padded) + " receive rows, more than 2^31 - 1");
-    h.ensure_eager_rows(exec, padded);
     h.recv_rows = static_cast<int>(padded);
     h.arrivals = d_o;
+    if (padded > h.recv_rows_alloc) {
+      h.ensure_eager_rows(exec, padded);
+      layout_place(exec, s, idx, h.v, PlaceRows{padded, false, false});
+    }
     // Ranks that share a device meet again before the meta's wait kernels: no rank's kernel spins while a peer's
     // thread is still in this host section (docs/ep.md §7.3).
     if (g.windows && s.R > 1) g.transport->rendezvous("ep_layout (receive rows known)");
   } else {
     h.recv_rows = g.recv_rows_fixed;
     h.arrivals = g.stage_rows;
+    layout_place(exec, s, idx, h.v, PlaceRows{h.recv_rows, false, true});
   }
-  layout_place(exec, s, idx, h.v, h.recv_rows);
   // The receivers learn which of their rows each arriving token feeds: K ints per token row, one transfer.
   const std::size_t meta_pitch = static_cast<std::size_t>(s.K) * sizeof(int);
   wire_acquire(exec, fn, g, wire, kRegionMeta);
