@@ -148,23 +148,40 @@ KOKKOS_INLINE_FUNCTION void team_stride(const Member& m, std::int64_t n, const F
   }
 }
 
+/// The policy of team_items: \p team threads a team on a device where the kernel fits them (the most it fits
+/// otherwise), Kokkos' choice (AUTO) for team = 0 and on host spaces.
+template <class Exec, class Body>
+Kokkos::TeamPolicy<Exec> items_policy(const Exec& exec, std::int64_t league, std::size_t shmem, int team, int vector,
+                                      const Body& body) {
+  Kokkos::TeamPolicy<Exec> auto_policy(exec, static_cast<int>(league), Kokkos::AUTO, vector);
+  auto_policy.set_scratch_size(0, Kokkos::PerTeam(shmem));
+  if constexpr (Kokkos::SpaceAccessibility<Kokkos::HostSpace, typename Exec::memory_space>::accessible) {
+    return auto_policy;
+  } else {
+    if (team <= 0) return auto_policy;
+    const int most = auto_policy.team_size_max(body, Kokkos::ParallelForTag());
+    Kokkos::TeamPolicy<Exec> policy(exec, static_cast<int>(league), team < most ? team : most, vector);
+    policy.set_scratch_size(0, Kokkos::PerTeam(shmem));
+    return policy;
+  }
+}
+
 /// An EP kernel over n work items: one team per item, or under the SM cap (EpShape::max_teams) at most that many
 /// teams, each taking the items league_rank, + max_teams, ... in turn (a barrier between two: they reuse the team's
 /// scratch). A Cuda block runs on one SM, so a capped kernel occupies at most max_teams SMs (docs/ep.md §13).
 /// f(m, item, scratch): \p scratch is the team's shmem bytes of scratch, afresh for every item (Kokkos's
-/// team_scratch only ever advances, and a team of a capped kernel takes several items).
+/// team_scratch only ever advances, and a team of a capped kernel takes several items). \p team: threads a team
+/// on a device (items_policy).
 template <class Exec, class F>
 void team_items(const Exec& exec, const EpShape& s, const char* label, std::int64_t n, std::size_t shmem, const F& f,
-                int vector = 1) {
+                int vector = 1, int team = 0) {
   using Team = typename Kokkos::TeamPolicy<Exec>::member_type;
   using Scratch = typename Exec::scratch_memory_space;
   if (n <= 0) return;
   if (s.max_teams <= 0 || n <= s.max_teams) {
     // One team per item: the kernel as written without a cap (a loop around the item costs the reduces registers).
-    Kokkos::TeamPolicy<Exec> policy(exec, static_cast<int>(n), Kokkos::AUTO, vector);
-    Kokkos::parallel_for(
-        label, light(policy.set_scratch_size(0, Kokkos::PerTeam(shmem))),
-        KOKKOS_LAMBDA(const Team& m) { f(m, m.league_rank(), m.team_scratch(0)); });
+    const auto body = KOKKOS_LAMBDA(const Team& m) { f(m, m.league_rank(), m.team_scratch(0)); };
+    Kokkos::parallel_for(label, light(items_policy(exec, n, shmem, team, vector, body)), body);
     return;
   }
   const std::int64_t league = s.max_teams;
@@ -172,8 +189,7 @@ void team_items(const Exec& exec, const EpShape& s, const char* label, std::int6
     void* buf = shmem > 0 ? m.team_scratch(0).get_shmem(shmem) : nullptr;
     team_stride(m, n, [&](std::int64_t i) { f(m, i, Scratch(buf, shmem)); });
   };
-  Kokkos::TeamPolicy<Exec> policy(exec, static_cast<int>(league), Kokkos::AUTO, vector);
-  Kokkos::parallel_for(label, light(policy.set_scratch_size(0, Kokkos::PerTeam(shmem))), body);
+  Kokkos::parallel_for(label, light(items_policy(exec, league, shmem, team, vector, body)), body);
 }
 
 /// A kernel whose teams wait for each other on a device runs teams of kResidentTeamSize threads compiled for

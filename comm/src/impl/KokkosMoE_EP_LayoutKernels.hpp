@@ -192,7 +192,8 @@ void layout_count(const Exec& exec, const EpShape s, const IdxView& idx,
               Kokkos::TeamThreadRange(m, nch),
               [&](int c2, int& acc) { acc += static_cast<const volatile int*>(chunk_bad.data())[c2]; }, sum);
           Kokkos::single(Kokkos::PerTeam(m), [&]() { totals.invalid(sum); });
-        });
+        },
+        1, n_max);
   }
   if (nch > 0 && fused) return;
   // K2: exclusive prefix over chunks per expert (teams e < E) and per destination rank (teams E..E+R), invalid ids
@@ -422,9 +423,9 @@ void layout_place(const Exec& exec, const EpShape s, const IdxView& idx,
             const std::int64_t q = q0 + jq;
             if (q < slots) {
               const int pos = local_pos(q);
+              const int e = static_cast<int>(idx(q / s.K, q % s.K));  // loaded beside pos: one chain, not two
               int row = -1, rank = -1;
               if (pos >= 0) {
-                const int e = static_cast<int>(idx(q / s.K, q % s.K));
                 const int c = static_cast<int>(q / s.K) / s.chunk;
                 const int dest = base(e) + chunk_prefix(static_cast<std::int64_t>(c) * E + e) + pos;
                 rank = e / L;
