@@ -335,9 +335,10 @@ void layout_place(const Exec& exec, const EpShape s, const IdxView& idx,
           for (int q = 0; q < i; ++q) k += q == r ? 0 : tok(q, r);
           return k;
         };
-        // An eager layout with an invalid id on some rank throws once the host has read the counts: no load.
-        bool add_load = pr.add_load;
-        for (int i = 0; i < R && add_load; ++i) add_load = !(s.eager() && count(i, E) > 0);
+        // The lead adds the load, except where an eager layout throws once the host has read the counts (an invalid
+        // id on some rank).
+        bool add_load = lead && pr.add_load;
+        for (int i = 0; i < R && add_load && s.eager(); ++i) add_load = count(i, E) == 0;
         // Slots per expert from every rank, and this rank's slots of it before its own (ranks below it come first).
         Kokkos::parallel_for(Kokkos::TeamThreadRange(m, E), [&](int e) {
           int all = 0, before = 0;

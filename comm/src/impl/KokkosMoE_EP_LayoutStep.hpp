@@ -90,22 +90,18 @@ void run_layout(const Exec& exec, EpHandleState<Exec>& h, const IdxView& idx, co
     // place kernel is queued before it, on the receive maps the handle holds (it derives the receive rows from the
     // counts itself), so that the device does not idle through the host's read; where the layout needs more rows
     // than the maps hold, the maps grow and place runs again.
+    constexpr bool host = Kokkos::SpaceAccessibility<Kokkos::HostSpace, typename Exec::memory_space>::accessible;
     const bool err_word = g.windows && s.R > 1;
-    const int* m = h.v.gathered.data();
-    if constexpr (Kokkos::SpaceAccessibility<Kokkos::HostSpace, typename Exec::memory_space>::accessible) {
-      layout_place(exec, s, idx, h.v, PlaceRows{h.recv_rows_alloc, true, true});
-      g.transport->wait(fn, stream);
-      exec.fence();
-      if (err_word && g.err(0) != 0) throw_window_error(fn, g, g.err.data());
-    } else {
+    if constexpr (!host) {
       Kokkos::deep_copy(exec, h.gathered_host, h.v.gathered);
       if (err_word) Kokkos::deep_copy(exec, h.err_host, g.err);
-      layout_place(exec, s, idx, h.v, PlaceRows{h.recv_rows_alloc, true, true});
-      g.transport->wait(fn, stream);
-      exec.fence();  // the instance is idle by now: the documented fence (docs/ep.md §7.4) costs no wait
-      if (err_word && h.err_host(0) != 0) throw_window_error(fn, g, h.err_host.data());
-      m = h.gathered_host.data();
     }
+    layout_place(exec, s, idx, h.v, PlaceRows{h.recv_rows_alloc, true, true});
+    g.transport->wait(fn, stream);
+    exec.fence();  // the instance is idle by now: the documented fence (docs/ep.md §7.4) costs no wait
+    const std::int64_t* err = host ? g.err.data() : h.err_host.data();
+    if (err_word && err[0] != 0) throw_window_error(fn, g, err);
+    const int* m = host ? h.v.gathered.data() : h.gathered_host.data();
     auto cnt = [&](int i, int e) { return static_cast<std::int64_t>(m[static_cast<std::size_t>(i) * W + e]); };
     auto tok = [&](int i, int r) { return cnt(i, s.E + 1 + r); };
     std::string bad;
