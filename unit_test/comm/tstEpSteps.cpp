@@ -38,7 +38,7 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(step_matches_oracle, DeviceType, KOKKOSMOE_DEVICE_
       check_step<Exec, bf16_t>(c2, r, m, 200 + static_cast<int>(r), true, "odd shape, T varies (T = 0 on rank 1)");
     }
   }
-  // Many tokens: the layout's chunks of several mask words and the prefix over them (docs/ep.md §3.1), the last chunk
+  // Many tokens: the layout's many chunks and the prefix over them (docs/ep.md §3.1), the last chunk
   // partial; repeated ids within a token, and drops in capacity mode, across the chunks. Then more chunks than the
   // count kernel's last team scans: the prefix kernel.
   auto many = c2;
@@ -47,8 +47,7 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(step_matches_oracle, DeviceType, KOKKOSMOE_DEVICE_
   for (Routing r : {Routing::Skewed, Routing::Duplicates})
     check_step<Exec, float>(many, r, CombineMode::Weighted, 370 + static_cast<int>(r), true, "many tokens");
   auto more = many;
-  more.max_tokens_per_rank =
-      (Impl::kLayoutScanChunks + 1) * Impl::layout_chunk(more.topk, more.num_experts + R + 1) + 5;
+  more.max_tokens_per_rank = (Impl::kLayoutScanChunks + 1) * Impl::layout_chunk(more.topk) + 5;
   check_step<Exec, float>(more, Routing::Duplicates, CombineMode::Sum, 375, true, "more chunks than one team scans");
   auto many_cap = many;
   many_cap.max_recv_tokens_per_rank = many.max_tokens_per_rank * many.topk * R / 2 + 1;

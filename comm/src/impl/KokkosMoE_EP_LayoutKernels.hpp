@@ -73,27 +73,27 @@ void layout_count(const Exec& exec, const EpShape s, const IdxView& idx,
   auto status = v.status;
   const LayoutTotals<typename Exec::memory_space> totals{v.gather_send, v.gathered, status, s.E, s.R == 1};
   if (nch > 0) {
-    // The chunk's ids are staged in scratch, with a bit mask of the chunk's tokens (chunk <= 128: W words of 32
-    // tokens) per expert and per rank. A slot's rank among the chunk's slots of its expert is then the number of
+    // The chunk's ids are staged in scratch, with a bit mask of the chunk's tokens (chunk <= 32: one word) per
+    // expert and per rank. A slot's rank among the chunk's slots of its expert is then the number of
     // earlier tokens in its expert's mask (population counts), and so is a token's rank among the chunk's tokens for
     // a rank; no serial walk. Where a token holds one expert twice (allowed outside the decode contract) a token may
     // stand for two slots: such a chunk counts the equal ids of the tokens its masks name instead.
     using Masks =
         Kokkos::View<std::uint32_t*, typename Exec::scratch_memory_space, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
-    const int n_max = s.chunk * s.K, W = (s.chunk + 31) / 32, C = s.E + s.R;
+    const int n_max = s.chunk * s.K, C = s.E + s.R;
     const std::size_t shmem =
-        Scratch::shmem_size(s.E) + Scratch::shmem_size(n_max) + Masks::shmem_size(static_cast<std::size_t>(C) * W + 1);
+        Scratch::shmem_size(s.E) + Scratch::shmem_size(n_max) + Masks::shmem_size(static_cast<std::size_t>(C) + 1);
     team_items(
         exec, s, "KokkosMoE::ep_layout::count", nch, shmem,
         KOKKOS_LAMBDA(const Team& m, std::int64_t item, const TeamScratch<Exec>& sp) {
           const int c = static_cast<int>(item);
           Scratch cnt(sp, s.E);
           Scratch ids(sp, n_max);
-          Masks mask(sp, C * W + 1);  // tokens per expert and per rank (W words each); last: a repeated id
+          Masks mask(sp, C + 1);  // tokens per expert and per rank; last: a repeated id
           const int t0 = c * s.chunk;
           const int t1 = t0 + s.chunk < s.T ? t0 + s.chunk : s.T;
           const int n = (t1 - t0) * s.K;
-          Kokkos::parallel_for(Kokkos::TeamThreadRange(m, C * W + 1), [&](int e) {
+          Kokkos::parallel_for(Kokkos::TeamThreadRange(m, C + 1), [&](int e) {
             mask(e) = 0;
             if (e < s.E) cnt(e) = 0;
           });
@@ -112,25 +112,17 @@ void layout_count(const Exec& exec, const EpShape s, const IdxView& idx,
                 if (!ok && e != -1) ++acc;
                 ids(j) = ok ? static_cast<int>(e) : -1;
                 if (!ok) return;
-                const std::uint32_t bit = std::uint32_t(1) << (jt % 32);
-                Kokkos::atomic_fetch_or(&mask(static_cast<int>(e) * W + jt / 32), bit);
-                Kokkos::atomic_fetch_or(&mask((s.E + static_cast<int>(e) / s.L) * W + jt / 32), bit);
-                if (repeat) Kokkos::atomic_fetch_or(&mask(C * W), std::uint32_t(1));
+                const std::uint32_t bit = std::uint32_t(1) << jt;
+                Kokkos::atomic_fetch_or(&mask(static_cast<int>(e)), bit);
+                Kokkos::atomic_fetch_or(&mask(s.E + static_cast<int>(e) / s.L), bit);
+                if (repeat) Kokkos::atomic_fetch_or(&mask(C), std::uint32_t(1));
               },
               bad);
           m.team_barrier();
           // The chunk's tokens before token jt in column col's mask.
-          auto before = [&](int col, int jt) {
-            int r = popcount32(mask(col * W + jt / 32) & ((std::uint32_t(1) << (jt % 32)) - 1));
-            for (int w = 0; w < jt / 32; ++w) r += popcount32(mask(col * W + w));
-            return r;
-          };
-          auto all = [&](int col) {
-            int r = 0;
-            for (int w = 0; w < W; ++w) r += popcount32(mask(col * W + w));
-            return r;
-          };
-          const bool repeats = mask(C * W) != 0;
+          auto before = [&](int col, int jt) { return popcount32(mask(col) & ((std::uint32_t(1) << jt) - 1)); };
+          auto all = [&](int col) { return popcount32(mask(col)); };
+          const bool repeats = mask(C) != 0;
           Kokkos::parallel_for(Kokkos::TeamThreadRange(m, n), [&](int j) {
             const int e = ids(j), jt = j / s.K;
             int pos = -1;
@@ -140,13 +132,9 @@ void layout_count(const Exec& exec, const EpShape s, const IdxView& idx,
               // The earlier tokens that hold e (its mask's bits below jt), each with its repeats, then this
               // token's earlier slots of e: the chunk's earlier slots of e, without a walk over all of them.
               pos = 0;
-              for (int w = 0; w <= jt / 32; ++w) {
-                std::uint32_t bits = mask(e * W + w);
-                if (w == jt / 32) bits &= (std::uint32_t(1) << (jt % 32)) - 1;
-                for (; bits != 0; bits &= bits - 1) {
-                  const int t2 = w * 32 + popcount32((bits & (~bits + 1)) - 1);  // the lowest set bit's token
-                  for (int k2 = 0; k2 < s.K; ++k2) pos += ids(t2 * s.K + k2) == e ? 1 : 0;
-                }
+              for (std::uint32_t bits = mask(e) & ((std::uint32_t(1) << jt) - 1); bits != 0; bits &= bits - 1) {
+                const int t2 = popcount32((bits & (~bits + 1)) - 1);  // the lowest set bit's token
+                for (int k2 = 0; k2 < s.K; ++k2) pos += ids(t2 * s.K + k2) == e ? 1 : 0;
               }
               for (int i = jt * s.K; i < j; ++i) pos += ids(i) == e ? 1 : 0;
               Kokkos::atomic_add(&cnt(e), 1);
@@ -156,7 +144,7 @@ void layout_count(const Exec& exec, const EpShape s, const IdxView& idx,
           // A token's rank among the chunk's tokens for rank r: the earlier tokens in r's mask.
           Kokkos::parallel_for(Kokkos::TeamThreadRange(m, (t1 - t0) * s.R), [&](int j) {
             const int jt = j / s.R, r = j % s.R;
-            const bool in = (mask((s.E + r) * W + jt / 32) >> (jt % 32)) & 1u;
+            const bool in = (mask(s.E + r) >> jt) & 1u;
             token_in_rank(static_cast<std::int64_t>(t0 + jt) * s.R + r) = in ? 1 : 0;
             tok_local(static_cast<std::int64_t>(t0 + jt) * s.R + r) = in ? before(s.E + r, jt) : -1;
           });

@@ -619,7 +619,7 @@ std::shared_ptr<EpGroupState<Exec>> make_group_state(const Exec& exec, const Com
   s.K = config.topk;
   s.E = config.num_experts;
   s.R = config.ep_size;
-  s.chunk = layout_chunk(config.topk, s.E + s.R + 1);
+  s.chunk = layout_chunk(config.topk);
   s.L = s.E / s.R;
   s.me = t->rank();
   s.align = config.layout == RecvLayout::ExpertMajor ? config.expert_alignment : 1;
