@@ -439,7 +439,9 @@ void reduce_ranks(const Exec& exec, const EpShape s, const Unmanaged2<const Unit
                   const Unmanaged2<float, typename Exec::memory_space>& out_f, const char* label) {
   using Team = typename Kokkos::TeamPolicy<Exec>::member_type;
   if (s.T == 0) return;
-  const ReduceRanks<Exec, Scalar, Unit> f(s, local, coef, local_f, ret, trailer_off, v, y, out_f);
+  // At decode sizes one wave: a second wave of a few teams costs a whole team's time (docs/ep.md §3.3).
+  const ReduceRanks<Exec, Scalar, Unit> f(s, local, coef, local_f, ret, trailer_off, v, y, out_f,
+                                          s.wave_teams > 0 ? s.wave_teams : kSplitTeams);
   team_items(
       exec, s, label, f.items(), f.shmem(),
       KOKKOS_LAMBDA(const Team& m, std::int64_t item, const TeamScratch<Exec>& sp) { f(m, item, sp); });

@@ -106,6 +106,7 @@ struct EpShape {
   bool windows = false;        // direct writes into the peers' windows
   int max_teams = -1;          // > 0: the SM cap (EpGroupConfig::max_sms), teams per kernel at most; -1: none
   bool unique_ids = false;     // decode contract (docs/ep.md §15): an id repeated within a token counts as invalid
+  int wave_teams = 0;          // > 0 (devices): teams one wave of a per-token kernel holds (kResidentTeamsPerSm / SM)
   KOKKOS_INLINE_FUNCTION bool eager() const { return !capacity_mode; }
 };
 

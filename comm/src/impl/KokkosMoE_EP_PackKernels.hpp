@@ -81,7 +81,7 @@ KOKKOS_INLINE_FUNCTION void gather_sum(int n, const RowAt& row, const CoefAt& co
 
 /// Column blocks of a token row for the per-token kernels at decode sizes: with a team per token, 128 tokens leave
 /// a device of 132 SMs one team each, too few loads in flight to reach the memory's rate. A row of more than
-/// kSplitUnits units is split into blocks of at least that many, until the kernel has about kSplitTeams teams; a team
+/// kSplitUnits units is split into blocks of at least that many, while the kernel has at most kSplitTeams teams; a team
 /// then takes one block of its token (the same per-unit arithmetic: the bits do not change). Prefill sizes (T >=
 /// kSplitTeams) keep one team per token; a kernel of a fixed league of teams asks for that many.
 constexpr int kSplitTeams = 1024;
@@ -95,8 +95,8 @@ struct RowSplit {
 };
 
 inline RowSplit row_split(int T, int units, int teams = kSplitTeams) {
-  const int most = units / kSplitUnits;  // blocks of at least kSplitUnits units
-  const int wanted = T >= teams || T <= 0 ? 1 : (teams + T - 1) / T;
+  const int most = units / kSplitUnits;                     // blocks of at least kSplitUnits units
+  const int wanted = T >= teams || T <= 0 ? 1 : teams / T;  // at most \p teams teams
   RowSplit r;
   r.blocks = wanted < most ? wanted : (most > 1 ? most : 1);
   r.width = (units + r.blocks - 1) / r.blocks;

@@ -629,6 +629,10 @@ std::shared_ptr<EpGroupState<Exec>> make_group_state(const Exec& exec, const Com
   s.B = config.max_tokens_per_rank;
   // Under an SM partition every kernel launches its uncapped grid on the partition's stream.
   s.max_teams = g->lane.partitioned() ? -1 : config.max_sms;
+  if (!Kokkos::SpaceAccessibility<Kokkos::HostSpace, typename Exec::memory_space>::accessible) {
+    const int procs = g->lane.partitioned() ? g->lane.partition_sms() : ExecTraits<Exec>::processors(exec);
+    s.wave_teams = procs * kResidentTeamsPerSm;
+  }
   s.capacity_mode = g->capacity_mode();
   if (s.capacity_mode) g->recv_rows_fixed = s.fixed ? s.L * s.slab : config.max_recv_tokens_per_rank;
   g->stage_pitch_max = token_pitch(static_cast<std::size_t>(config.hidden_size) * sizeof(float), s.K, true);
