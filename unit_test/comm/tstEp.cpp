@@ -486,6 +486,36 @@ BOOST_AUTO_TEST_SUITE_END()
 // ----- case 3: layout outputs ----------------------------------------------------------------------------------------
 BOOST_AUTO_TEST_SUITE(ep_layout_outputs)
 
+// The work shapes the kernels derive from a step's size, against their rules written out: a layout chunk holds at
+// most 32 tokens and 2048 slots; a decode-sized row splits into blocks of at least kSplitUnits units (the last may
+// be short, none empty) while the kernel keeps at most the teams it asks for, and a row too narrow to split or a
+// step of as many tokens as teams keeps one block per token.
+BOOST_AUTO_TEST_CASE(work_shapes_follow_their_rules) {
+  for (int k : {1, 2, 8, 9, 64, 65, 100, 2047, 2048, 5000}) {
+    const int c = Impl::layout_chunk(k);
+    BOOST_TEST(c >= 1, "top_k " << k);
+    BOOST_TEST(c <= 32, "top_k " << k);
+    BOOST_TEST((c == 1 || static_cast<long long>(c) * k <= 2048), "top_k " << k);
+    BOOST_TEST((c == 32 || static_cast<long long>(c + 1) * k > 2048), "top_k " << k << ": the largest chunk that fits");
+  }
+  for (int teams : {1, 512, 528, 792, 1024})
+    for (int units : {1, 127, 128, 129, 256, 896, 1030, 3584})
+      for (int T : {1, 2, 3, 40, 127, 128, 129, 500, 1023, 1024, 4096}) {
+        const Impl::RowSplit r = Impl::row_split(T, units, teams);
+        const std::string at =
+            "T " + std::to_string(T) + ", units " + std::to_string(units) + ", teams " + std::to_string(teams);
+        BOOST_TEST(r.blocks >= 1, at);
+        BOOST_TEST(r.begin(r.blocks - 1) < units, at << ": no empty block");
+        BOOST_TEST(r.end(r.blocks - 1, units) == units, at << ": the blocks cover the row");
+        if (r.blocks > 1) {
+          BOOST_TEST(static_cast<long long>(r.blocks) * T <= teams, at << ": at most the teams asked for");
+          BOOST_TEST(units / r.blocks >= Impl::kSplitUnits, at << ": blocks of at least kSplitUnits units");
+        }
+        const bool can_split = units / Impl::kSplitUnits >= 2 && 2LL * T <= teams;
+        BOOST_TEST((r.blocks > 1) == can_split, at << ": splits exactly where two blocks fit");
+      }
+}
+
 BOOST_AUTO_TEST_CASE_TEMPLATE(layout_matches_host_histogram, DeviceType, KOKKOSMOE_DEVICE_TYPES) {
   using Exec = typename DeviceType::execution_space;
   Exec exec;

@@ -243,7 +243,7 @@ void steps_match_oracle() {
        true},
       {"decode -1 fp32 sum, wide unaligned rows", Routing::WithMinusOne, CombineMode::Sum, false, 3, 1030, -1, false,
        true},
-      // Many tokens: the layout's chunks of several mask words and the prefix over them (docs/ep.md §3.1).
+      // Many tokens: the layout's many chunks and the prefix over them (docs/ep.md §3.1).
       {"eager skewed fp32 weighted, many tokens", Routing::Skewed, CombineMode::Weighted, false, 0, 16, -1, false,
        false, SmCap::Auto, 1500},
       {"capacity drops duplicates bf16 sum, many tokens", Routing::Duplicates, CombineMode::Sum, true, 2, 16, -1, false,
