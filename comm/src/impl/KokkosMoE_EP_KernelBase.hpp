@@ -21,11 +21,11 @@ namespace KokkosMoE {
 namespace Impl {
 
 /// Tokens per layout team: 32 (one 32-bit word per expert and rank in the team's masks), fewer where a chunk's
-/// top_k slots would pass 2048 (a chunk's ids sit in team scratch). Chunks of 64-128 tokens left too few teams: on an
+/// topk slots would pass 2048 (a chunk's ids sit in team scratch). Chunks of 64-128 tokens left too few teams: on an
 /// H100 the count kernel took 19.6 us over 4096 x 8 ids in 32 teams of 128-token chunks, and the capacity layout
 /// 27 us against 20-22 us with 32-token chunks (docs/ep.md §3.1).
-KOKKOS_INLINE_FUNCTION constexpr int layout_chunk(int top_k) {
-  return top_k >= 2048 ? 1 : (2048 / top_k < 32 ? 2048 / top_k : 32);
+KOKKOS_INLINE_FUNCTION constexpr int layout_chunk(int topk) {
+  return topk >= 2048 ? 1 : (2048 / topk < 32 ? 2048 / topk : 32);
 }
 
 /// Every EP launch passes its functor as a kernel argument (Kokkos' light-weight launch): the functors are small,
