@@ -629,10 +629,11 @@ std::shared_ptr<EpGroupState<Exec>> make_group_state(const Exec& exec, const Com
   s.B = config.max_tokens_per_rank;
   // Under an SM partition every kernel launches its uncapped grid on the partition's stream.
   s.max_teams = g->lane.partitioned() ? -1 : config.max_sms;
-  if (!Kokkos::SpaceAccessibility<Kokkos::HostSpace, typename Exec::memory_space>::accessible) {
-    const int procs = g->lane.partitioned() ? g->lane.partition_sms() : ExecTraits<Exec>::processors(exec);
+  // The processors the kernels run on: the device's SMs (or threads), within an SM partition.
+  int procs = ExecTraits<Exec>::processors(exec);
+  if (g->lane.partitioned()) procs = std::min(procs, g->lane.partition_sms());
+  if (!Kokkos::SpaceAccessibility<Kokkos::HostSpace, typename Exec::memory_space>::accessible)
     s.wave_teams = procs * kResidentTeamsPerSm;
-  }
   s.capacity_mode = g->capacity_mode();
   if (s.capacity_mode) g->recv_rows_fixed = s.fixed ? s.L * s.slab : config.max_recv_tokens_per_rank;
   g->stage_pitch_max = token_pitch(static_cast<std::size_t>(config.hidden_size) * sizeof(float), s.K, true);
@@ -665,8 +666,6 @@ std::shared_ptr<EpGroupState<Exec>> make_group_state(const Exec& exec, const Com
     // kResidentTeamsPerSm teams per processor, the processors split among the ranks that share the device (all of
     // them when the window does not say), within the partition; under the teams cap, max_sms teams.
     const int sharers = g->wires.front().window->device_sharers > 0 ? g->wires.front().window->device_sharers : s.R;
-    int procs = ExecTraits<Exec>::processors(exec);
-    if (g->lane.partitioned()) procs = std::min(procs, g->lane.partition_sms());
     // One team fewer per rank leaves room for the small signal kernels of other operations.
     g->resident_league = std::max(1, procs * kResidentTeamsPerSm / sharers - 1);
     if (s.max_teams > 0) g->resident_league = std::min(g->resident_league, s.max_teams);
